@@ -1,0 +1,41 @@
+"""The ``trainjob`` command. Each command group lives in its own module and registers itself here.
+
+Exit codes scripts can rely on: 0 success, 1 the job (or operation) failed, 2 bad input (usage, validation,
+unknown names), 3 timeout while waiting, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from trainjob import __version__
+from trainjob.cli import jobs, kube, render
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_TIMEOUT = 3
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="trainjob")
+def cli() -> None:
+    """Run distributed PyTorch training jobs (Kubeflow Trainer API) locally or on Kubernetes."""
+
+
+for module in (render, jobs, kube):
+    module.register(cli)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return cli.main(args=argv, prog_name="trainjob", standalone_mode=True) or 0
+    except SystemExit as exc:  # click exits through SystemExit
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""One exception hierarchy for trainjob; every message names what was wrong and what is accepted."""
+
+from __future__ import annotations
+
+
+class TrainJobError(Exception):
+    """Base class of every error trainjob raises on purpose."""
+
+
+class ValidationError(TrainJobError, ValueError):
+    """A resource or argument is invalid.
+
+    ``path`` is the field path (``spec.trainer.numNodes``), ``value`` the bad value and ``message`` what is
+    accepted. ``str(err)`` reads ``spec.trainer.numNodes: must be >= 1, got 0``. Several problems found at once
+    are kept in ``errors`` and printed one per line.
+    """
+
+    def __init__(self, path: str, message: str, *, errors: list[ValidationError] | None = None) -> None:
+        self.path = path
+        self.message = message
+        self.errors = errors or [self]
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        return "\n".join(f"{e.path}: {e.message}" if e.path else e.message for e in self.errors)
+
+    @classmethod
+    def combine(cls, errors: list[ValidationError]) -> ValidationError:
+        flat = [leaf for err in errors for leaf in err.errors]
+        first = flat[0]
+        return cls(first.path, first.message, errors=flat)
+
+
+class NotFoundError(TrainJobError, LookupError):
+    """A named job or runtime does not exist."""
+
+
+class AlreadyExistsError(TrainJobError):
+    """A job with that name exists already."""
+
+
+class JobFailedError(TrainJobError, RuntimeError):
+    """A job reached ``Failed`` while a caller waited for another status."""
+
+
+class BackendError(TrainJobError, RuntimeError):
+    """A backend could not carry out a request (process start, API server, store)."""
