@@ -1,9 +1,98 @@
-"""CLI commands (module owned by its feature; registers into the top-level group)."""
+"""``trainjob install`` and ``trainjob operator``: put the Kubernetes backend on a cluster and run its operator.
+
+    trainjob install --dry-run | kubectl apply --server-side -f -
+    trainjob install --context prod                 # applies it directly
+    trainjob install --write deploy/                # regenerates the kustomization in deploy/
+    trainjob operator --kubeconfig ~/.kube/config   # runs the operator outside the cluster
+"""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import click
+
+from trainjob.errors import TrainJobError
+
+_kubeconfig = click.option("--kubeconfig", "config_file", type=click.Path(dir_okay=False), help="kubeconfig file.")
+_context = click.option("--context", help="kubeconfig context (default: the current one).")
+
+
+@click.command("install")
+@click.option("--dry-run", is_flag=True, help="Print the manifests instead of applying them.")
+@click.option("--image", default=None, help="Operator image (default: the release image of this version).")
+@click.option(
+    "--write",
+    "write_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write the kustomization (deploy/ layout) into this directory instead of applying.",
+)
+@_kubeconfig
+@_context
+def install(dry_run: bool, image: str | None, write_dir: Path | None, config_file: str | None, context: str | None) -> None:
+    """Install the CRDs, RBAC, the operator Deployment and the built-in runtimes (JobSet must be installed)."""
+    from trainjob.backends.kubernetes import manifests
+
+    image = image or manifests.DEFAULT_IMAGE
+    if write_dir is not None:
+        for name, text in manifests.deploy_files(image).items():
+            target = write_dir / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+            click.echo(f"wrote {target}")
+        return
+    objects = manifests.install_manifests(image)
+    if dry_run:
+        click.echo(manifests.manifests_yaml(objects), nl=False)
+        return
+    from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_api_client
+    from trainjob.backends.kubernetes.install import apply_manifests
+
+    try:
+        client = load_api_client(KubernetesBackendConfig(config_file=config_file, context=context))
+        for line in apply_manifests(client, objects):
+            click.echo(line)
+    except TrainJobError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.command("operator")
+@_kubeconfig
+@_context
+@click.option("--namespace", "namespaces", multiple=True, help="Watch only this namespace (repeatable; default: all).")
+@click.option("--workers", default=4, show_default=True, type=click.IntRange(1, 64), help="Concurrent reconciles.")
+@click.option("--liveness", default=None, help="Serve health probes here, e.g. http://0.0.0.0:8080/healthz.")
+@click.option("-v", "--verbose", is_flag=True, help="Log every reconcile.")
+def operator(
+    config_file: str | None,
+    context: str | None,
+    namespaces: tuple[str, ...],
+    workers: int,
+    liveness: str | None,
+    verbose: bool,
+) -> None:
+    """Run the operator: reconcile TrainJobs into JobSets until interrupted."""
+    from trainjob.backends.kubernetes.config import KubernetesBackendConfig
+    from trainjob.backends.kubernetes.operator import run_operator
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if not verbose:  # kopf logs every handled watch event at INFO
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    try:
+        run_operator(
+            KubernetesBackendConfig(config_file=config_file, context=context),
+            workers=workers,
+            namespaces=namespaces,
+            liveness=liveness,
+        )
+    except TrainJobError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def register(group: click.Group) -> None:
-    """Add this module's commands to the ``trainjob`` group."""
+    """Add ``install`` and ``operator`` to the ``trainjob`` group."""
+    group.add_command(install)
+    group.add_command(operator)

@@ -40,6 +40,12 @@ class Resources:
 
     requests: dict[str, str] = field(default_factory=dict)
     limits: dict[str, str] = field(default_factory=dict)
+    #: Dynamic resource allocation claims (``[{"name": ...}]``), passed through to the pod.
+    claims: list[dict[str, Any]] = field(default_factory=list)
+
+    def effective(self) -> dict[str, str]:
+        """Per resource, the request when there is one, else the limit (what the scheduler reserves)."""
+        return {**self.limits, **self.requests}
 
 
 @dataclass
@@ -76,6 +82,12 @@ class PodSet:
     ancestor_step: str | None = None
     #: The replicated job's template as given by the runtime, kept so rendering loses no field we do not model.
     template: dict[str, Any] = field(default_factory=dict)
+    #: Jobs in the replicated job; each runs ``count // replicas`` pods (the trainer: one job of all nodes).
+    replicas: int = 1
+    #: Pod sets that must reach a status first: ``[{"name": "dataset-initializer", "status": "Complete"}]``.
+    depends_on: list[dict[str, Any]] = field(default_factory=list)
+    #: JobSet ``groupName`` of the replicated job, when the runtime sets one.
+    group_name: str | None = None
 
     def container(self, name: str | None = None) -> Container:
         """The named container, or the first one (the trainer's is called ``node``)."""
@@ -116,7 +128,9 @@ class Plan:
     runtime_kind: str
     runtime_name: str
     pod_sets: list[PodSet]
+    #: Trainer pods to start; for an elastic job ``elastic.max_nodes`` (torchrun accepts ``min_nodes`` and up).
     num_nodes: int
+    #: Processes ``torchrun`` starts on each node (``PET_NPROC_PER_NODE``); 1 for plainml.
     num_proc_per_node: int
     ml_policy: str  # "torch" | "plainml" | "mpi"
     elastic: ElasticPolicy | None = None

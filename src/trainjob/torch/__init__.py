@@ -1,0 +1,63 @@
+"""The few calls a training script needs for DDP and FSDP, checkpoints, metrics and restarts.
+
+::
+
+    import trainjob.torch as tt
+
+    ctx = tt.init()                                    # torchrun's env, or one process on its own
+    tt.seed_everything(0)                              # same weights everywhere, per-rank augmentation
+    model = tt.prepare_model(Net(), "fsdp", mixed_precision="bf16")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = tt.prepare_data_loader(DataLoader(dataset, batch_size=32, shuffle=True))
+    ckpt = tt.Checkpointer("checkpoints", keep_last=2)
+    step = ckpt.resume(model, optimizer, loader=loader)
+    while step < total_steps:
+        for x, y in loader:                            # sharded, reshuffled each epoch, on ctx.device
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            tt.clip_grad_norm_(model, 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+            step += 1
+            tt.report({"loss": loss}, step=step, total_steps=total_steps)
+            if step % 100 == 0:
+                ckpt.save(step, model, optimizer, loader=loader)
+            if step == total_steps:
+                break
+    tt.shutdown()
+
+Tensor, pipeline and 3-D parallelism live in :mod:`trainjob.torch.parallel` (``prepare_model(parallel=...)``).
+"""
+
+from trainjob.torch.accumulate import GradientAccumulation
+from trainjob.torch.checkpoint import Checkpointer
+from trainjob.torch.clip import clip_grad_norm_, grad_norm
+from trainjob.torch.data import DistributedDataLoader, move_to_device, prepare_data_loader
+from trainjob.torch.env import DistContext, context, init, shutdown
+from trainjob.torch.log import get_logger, print0
+from trainjob.torch.metrics import report
+from trainjob.torch.precision import autocast, grad_scaler
+from trainjob.torch.prepare import prepare_model, select_blocks
+from trainjob.torch.seed import seed_everything
+
+__all__ = [
+    "Checkpointer",
+    "DistContext",
+    "DistributedDataLoader",
+    "GradientAccumulation",
+    "autocast",
+    "clip_grad_norm_",
+    "context",
+    "get_logger",
+    "grad_norm",
+    "grad_scaler",
+    "init",
+    "move_to_device",
+    "prepare_data_loader",
+    "prepare_model",
+    "print0",
+    "report",
+    "seed_everything",
+    "select_blocks",
+    "shutdown",
+]

@@ -1,0 +1,171 @@
+"""The ``TrainJob`` resource: what a data scientist submits.
+
+>>> job = TrainJob.from_dict({
+...     "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+...     "metadata": {"name": "mnist"},
+...     "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": {"numNodes": 2}},
+... })
+>>> job.spec.trainer.num_nodes, job.metadata.namespace, job.spec.runtime_ref.kind
+(2, 'default', 'ClusterTrainingRuntime')
+
+``spec.activeDeadlineSeconds`` is an extension of this project (not in Kubeflow Trainer v2.1.0): the job is
+failed with reason ``DeadlineExceeded`` when it runs longer than that many seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+
+from trainjob.api.common import (
+    API_GROUP,
+    Condition,
+    EnvVar,
+    KubeModel,
+    KubeResource,
+    LocalObjectReference,
+    NamespacedObjectMeta,
+    NumProcPerNode,
+    ResourceRequirements,
+    validate_dns_label,
+)
+
+CLUSTER_TRAINING_RUNTIME = "ClusterTrainingRuntime"
+TRAINING_RUNTIME = "TrainingRuntime"
+MANAGED_BY_VALUES = ("trainer.kubeflow.org/trainjob-controller", "kueue.x-k8s.io/multikueue")
+
+
+class RuntimeRef(KubeModel):
+    """Which (Cluster)TrainingRuntime the job runs on."""
+
+    name: Annotated[str, Field(min_length=1)]
+    api_group: str = API_GROUP
+    kind: Literal["ClusterTrainingRuntime", "TrainingRuntime"] = CLUSTER_TRAINING_RUNTIME
+
+
+class Trainer(KubeModel):
+    """Overrides for the runtime's trainer (``node``) container and its node count."""
+
+    image: str | None = None
+    command: list[str] | None = None
+    args: list[str] | None = None
+    env: list[EnvVar] | None = None
+    num_nodes: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
+    num_proc_per_node: NumProcPerNode | None = None
+    resources_per_node: ResourceRequirements | None = None
+
+
+class InitializerSource(KubeModel):
+    """Where the dataset or model comes from; ``storageUri`` is passed as ``STORAGE_URI``."""
+
+    storage_uri: str | None = None
+    env: list[EnvVar] | None = None
+    secret_ref: LocalObjectReference | None = None
+
+
+class Initializer(KubeModel):
+    dataset: InitializerSource | None = None
+    model: InitializerSource | None = None
+
+
+class TargetJob(KubeModel):
+    name: str
+
+
+class ContainerOverride(KubeModel):
+    """Env and volume mounts added to a named container of the targeted jobs."""
+
+    name: str
+    env: list[EnvVar] | None = None
+    volume_mounts: list[dict[str, Any]] | None = None
+
+
+class PodTemplateOverrideMeta(KubeModel):
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    name: str | None = None
+    namespace: str | None = None
+    finalizers: list[str] | None = None
+
+
+class PodTemplateSpecOverride(KubeModel):
+    service_account_name: str | None = None
+    node_selector: dict[str, str] | None = None
+    affinity: dict[str, Any] | None = None
+    tolerations: list[dict[str, Any]] | None = None
+    volumes: list[dict[str, Any]] | None = None
+    init_containers: list[ContainerOverride] | None = None
+    containers: list[ContainerOverride] | None = None
+    scheduling_gates: list[LocalObjectReference] | None = None
+    image_pull_secrets: list[LocalObjectReference] | None = None
+
+
+class PodTemplateOverride(KubeModel):
+    """Pod template changes for the replicated jobs named in ``targetJobs``; later entries win."""
+
+    target_jobs: Annotated[list[TargetJob], Field(min_length=1)]
+    metadata: PodTemplateOverrideMeta | None = None
+    spec: PodTemplateSpecOverride | None = None
+
+
+class TrainJobSpec(KubeModel):
+    runtime_ref: RuntimeRef
+    trainer: Trainer | None = None
+    initializer: Initializer | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    pod_template_overrides: list[PodTemplateOverride] | None = None
+    suspend: bool | None = None
+    managed_by: str | None = None
+    #: Extension: fail the job after this many seconds of running.
+    active_deadline_seconds: Annotated[int, Field(ge=1)] | None = None
+
+    @field_validator("managed_by")
+    @classmethod
+    def _known_manager(cls, value: str | None) -> str | None:
+        if value is not None and value not in MANAGED_BY_VALUES:
+            raise ValueError(f"must be one of {', '.join(MANAGED_BY_VALUES)}, got {value!r}")
+        return value
+
+
+class JobStatus(KubeModel):
+    """Pod counts of one replicated job (``node``, ``dataset-initializer`` ...)."""
+
+    name: str
+    ready: Annotated[int, Field(ge=0)] = 0
+    succeeded: Annotated[int, Field(ge=0)] = 0
+    failed: Annotated[int, Field(ge=0)] = 0
+    active: Annotated[int, Field(ge=0)] = 0
+    suspended: Annotated[int, Field(ge=0)] = 0
+
+
+class TrainJobStatus(KubeModel):
+    conditions: list[Condition] | None = None
+    jobs_status: list[JobStatus] | None = None
+
+    def condition(self, type_: str) -> Condition | None:
+        """The condition of that type, if set: ``status.condition("Complete")``."""
+        return next((c for c in self.conditions or [] if c.type == type_), None)
+
+
+class TrainJobMeta(NamespacedObjectMeta):
+    """TrainJob names become pod host names, so they must be DNS labels (at most 63 characters)."""
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, name: str) -> str:
+        return validate_dns_label(name)
+
+
+class TrainJob(KubeResource):
+    """A training job: a runtime reference plus per-job overrides."""
+
+    kind: Literal["TrainJob"] = "TrainJob"
+    metadata: TrainJobMeta
+    spec: TrainJobSpec
+    status: TrainJobStatus | None = None
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.namespace

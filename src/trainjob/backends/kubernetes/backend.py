@@ -1,0 +1,308 @@
+"""The SDK and CLI side of Kubernetes: create TrainJob objects, read jobs, events and pod logs from the API server.
+
+The operator (``trainjob operator``, installed by ``trainjob install``) turns the objects into JobSets; this class
+only talks to the API server::
+
+    backend = KubernetesBackend(KubernetesBackendConfig(namespace="ml-team"))
+    job = backend.apply(TrainJob.from_dict(manifest))
+    backend.wait_for_job_status(job.name, {"Running"})
+    for line in backend.logs(job.name, node=0, follow=True):
+        print(line)
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import queue
+import shlex
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from trainjob import types
+from trainjob.backends.base import wait_for_status
+from trainjob.backends.kubernetes import views
+from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_api_client, resolve_namespace
+from trainjob.backends.kubernetes.kubeapi import KubeApi
+from trainjob.backends.kubernetes.resources import (
+    CLUSTER_TRAINING_RUNTIMES,
+    JOB_NAME_LABEL,
+    RUNTIME_KINDS,
+    TRAINING_RUNTIMES,
+    TRAINJOBS,
+)
+from trainjob.errors import AlreadyExistsError, NotFoundError
+
+if TYPE_CHECKING:
+    from trainjob.api import Runtime as RuntimeResource
+    from trainjob.api import TrainJob as TrainJobResource
+
+_POD_WAIT_POLL = 0.5
+_FINISHED_PHASES = ("Succeeded", "Failed")
+
+
+class KubernetesBackend:
+    """Jobs as TrainJob objects on a cluster (see :class:`trainjob.backends.base.Backend`)."""
+
+    def __init__(self, config: KubernetesBackendConfig | None = None, *, pod_start_timeout: float = 600.0) -> None:
+        self.config = config or KubernetesBackendConfig()
+        self.namespace = resolve_namespace(self.config)
+        self.api = KubeApi(load_api_client(self.config))
+        self.pod_start_timeout = pod_start_timeout
+
+    # -- creating ---------------------------------------------------------------------------------------------------
+
+    def apply(self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = ()) -> types.TrainJob:
+        """Create ``trainjob`` (in the configured namespace unless it names another one).
+
+        ``runtimes`` given with it are created or updated first. The job is resolved against its runtime before it
+        is sent, so a job the operator would reject fails here with the same ``ValidationError``.
+        """
+        from trainjob.runtime import resolve
+
+        body = trainjob.to_dict()
+        body.pop("status", None)
+        meta = body["metadata"]
+        if meta.get("namespace") in (None, "default"):
+            meta["namespace"] = self.namespace
+        for runtime in runtimes:
+            self._apply_runtime(runtime.to_dict(), meta["namespace"])
+        ref = trainjob.spec.runtime_ref
+        resolve(trainjob, self._runtime_resource(ref.kind, ref.name, meta["namespace"]))
+        try:
+            created = self.api.create(body, TRAINJOBS)
+        except AlreadyExistsError as exc:
+            raise AlreadyExistsError(
+                f"TrainJob {meta['name']!r} exists already in namespace {meta['namespace']!r}; "
+                "delete it or choose another metadata.name"
+            ) from exc
+        return views.trainjob_view(created, [])
+
+    def train(
+        self,
+        runtime: types.Runtime | str | None = None,
+        initializer: Any | None = None,
+        trainer: types.CustomTrainer | None = None,
+    ) -> str:
+        """Create a TrainJob running ``trainer.func`` under torchrun on every node; returns the job's name."""
+        from trainjob.api import TrainJob
+
+        runtime_name = runtime.name if isinstance(runtime, types.Runtime) else runtime or "torch-distributed"
+        name = f"t{uuid.uuid4().hex[:11]}"
+        spec: dict[str, Any] = {"runtimeRef": {"name": runtime_name}}
+        if trainer is not None:
+            spec["trainer"] = trainer_spec(trainer)
+        job = TrainJob.from_dict({"metadata": {"name": name, "namespace": self.namespace}, "spec": spec})
+        return self.apply(job).name
+
+    # -- reading ----------------------------------------------------------------------------------------------------
+
+    def get_job(self, name: str) -> types.TrainJob:
+        return views.trainjob_view(self._job(name), self.api.list_pods(self.namespace, f"{JOB_NAME_LABEL}={name}"))
+
+    def list_jobs(self, runtime: types.Runtime | None = None) -> list[types.TrainJob]:
+        jobs = self.api.list(TRAINJOBS, self.namespace)
+        pods = self.api.list_pods(self.namespace, JOB_NAME_LABEL)
+        by_job: dict[str, list[dict[str, Any]]] = {}
+        for pod in pods:
+            by_job.setdefault(pod["metadata"]["labels"][JOB_NAME_LABEL], []).append(pod)
+        views_ = [views.trainjob_view(j, by_job.get(j["metadata"]["name"], [])) for j in jobs]
+        if runtime is not None:
+            views_ = [v for v in views_ if v.runtime_name == runtime.name]
+        return sorted(views_, key=lambda v: v.creation_timestamp)
+
+    def wait_for_job_status(
+        self,
+        name: str,
+        status: set[str] | frozenset[str] = frozenset({types.COMPLETE}),
+        timeout: float = 600,
+        polling_interval: float = 2,
+        callbacks: Sequence[Callable[[types.TrainJob], None]] | None = None,
+    ) -> types.TrainJob:
+        return wait_for_status(self.get_job, name, status, timeout, polling_interval, callbacks)
+
+    def get_job_events(self, name: str) -> list[types.Event]:
+        """Events of the TrainJob, its JobSet, Jobs and pods (all named after the job), oldest first."""
+        self._job(name)
+        events = self.api.list_events(self.namespace, name, include_children=True)
+        return [views.event_view(e) for e in events]
+
+    def list_runtimes(self) -> list[types.Runtime]:
+        found = {r["metadata"]["name"]: r for r in self.api.list(CLUSTER_TRAINING_RUNTIMES)}
+        found.update({r["metadata"]["name"]: r for r in self.api.list(TRAINING_RUNTIMES, self.namespace)})
+        return [views.runtime_view(name, r.get("spec") or {}) for name, r in sorted(found.items())]
+
+    def get_runtime(self, name: str) -> types.Runtime:
+        for ref, namespace in ((TRAINING_RUNTIMES, self.namespace), (CLUSTER_TRAINING_RUNTIMES, None)):
+            if (obj := self.api.get(ref, namespace, name)) is not None:
+                return views.runtime_view(name, obj.get("spec") or {})
+        known = ", ".join(r.name for r in self.list_runtimes()) or "none"
+        raise NotFoundError(f"runtime {name!r} not found in namespace {self.namespace!r} or the cluster; known: {known}")
+
+    # -- logs -------------------------------------------------------------------------------------------------------
+
+    def get_job_logs(self, name: str, step: str = "node-0", follow: bool = False) -> Iterator[str]:
+        """Lines of one step's pod (``node-0``, ``node-1`` ...), as the Kubeflow SDK names them."""
+        prefix, _, index = step.rpartition("-")
+        if prefix != "node" or not index.isdigit():
+            raise NotFoundError(f"step {step!r} does not exist; steps are named node-0, node-1, ...")
+        for line in self.logs(name, node=int(index), follow=follow):
+            yield line.text
+
+    def logs(
+        self, name: str, node: int | None = None, rank: int | None = None, follow: bool = False
+    ) -> Iterator[types.LogLine]:
+        """Lines of every node (or one ``node``; a global ``rank`` selects its node), in order per node.
+
+        With ``follow`` the lines stream as the pods write them; a pod that has not started yet is waited for
+        (up to ``pod_start_timeout``), and the stream ends when the pods finish.
+        """
+        job = self.get_job(name)
+        if rank is not None:
+            node = rank // (job.num_proc_per_node or 1)
+        nodes = [node] if node is not None else list(range(job.num_nodes))
+        if node is not None and not 0 <= node < job.num_nodes:
+            raise NotFoundError(f"TrainJob {name} has nodes 0..{job.num_nodes - 1}, not {node}")
+        if not follow:
+            for index in nodes:
+                pod = self._trainer_pods(name).get(index)
+                if pod is not None:
+                    text = self.api.core.read_namespaced_pod_log(pod["metadata"]["name"], self.namespace)
+                    yield from (types.LogLine(index, None, line) for line in text.splitlines())
+            return
+        yield from _merge([lambda i=i: self._follow_node(name, i) for i in nodes])
+
+    def _follow_node(self, name: str, index: int) -> Iterator[types.LogLine]:
+        pod = self._wait_for_pod(name, index)
+        response = self.api.core.read_namespaced_pod_log(
+            pod["metadata"]["name"], self.namespace, follow=True, _preload_content=False
+        )
+        buffer = b""
+        try:
+            for chunk in response.stream(4096):
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                yield from (types.LogLine(index, None, line.decode(errors="replace")) for line in lines)
+            if buffer:
+                yield types.LogLine(index, None, buffer.decode(errors="replace"))
+        finally:
+            response.release_conn()
+
+    def _wait_for_pod(self, name: str, index: int) -> dict[str, Any]:
+        """The node's pod once its container has started (Running or already finished)."""
+        deadline = time.monotonic() + self.pod_start_timeout
+        while True:
+            pod = self._trainer_pods(name).get(index)
+            phase = (pod or {}).get("status", {}).get("phase")
+            if pod is not None and (phase == "Running" or phase in _FINISHED_PHASES):
+                return pod
+            if views.job_status(self._job(name))[0] in types.TERMINAL_STATUSES and pod is None:
+                raise NotFoundError(f"TrainJob {name} finished without a pod for node {index}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the pod of node {index} of TrainJob {name} did not start in {self.pod_start_timeout:g} s")
+            time.sleep(_POD_WAIT_POLL)
+
+    def _trainer_pods(self, name: str) -> dict[int, dict[str, Any]]:
+        return views.trainer_pods(self.api.list_pods(self.namespace, f"{JOB_NAME_LABEL}={name}"))
+
+    # -- changing ---------------------------------------------------------------------------------------------------
+
+    def delete_job(self, name: str) -> None:
+        """Delete the TrainJob; its JobSet, Jobs and pods go with it (owner references)."""
+        if not self.api.delete(TRAINJOBS, self.namespace, name):
+            raise NotFoundError(f"TrainJob {name!r} not found in namespace {self.namespace!r}")
+
+    def suspend_job(self, name: str) -> None:
+        self._set_suspend(name, True)
+
+    def resume_job(self, name: str) -> None:
+        self._set_suspend(name, False)
+
+    def _set_suspend(self, name: str, value: bool) -> None:
+        if self.api.patch(TRAINJOBS, self.namespace, name, {"spec": {"suspend": value}}) is None:
+            raise NotFoundError(f"TrainJob {name!r} not found in namespace {self.namespace!r}")
+
+    # -- helpers ----------------------------------------------------------------------------------------------------
+
+    def _job(self, name: str) -> dict[str, Any]:
+        job = self.api.get(TRAINJOBS, self.namespace, name)
+        if job is None:
+            raise NotFoundError(f"TrainJob {name!r} not found in namespace {self.namespace!r}")
+        return job
+
+    def _runtime_resource(self, kind: str, name: str, namespace: str) -> RuntimeResource:
+        from trainjob.api import resource_from_dict
+
+        ref = RUNTIME_KINDS[kind]
+        obj = self.api.get(ref, namespace if ref.namespaced else None, name)
+        if obj is None:
+            where = f" in namespace {namespace!r}" if ref.namespaced else ""
+            known = ", ".join(sorted(r["metadata"]["name"] for r in self.api.list(ref, namespace))) or "none"
+            raise NotFoundError(f"spec.runtimeRef: {kind} {name!r} not found{where}; known: {known}")
+        meta = {k: v for k, v in obj["metadata"].items() if k in ("name", "namespace", "labels", "annotations")}
+        return resource_from_dict({**obj, "metadata": meta})  # type: ignore[return-value]
+
+    def _apply_runtime(self, obj: dict[str, Any], namespace: str) -> None:
+        ref = RUNTIME_KINDS[obj["kind"]]
+        if ref.namespaced:
+            obj["metadata"]["namespace"] = namespace
+        try:
+            self.api.create(obj, ref)
+        except AlreadyExistsError:
+            self.api.patch(ref, obj["metadata"].get("namespace"), obj["metadata"]["name"], {"spec": obj["spec"]})
+
+
+def trainer_spec(trainer: types.CustomTrainer) -> dict[str, Any]:
+    """``spec.trainer`` for a ``CustomTrainer``: its function shipped as source and run by torchrun on every node."""
+    source = textwrap.dedent(inspect.getsource(trainer.func))
+    call = f"{trainer.func.__name__}(**json.loads({json.dumps(json.dumps(trainer.func_args or {}))}))"
+    program = f"import json\n{source}\n{call}\n"
+    steps = ["set -e"]
+    if trainer.packages_to_install:
+        index, *extra = trainer.pip_index_urls
+        flags = [f"--index-url={index}", *(f"--extra-index-url={url}" for url in extra)]
+        steps.append(shlex.join(["pip", "install", "--quiet", *flags, *trainer.packages_to_install]))
+    steps.append(f"cat > /tmp/trainjob_train.py <<'TRAINJOB_PROGRAM'\n{program}TRAINJOB_PROGRAM")
+    steps.append("exec torchrun /tmp/trainjob_train.py")
+    spec: dict[str, Any] = {"command": ["bash", "-c", "\n".join(steps)]}
+    if trainer.num_nodes is not None:
+        spec["numNodes"] = trainer.num_nodes
+    if trainer.resources_per_node:
+        resources = {("nvidia.com/gpu" if k == "gpu" else k): v for k, v in trainer.resources_per_node.items()}
+        spec["resourcesPerNode"] = {"requests": resources, "limits": dict(resources)}
+    if trainer.env:
+        spec["env"] = [{"name": k, "value": v} for k, v in trainer.env.items()]
+    return spec
+
+
+def _merge(sources: list[Callable[[], Iterator[types.LogLine]]]) -> Iterator[types.LogLine]:
+    """Lines from several followed streams as they arrive (each stream in its own thread)."""
+    if len(sources) == 1:
+        yield from sources[0]()
+        return
+    lines: queue.Queue[types.LogLine | BaseException | None] = queue.Queue()
+
+    def pump(source: Callable[[], Iterator[types.LogLine]]) -> None:
+        try:
+            for line in source():
+                lines.put(line)
+        except BaseException as exc:  # handed to the reader
+            lines.put(exc)
+        finally:
+            lines.put(None)
+
+    for source in sources:
+        threading.Thread(target=pump, args=(source,), daemon=True).start()
+    running = len(sources)
+    while running:
+        item = lines.get()
+        if item is None:
+            running -= 1
+        elif isinstance(item, BaseException):
+            raise item
+        else:
+            yield item

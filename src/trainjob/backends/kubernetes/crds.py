@@ -1,0 +1,172 @@
+"""CustomResourceDefinitions generated from the pydantic models, so the API server and ``trainjob.api`` agree.
+
+:func:`openapi_schema` turns a model's JSON schema into the *structural* OpenAPI v3 schema apiextensions v1
+requires: references inlined, ``Optional`` unwrapped, ``dict[str, Any]`` (pod templates, JobSet fields we do not
+model) kept as ``x-kubernetes-preserve-unknown-fields``, ``int | str`` as ``x-kubernetes-int-or-string``. Checks
+JSON schema cannot express (``numProcPerNode`` keywords, name formats) become CEL ``x-kubernetes-validations``::
+
+    crds = custom_resource_definitions()        # TrainJob, TrainingRuntime, ClusterTrainingRuntime
+    print(yaml.safe_dump_all(crds))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainjob.backends.kubernetes.resources import (
+    CLUSTER_TRAINING_RUNTIMES,
+    TRAINER_GROUP,
+    TRAINER_VERSION,
+    TRAINING_RUNTIMES,
+    TRAINJOBS,
+    ResourceRef,
+)
+
+_KEEP = ("type", "enum", "minimum", "maximum", "minLength", "maxLength", "pattern", "minItems", "maxItems", "format")
+
+#: CEL rules for what the JSON schema part cannot say; messages follow ``field: must ..., got ...``.
+_NUM_PROC_RULE = {
+    "rule": "type(self) == int ? self >= 1 : self in ['auto', 'cpu', 'gpu']",
+    "message": "numProcPerNode: must be auto, cpu, gpu or an integer >= 1",
+}
+_NAME_RULES = [
+    {
+        "rule": "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 63",
+        "message": "metadata.name: must be a DNS label of at most 63 characters (it becomes the pods' host names)",
+    }
+]
+
+
+def openapi_schema(json_schema: dict[str, Any]) -> dict[str, Any]:
+    """The structural OpenAPI v3 schema for a pydantic ``model_json_schema(by_alias=True)``."""
+    defs = json_schema.get("$defs", {})
+    return _convert(json_schema, defs, depth=0)
+
+
+def _convert(node: dict[str, Any], defs: dict[str, Any], depth: int) -> dict[str, Any]:
+    if depth > 40:
+        raise ValueError("schema nests too deep (a recursive model cannot become a structural schema)")
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _convert(merged, defs, depth + 1)
+    for combinator in ("anyOf", "oneOf"):
+        if combinator in node:
+            options = [o for o in node[combinator] if o.get("type") != "null"]
+            rest = {k: v for k, v in node.items() if k != combinator}
+            if len(options) == 1:
+                return _convert({**options[0], **rest}, defs, depth + 1)
+            return _int_or_string(options, rest)
+    if "allOf" in node and len(node["allOf"]) == 1:
+        rest = {k: v for k, v in node.items() if k != "allOf"}
+        return _convert({**node["allOf"][0], **rest}, defs, depth + 1)
+
+    out: dict[str, Any] = {k: node[k] for k in _KEEP if k in node}
+    if "const" in node:
+        out["enum"] = [node["const"]]
+        out.setdefault("type", _json_type(node["const"]))
+    if node.get("description"):
+        out["description"] = _summary(node["description"])
+    if "default" in node and node["default"] is not None and not isinstance(node["default"], dict | list):
+        out["default"] = node["default"]
+    if out.get("type") == "object" or "properties" in node:
+        out["type"] = "object"
+        if "properties" in node:
+            out["properties"] = {k: _convert(v, defs, depth + 1) for k, v in node["properties"].items()}
+            if node.get("required"):
+                out["required"] = list(node["required"])
+        extra = node.get("additionalProperties")
+        if isinstance(extra, dict) and extra:
+            out["additionalProperties"] = _convert(extra, defs, depth + 1)
+        elif (extra is True or extra == {}) or ("properties" not in node and extra is None):
+            out["x-kubernetes-preserve-unknown-fields"] = True
+    if out.get("type") == "array":
+        out["items"] = _convert(node.get("items", {}), defs, depth + 1)
+    if not out.get("type") and "x-kubernetes-int-or-string" not in out and "enum" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    return out
+
+
+def _int_or_string(options: list[dict[str, Any]], rest: dict[str, Any]) -> dict[str, Any]:
+    kinds = {o.get("type") or _json_type(o["enum"][0]) for o in options}
+    if kinds != {"integer", "string"}:
+        raise ValueError(f"cannot express a union of {sorted(map(str, kinds))} in a structural schema")
+    out: dict[str, Any] = {"x-kubernetes-int-or-string": True}
+    if rest.get("description"):
+        out["description"] = _summary(rest["description"])
+    if any("enum" in o for o in options):
+        out["x-kubernetes-validations"] = [_NUM_PROC_RULE]
+    return out
+
+
+def _json_type(value: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "number", str: "string"}[type(value)]
+
+
+def _resource_schema(model: type) -> dict[str, Any]:
+    schema = openapi_schema(model.model_json_schema(by_alias=True, mode="validation"))  # type: ignore[attr-defined]
+    props = schema["properties"]
+    props["apiVersion"] = {"type": "string"}
+    props["kind"] = {"type": "string"}
+    props["metadata"] = {"type": "object"}  # the API server owns ObjectMeta's schema
+    schema["required"] = [r for r in schema.get("required", []) if r not in ("apiVersion", "kind", "metadata")]
+    return schema
+
+
+def _crd(ref: ResourceRef, model: type, columns: list[dict[str, Any]], status: bool) -> dict[str, Any]:
+    schema = _resource_schema(model)
+    if ref is TRAINJOBS:
+        schema["x-kubernetes-validations"] = _NAME_RULES
+    version: dict[str, Any] = {
+        "name": TRAINER_VERSION,
+        "served": True,
+        "storage": True,
+        "schema": {"openAPIV3Schema": schema},
+        "additionalPrinterColumns": columns,
+    }
+    if status:
+        version["subresources"] = {"status": {}}
+    singular = ref.kind.lower()
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{ref.plural}.{TRAINER_GROUP}"},
+        "spec": {
+            "group": TRAINER_GROUP,
+            "names": {"kind": ref.kind, "listKind": f"{ref.kind}List", "plural": ref.plural, "singular": singular},
+            "scope": "Namespaced" if ref.namespaced else "Cluster",
+            "versions": [version],
+        },
+    }
+
+
+def custom_resource_definitions() -> list[dict[str, Any]]:
+    """The CRDs of TrainJob, TrainingRuntime and ClusterTrainingRuntime (apiextensions.k8s.io/v1)."""
+    from trainjob.api import ClusterTrainingRuntime, TrainingRuntime, TrainJob
+
+    age = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+    job_columns = [
+        {"name": "Runtime", "type": "string", "jsonPath": ".spec.runtimeRef.name"},
+        {"name": "Nodes", "type": "integer", "jsonPath": ".spec.trainer.numNodes"},
+        {"name": "State", "type": "string", "jsonPath": ".status.conditions[?(@.status==\"True\")].type"},
+        age,
+    ]
+    runtime_columns = [
+        {"name": "Nodes", "type": "integer", "jsonPath": ".spec.mlPolicy.numNodes"},
+        age,
+    ]
+    return [
+        _crd(TRAINJOBS, TrainJob, job_columns, status=True),
+        _crd(TRAINING_RUNTIMES, TrainingRuntime, runtime_columns, status=False),
+        _crd(CLUSTER_TRAINING_RUNTIMES, ClusterTrainingRuntime, runtime_columns, status=False),
+    ]
+
+
+def crd_schema(crd: dict[str, Any]) -> dict[str, Any]:
+    """The ``openAPIV3Schema`` of a CRD's (only) version."""
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def _summary(docstring: str) -> str:
+    """The first paragraph, without reST literal markup (``kubectl explain`` shows it verbatim)."""
+    return docstring.split("\n\n")[0].strip().replace("``", "")

@@ -1,0 +1,78 @@
+"""Apply the install manifests to a cluster: create each object, or merge-patch it when it exists.
+
+    api_client = load_api_client(KubernetesBackendConfig(context="prod"))
+    for line in apply_manifests(api_client, install_manifests()):
+        print(line)                      # "created CustomResourceDefinition trainjobs.trainer.kubeflow.org"
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from trainjob.errors import BackendError
+
+if TYPE_CHECKING:
+    import kubernetes.client
+
+#: (apiVersion, kind) -> (plural, namespaced) for every kind the install manifests hold.
+_KINDS = {
+    ("v1", "Namespace"): ("namespaces", False),
+    ("v1", "ServiceAccount"): ("serviceaccounts", True),
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): ("customresourcedefinitions", False),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): ("clusterroles", False),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): ("clusterrolebindings", False),
+    ("apps/v1", "Deployment"): ("deployments", True),
+    ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): ("clustertrainingruntimes", False),
+}
+
+
+def object_path(obj: dict[str, Any], named: bool) -> str:
+    """The REST path of ``obj`` (``named``: including its name)."""
+    plural, namespaced = _KINDS[(obj["apiVersion"], obj["kind"])]
+    base = "/api/v1" if obj["apiVersion"] == "v1" else f"/apis/{obj['apiVersion']}"
+    if namespaced:
+        base += f"/namespaces/{obj['metadata']['namespace']}"
+    path = f"{base}/{plural}"
+    return f"{path}/{obj['metadata']['name']}" if named else path
+
+
+def apply_manifests(
+    client: kubernetes.client.ApiClient, objects: list[dict[str, Any]], wait_for_crds: float = 60.0
+) -> Iterator[str]:
+    """Create or update each object in order; yields one line per object. Custom kinds wait for their CRD."""
+    for obj in objects:
+        what = f"{obj['kind']} {obj['metadata']['name']}"
+        deadline = time.monotonic() + wait_for_crds
+        while True:
+            status = _request(client, "POST", object_path(obj, named=False), obj)
+            if status == 404 and obj["kind"] == "ClusterTrainingRuntime" and time.monotonic() < deadline:
+                time.sleep(1.0)  # the CRD was just created and is not served yet
+                continue
+            break
+        if status == 409:
+            status = _request(client, "PATCH", object_path(obj, named=True), obj)
+            verb = "configured"
+        else:
+            verb = "created"
+        if status >= 300:
+            raise BackendError(f"cannot apply {what}: the API server answered {status}")
+        yield f"{verb} {what}"
+
+
+def _request(client: kubernetes.client.ApiClient, method: str, path: str, body: dict[str, Any]) -> int:
+    content_type = "application/merge-patch+json" if method == "PATCH" else "application/json"
+    method_, url, headers, serialized, _ = client.param_serialize(
+        method,
+        path,
+        header_params={"Content-Type": content_type, "Accept": "application/json"},
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    try:
+        response = client.call_api(method_, url, header_params=headers, body=serialized)
+    except Exception as exc:
+        raise BackendError(f"cannot reach the Kubernetes API server: {exc}") from exc
+    response.read()
+    return int(response.status)

@@ -1,0 +1,192 @@
+"""A small typed layer over the ``kubernetes`` client: objects as plain dicts, ``None`` for "not found".
+
+The operator and the SDK backend both talk to the API server through :class:`KubeApi`::
+
+    api = KubeApi(load_api_client(KubernetesBackendConfig()))
+    job = api.get(TRAINJOBS, "default", "mnist")          # dict or None
+    api.patch_status(TRAINJOBS, "default", "mnist", {"status": {...}})
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import TYPE_CHECKING, Any
+
+from trainjob.backends.kubernetes.resources import RENDERED_RESOURCES, ResourceRef
+from trainjob.errors import AlreadyExistsError, BackendError
+
+if TYPE_CHECKING:
+    import kubernetes.client
+
+
+class KubeApi:
+    """Get, list, create, patch and delete custom objects, pods and events."""
+
+    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+        import kubernetes.client
+
+        self.client = client
+        self.custom = kubernetes.client.CustomObjectsApi(client)
+        self.core = kubernetes.client.CoreV1Api(client)
+
+    # -- custom objects -------------------------------------------------------------------------------------------
+
+    def get(self, ref: ResourceRef, namespace: str | None, name: str) -> dict[str, Any] | None:
+        try:
+            if ref.namespaced:
+                return self.custom.get_namespaced_custom_object(ref.group, ref.version, namespace, ref.plural, name)
+            return self.custom.get_cluster_custom_object(ref.group, ref.version, ref.plural, name)
+        except Exception as exc:
+            if _status(exc) == 404:
+                return None
+            raise _backend_error(exc, f"get {ref.kind} {name}") from exc
+
+    def list(
+        self, ref: ResourceRef, namespace: str | None = None, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        kwargs = {"label_selector": label_selector} if label_selector else {}
+        try:
+            if ref.namespaced and namespace:
+                listing = self.custom.list_namespaced_custom_object(
+                    ref.group, ref.version, namespace, ref.plural, **kwargs
+                )
+            else:
+                listing = self.custom.list_cluster_custom_object(ref.group, ref.version, ref.plural, **kwargs)
+        except Exception as exc:
+            raise _backend_error(exc, f"list {ref.plural}") from exc
+        return list(listing.get("items", []))
+
+    def create(self, obj: dict[str, Any], ref: ResourceRef | None = None) -> dict[str, Any]:
+        """Create ``obj``; its resource comes from ``apiVersion``/``kind`` unless ``ref`` is given."""
+        ref = ref or RENDERED_RESOURCES[(obj["apiVersion"], obj["kind"])]
+        namespace = obj["metadata"].get("namespace")
+        try:
+            if ref.namespaced:
+                return self.custom.create_namespaced_custom_object(ref.group, ref.version, namespace, ref.plural, obj)
+            return self.custom.create_cluster_custom_object(ref.group, ref.version, ref.plural, obj)
+        except Exception as exc:
+            name = obj["metadata"].get("name")
+            if _status(exc) == 409:
+                raise AlreadyExistsError(f"{ref.kind} {namespace}/{name} exists already") from exc
+            raise _backend_error(exc, f"create {ref.kind} {name}") from exc
+
+    def patch(self, ref: ResourceRef, namespace: str | None, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge-patch the object; ``None`` when it is gone."""
+        try:
+            if not ref.namespaced:
+                return self.custom.patch_cluster_custom_object(ref.group, ref.version, ref.plural, name, patch)
+            return self.custom.patch_namespaced_custom_object(ref.group, ref.version, namespace, ref.plural, name, patch)
+        except Exception as exc:
+            if _status(exc) == 404:
+                return None
+            raise _backend_error(exc, f"patch {ref.kind} {name}") from exc
+
+    def patch_status(self, ref: ResourceRef, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge-patch ``status`` through the status subresource (a no-op when the object is gone)."""
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                ref.group, ref.version, namespace, ref.plural, name, {"status": status}
+            )
+        except Exception as exc:
+            if _status(exc) != 404:
+                raise _backend_error(exc, f"update the status of {ref.kind} {name}") from exc
+
+    def delete(self, ref: ResourceRef, namespace: str | None, name: str) -> bool:
+        """Delete with foreground propagation; ``False`` when there was nothing to delete."""
+        body = {"propagationPolicy": "Foreground"}
+        try:
+            if ref.namespaced:
+                self.custom.delete_namespaced_custom_object(
+                    ref.group, ref.version, namespace, ref.plural, name, body=body
+                )
+            else:
+                self.custom.delete_cluster_custom_object(ref.group, ref.version, ref.plural, name, body=body)
+        except Exception as exc:
+            if _status(exc) == 404:
+                return False
+            raise _backend_error(exc, f"delete {ref.kind} {name}") from exc
+        return True
+
+    # -- core -----------------------------------------------------------------------------------------------------
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        try:
+            listing = self.core.list_namespaced_pod(namespace, label_selector=label_selector, _preload_content=False)
+        except Exception as exc:
+            raise _backend_error(exc, f"list pods {label_selector}") from exc
+        return list(json.loads(listing.data).get("items", []))
+
+    def list_events(self, namespace: str, involved_name: str, include_children: bool = False) -> list[dict[str, Any]]:
+        """Events about ``involved_name`` (and, with ``include_children``, objects named ``{name}-...``), oldest first."""
+        selector = None if include_children else f"involvedObject.name={involved_name}"
+        try:
+            listing = self.core.list_namespaced_event(namespace, field_selector=selector, _preload_content=False)
+        except Exception as exc:
+            raise _backend_error(exc, f"list events of {involved_name}") from exc
+        def wanted(name: str) -> bool:
+            return name == involved_name or (include_children and name.startswith(f"{involved_name}-"))
+
+        items = [e for e in json.loads(listing.data).get("items", []) if wanted(e["involvedObject"]["name"])]
+        return sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
+    def post_event(self, involved: dict[str, Any], event_type: str, reason: str, message: str) -> None:
+        """Record a ``Normal``/``Warning`` Event about ``involved`` (shown by ``kubectl describe``)."""
+        meta = involved["metadata"]
+        now = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": involved["apiVersion"],
+                "kind": involved["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": event_type,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "trainjob-operator"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(meta["namespace"], event)
+        except Exception as exc:
+            raise _backend_error(exc, f"post an event about {meta['name']}") from exc
+
+
+class ApiError(BackendError):
+    """The API server refused a request or could not be reached; ``status`` is the HTTP status (``None``: no answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def retriable(self) -> bool:
+        """Whether trying again later can help (no answer, throttled, or a server-side error)."""
+        return self.status is None or self.status == 429 or self.status >= 500
+
+
+def _status(exc: Exception) -> int | None:
+    status = getattr(exc, "status", None)
+    return status if isinstance(status, int) else None
+
+
+def _backend_error(exc: Exception, doing: str) -> ApiError:
+    status = _status(exc)
+    if status is None or status == 0:
+        return ApiError(f"cannot {doing}: the Kubernetes API server is unreachable ({exc})")
+    reason = getattr(exc, "reason", "") or ""
+    body = getattr(exc, "body", "") or ""
+    try:
+        import json
+
+        body = json.loads(body).get("message", body)
+    except (ValueError, AttributeError):
+        pass
+    return ApiError(f"cannot {doing}: the API server answered {status} {reason}: {body}".rstrip(": "), status)

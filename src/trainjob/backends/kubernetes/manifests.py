@@ -1,0 +1,146 @@
+"""What ``trainjob install`` puts on a cluster, generated here so that deploy/ can never drift from the code.
+
+``install_manifests()`` returns, in apply order: the namespace, the three CRDs, least-privilege RBAC, the operator
+Deployment (probes, requests, non-root) and the built-in ClusterTrainingRuntimes. ``deploy_files()`` lays the same
+objects out as a kustomization (what deploy/ holds; a test compares them)::
+
+    print(manifests_yaml(install_manifests(image="registry.example.com/trainjob-operator:0.1.0")))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from trainjob import __version__
+from trainjob.backends.kubernetes.crds import custom_resource_definitions
+from trainjob.backends.kubernetes.resources import (
+    CLUSTER_TRAINING_RUNTIMES,
+    COSCHEDULING_PODGROUPS,
+    JOBSETS,
+    TRAINER_GROUP,
+    TRAINING_RUNTIMES,
+    TRAINJOBS,
+    VOLCANO_PODGROUPS,
+)
+
+NAMESPACE = "trainjob-system"
+NAME = "trainjob-operator"
+DEFAULT_IMAGE = f"ghcr.io/trainjob/trainjob-operator:{__version__}"
+LIVENESS_PORT = 8080
+_LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "trainjob"}
+
+
+def namespace() -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": dict(_LABELS)}}
+
+
+def rbac() -> list[dict[str, Any]]:
+    """A ServiceAccount and a ClusterRole with exactly what the operator calls (jobs live in every namespace)."""
+    read = ["get", "list", "watch"]
+    rules = [
+        {"apiGroups": [TRAINER_GROUP], "resources": [TRAINJOBS.plural], "verbs": [*read, "patch"]},
+        {"apiGroups": [TRAINER_GROUP], "resources": [f"{TRAINJOBS.plural}/status"], "verbs": ["get", "patch"]},
+        {
+            "apiGroups": [TRAINER_GROUP],
+            "resources": [TRAINING_RUNTIMES.plural, CLUSTER_TRAINING_RUNTIMES.plural],
+            "verbs": read,
+        },
+        {"apiGroups": [JOBSETS.group], "resources": [JOBSETS.plural], "verbs": [*read, "create", "patch", "delete"]},
+        {
+            "apiGroups": [COSCHEDULING_PODGROUPS.group, VOLCANO_PODGROUPS.group],
+            "resources": ["podgroups"],
+            "verbs": ["get", "create", "delete"],
+        },
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+        # kopf discovers resources through CRDs and follows new ones appearing.
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": read},
+    ]
+    meta = {"name": NAME, "labels": dict(_LABELS)}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {**meta, "namespace": NAMESPACE}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": meta, "rules": rules},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
+            "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}],
+        },
+    ]
+
+
+def deployment(image: str = DEFAULT_IMAGE) -> dict[str, Any]:
+    """One replica (``Recreate``: never two operators at once), health probes on kopf's liveness endpoint."""
+    probe = {"httpGet": {"path": "/healthz", "port": LIVENESS_PORT}, "periodSeconds": 10, "timeoutSeconds": 5}
+    container = {
+        "name": "operator",
+        "image": image,
+        "command": ["trainjob", "operator", "--liveness", f"http://0.0.0.0:{LIVENESS_PORT}/healthz"],
+        "ports": [{"name": "health", "containerPort": LIVENESS_PORT}],
+        "livenessProbe": {**probe, "initialDelaySeconds": 15, "failureThreshold": 3},
+        "readinessProbe": {**probe, "initialDelaySeconds": 5},
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": dict(_LABELS)},
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
+            "template": {
+                "metadata": {"labels": dict(_LABELS)},
+                "spec": {
+                    "serviceAccountName": NAME,
+                    "securityContext": {"runAsUser": 65532, "runAsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [container],
+                },
+            },
+        },
+    }
+
+
+def builtin_runtimes() -> list[dict[str, Any]]:
+    """The built-in ClusterTrainingRuntimes (``torch-distributed``, ``torch-distributed-volcano``) as objects."""
+    from trainjob.runtime import builtin_runtimes as runtimes
+
+    return [runtime.to_dict() for _, runtime in sorted(runtimes().items())]
+
+
+def install_manifests(image: str = DEFAULT_IMAGE) -> list[dict[str, Any]]:
+    """Everything to install, in apply order (CRDs before the runtimes that need them)."""
+    return [namespace(), *custom_resource_definitions(), *rbac(), deployment(image), *builtin_runtimes()]
+
+
+def manifests_yaml(objects: list[dict[str, Any]]) -> str:
+    """Multi-document YAML, as ``kubectl apply -f -`` reads it."""
+    return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)
+
+
+def deploy_files(image: str = DEFAULT_IMAGE) -> dict[str, str]:
+    """deploy/'s generated files by relative path: a kustomization over namespace, CRDs, RBAC, operator, runtimes."""
+    crds = custom_resource_definitions()
+    files = {
+        "namespace.yaml": manifests_yaml([namespace()]),
+        **{f"crds/{crd['metadata']['name']}.yaml": manifests_yaml([crd]) for crd in crds},
+        "rbac.yaml": manifests_yaml(rbac()),
+        "operator.yaml": manifests_yaml([deployment(image)]),
+        "runtimes.yaml": manifests_yaml(builtin_runtimes()),
+    }
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": list(files),
+        "images": [{"name": DEFAULT_IMAGE.rsplit(":", 1)[0], "newTag": __version__}],
+    }
+    header = "# Generated by `trainjob install --write deploy/`; edit the code, not these files.\n"
+    return {name: header + text for name, text in {"kustomization.yaml": manifests_yaml([kustomization]), **files}.items()}

@@ -1,0 +1,155 @@
+"""The TrainJob operator: kopf watches TrainJobs and JobSets, a work queue feeds :class:`Reconciler`.
+
+Watch events only put the job's key into the queue; the reconciler reads the current state from the API server
+and converges it, so missed or repeated events do no harm, and a restarted operator picks every job up again from
+the initial listing. Failed passes are retried with backoff; jobs with a deadline are queued again for it::
+
+    from trainjob.backends.kubernetes import KubernetesBackendConfig
+    from trainjob.backends.kubernetes.operator import run_operator
+
+    run_operator(KubernetesBackendConfig(), workers=4, liveness="http://0.0.0.0:8080/healthz")
+
+``trainjob operator`` runs it from the command line; deploy/ runs that command in the cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from trainjob import __version__
+from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_api_client
+from trainjob.backends.kubernetes.kubeapi import KubeApi
+from trainjob.backends.kubernetes.reconcile import Reconciler
+from trainjob.backends.kubernetes.resources import JOB_NAME_LABEL, JOBSETS, TRAINJOBS
+from trainjob.backends.kubernetes.workqueue import WorkQueue
+
+log = logging.getLogger("trainjob.operator")
+
+USER_AGENT = f"trainjob-operator/{__version__}"
+
+
+@dataclass
+class OperatorState:
+    """What the handlers share (kopf passes it to every handler as ``memo``)."""
+
+    api: KubeApi
+    reconciler: Reconciler
+    queue: WorkQueue = field(default_factory=WorkQueue)
+    workers: int = 4
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+# -- handlers: plain functions, registered in make_registry() --------------------------------------------------------
+
+
+async def start_workers(memo: OperatorState, **_: Any) -> None:
+    """On startup: run the queue's workers; each reconcile runs in a thread (the client is synchronous)."""
+
+    async def handle(key: Any) -> float | None:
+        namespace, name = key
+        return await asyncio.to_thread(memo.reconciler.reconcile, namespace, name)
+
+    memo.tasks.append(asyncio.create_task(memo.queue.run_workers(handle, memo.workers), name="trainjob-workers"))
+
+
+async def stop_workers(memo: OperatorState, **_: Any) -> None:
+    for task in memo.tasks:
+        task.cancel()
+    await asyncio.gather(*memo.tasks, return_exceptions=True)
+    memo.tasks.clear()
+
+
+async def enqueue_trainjob(body: kopf.Body, memo: OperatorState, **_: Any) -> None:
+    """Any event about a TrainJob (including the initial listing after a restart) queues it."""
+    memo.queue.add((body.metadata.namespace, body.metadata.name))
+
+
+async def enqueue_jobset_owner(body: kopf.Body, memo: OperatorState, **_: Any) -> None:
+    """A JobSet changed (status from the JobSet controller, deletion): queue the TrainJob that owns it."""
+    for ref in body.metadata.get("ownerReferences") or []:
+        if ref.get("kind") == TRAINJOBS.kind and ref.get("apiVersion") == TRAINJOBS.api_version:
+            memo.queue.add((body.metadata.namespace, ref["name"]))
+
+
+def login(memo: OperatorState, **_: Any) -> kopf.ConnectionInfo:
+    """Give kopf the same credentials as the reconciler's client (kubeconfig, context or in-cluster)."""
+    cfg = memo.api.client.configuration
+    if cfg.refresh_api_key_hook is not None:
+        cfg.refresh_api_key_hook(cfg)
+    auth = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken") or ""
+    token = auth.split(" ", 1)[1] if auth.lower().startswith("bearer ") else (auth or None)
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        username=cfg.username or None,
+        password=cfg.password or None,
+        token=token,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+    )
+
+
+def queue_depth(memo: OperatorState, **_: Any) -> int:
+    """Liveness probe detail: how many jobs wait for a reconcile."""
+    return len(memo.queue)
+
+
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+
+
+def make_registry() -> kopf.OperatorRegistry:
+    """A fresh registry with the operator's handlers (one per operator run, so runs do not share state)."""
+    registry = kopf.OperatorRegistry()
+    kopf.on.startup(registry=registry)(configure)
+    kopf.on.startup(registry=registry)(start_workers)
+    kopf.on.cleanup(registry=registry)(stop_workers)
+    kopf.on.login(registry=registry)(login)
+    kopf.on.probe(id="queue", registry=registry)(queue_depth)
+    kopf.on.event(TRAINJOBS.group, TRAINJOBS.version, TRAINJOBS.plural, registry=registry)(enqueue_trainjob)
+    kopf.on.event(
+        JOBSETS.group, JOBSETS.version, JOBSETS.plural, labels={JOB_NAME_LABEL: kopf.PRESENT}, registry=registry
+    )(enqueue_jobset_owner)
+    return registry
+
+
+async def operate(
+    config: KubernetesBackendConfig,
+    *,
+    workers: int = 4,
+    namespaces: Collection[str] = (),
+    liveness: str | None = None,
+    stop_flag: threading.Event | asyncio.Event | None = None,
+    ready_flag: threading.Event | asyncio.Event | None = None,
+) -> None:
+    """Run the operator until ``stop_flag`` is set (or the task is cancelled)."""
+    api = KubeApi(load_api_client(config, user_agent=USER_AGENT))
+    state = OperatorState(api=api, reconciler=Reconciler(api), workers=workers)
+    try:
+        await kopf.operator(
+            registry=make_registry(),
+            memo=state,
+            standalone=True,
+            clusterwide=not namespaces,
+            namespaces=list(namespaces),
+            liveness_endpoint=liveness,
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+    finally:
+        api.client.close()
+
+
+def run_operator(config: KubernetesBackendConfig, **options: Any) -> None:
+    """Blocking form of :func:`operate` (what ``trainjob operator`` calls)."""
+    asyncio.run(operate(config, **options))

@@ -1,0 +1,247 @@
+"""Reconcile one TrainJob: runtime snapshot -> Plan -> JobSet (+ PodGroup) -> status. Idempotent, restart-safe.
+
+Every call reads the TrainJob and its JobSet from the API server and converges them; nothing is kept in memory,
+so an operator that restarts (or two calls for the same job) does the right thing::
+
+    reconciler = Reconciler(KubeApi(load_api_client(KubernetesBackendConfig())))
+    again_in = reconciler.reconcile("ml-team", "mnist")   # seconds until a deadline check, or None
+
+Steps, each skipped when already done:
+
+1. jobs that finished, that are being deleted, or whose ``spec.managedBy`` names another controller are left alone;
+2. the referenced runtime (a ClusterTrainingRuntime, or a TrainingRuntime from the job's own namespace) is copied
+   into the job's ``trainer.kubeflow.org/runtime-snapshot`` annotation before anything is built from it, so
+   editing the runtime later never changes this job, not even when its JobSet must be built again (the status
+   keeps the Kubeflow Trainer shape, which the API server would prune extra fields from);
+3. the runtime framework resolves the job into a Plan and renders the JobSet (and PodGroup), created with owner
+   references to the TrainJob so deleting the job deletes them;
+4. ``spec.suspend`` is mirrored to the JobSet's ``spec.suspend`` (the only field of an existing JobSet ever changed);
+5. the status is derived from the JobSet (:mod:`.status`); past ``activeDeadlineSeconds`` the job fails and its
+   JobSet is deleted.
+
+A job that cannot run (unknown runtime, invalid spec) gets ``Failed`` with the reason, a message naming the field
+and what to change, and a ``Warning`` Event.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from trainjob.backends.kubernetes import status as st
+from trainjob.backends.kubernetes.kubeapi import KubeApi
+from trainjob.backends.kubernetes.resources import (
+    ANCESTOR_STEP_LABEL,
+    CLUSTER_TRAINING_RUNTIMES,
+    CONTROLLER_NAME,
+    COSCHEDULING_PODGROUPS,
+    JOB_NAME_LABEL,
+    JOBSETS,
+    RUNTIME_KINDS,
+    RUNTIME_SNAPSHOT_ANNOTATION,
+    TRAINER_GROUP,
+    TRAINJOBS,
+    VOLCANO_PODGROUPS,
+)
+from trainjob.errors import AlreadyExistsError, TrainJobError, ValidationError
+
+log = logging.getLogger("trainjob.operator")
+
+DEFAULT_TRAINER = "node"
+
+
+def is_managed_here(job: dict[str, Any]) -> bool:
+    """Whether this operator reconciles ``job``: ``spec.managedBy`` absent or naming this controller."""
+    return (job.get("spec") or {}).get("managedBy") in (None, "", CONTROLLER_NAME)
+
+
+def owner_reference(job: dict[str, Any]) -> dict[str, Any]:
+    meta = job["metadata"]
+    return {
+        "apiVersion": TRAINJOBS.api_version,
+        "kind": TRAINJOBS.kind,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+class Reconciler:
+    """Converges TrainJobs through a :class:`KubeApi`; ``clock`` is injectable for deadline tests."""
+
+    def __init__(self, api: KubeApi, clock: Callable[[], float] = time.time) -> None:
+        self.api = api
+        self.clock = clock
+
+    def reconcile(self, namespace: str, name: str) -> float | None:
+        """One pass over TrainJob ``namespace/name``; returns seconds until the next pass is due, if any."""
+        job = self.api.get(TRAINJOBS, namespace, name)
+        if job is None or job["metadata"].get("deletionTimestamp") or not is_managed_here(job):
+            return None
+        status: dict[str, Any] = dict(job.get("status") or {})
+        if st.finished_condition(status) is not None:
+            return None
+        spec = job.get("spec") or {}
+        now = self.clock()
+
+        snapshot = runtime_snapshot(job)
+        if snapshot is None:
+            snapshot = self._snapshot_runtime(job, status, now)
+            if snapshot is None:
+                return None
+            annotation = {"metadata": {"annotations": {RUNTIME_SNAPSHOT_ANNOTATION: json.dumps(snapshot)}}}
+            if self.api.patch(TRAINJOBS, namespace, name, annotation) is None:
+                return None  # deleted meanwhile
+
+        suspend = bool(spec.get("suspend"))
+        jobset = self.api.get(JOBSETS, namespace, name)
+        if jobset is None:
+            try:
+                objects = self.render(job, snapshot)
+            except ValidationError as exc:
+                self._fail(job, status, "InvalidTrainJob", f"{exc} (fix the TrainJob and create it again)", now)
+                return None
+            jobset = self._create(objects)
+            self.api.post_event(job, "Normal", "JobSetCreated", f"created JobSet {name}")
+        elif bool((jobset.get("spec") or {}).get("suspend")) != suspend:
+            jobset = self.api.patch(JOBSETS, namespace, name, {"spec": {"suspend": suspend}}) or jobset
+
+        new = st.derive_status(status, suspend, jobset, trainer_name(jobset), now)
+        remaining = st.deadline_remaining(new, suspend, jobset, spec.get("activeDeadlineSeconds"), now)
+        if remaining is not None and remaining <= 0 and st.finished_condition(new) is None:
+            message = (
+                f"the job ran longer than spec.activeDeadlineSeconds={spec['activeDeadlineSeconds']}s; "
+                "its JobSet was deleted (raise the deadline to let it run longer)"
+            )
+            new = st.failed(new, "DeadlineExceeded", message, now)
+            self._write_status(namespace, name, status, new)
+            self._delete_children(namespace, name)
+            self.api.post_event(job, "Warning", "DeadlineExceeded", message)
+            return None
+        self._write_status(namespace, name, status, new)
+        return remaining if st.finished_condition(new) is None else None
+
+    # -- steps ----------------------------------------------------------------------------------------------------
+
+    def _snapshot_runtime(self, job: dict[str, Any], status: dict[str, Any], now: float) -> dict[str, Any] | None:
+        namespace = job["metadata"]["namespace"]
+        ref = (job.get("spec") or {}).get("runtimeRef") or {}
+        kind = ref.get("kind") or CLUSTER_TRAINING_RUNTIMES.kind
+        group = ref.get("apiGroup") or TRAINER_GROUP
+        runtime_ref = RUNTIME_KINDS.get(kind)
+        if group != TRAINER_GROUP or runtime_ref is None:
+            self._fail(
+                job,
+                status,
+                "InvalidRuntimeRef",
+                f"spec.runtimeRef: must reference a {TRAINER_GROUP} ClusterTrainingRuntime or TrainingRuntime, "
+                f"got apiGroup={group!r} kind={kind!r}",
+                now,
+            )
+            return None
+        runtime = self.api.get(runtime_ref, namespace if runtime_ref.namespaced else None, ref.get("name", ""))
+        if runtime is None:
+            where = f" in namespace {namespace!r}" if runtime_ref.namespaced else ""
+            known = sorted(
+                r["metadata"]["name"] for r in self.api.list(runtime_ref, namespace if runtime_ref.namespaced else None)
+            )
+            self._fail(
+                job,
+                status,
+                "RuntimeNotFound",
+                f"spec.runtimeRef.name: {kind} {ref.get('name')!r} not found{where}; "
+                f"available: {', '.join(known) or 'none'} (create the runtime, then create the TrainJob again)",
+                now,
+            )
+            return None
+        return {
+            "kind": kind,
+            "name": runtime["metadata"]["name"],
+            "resourceVersion": runtime["metadata"].get("resourceVersion"),
+            "labels": runtime["metadata"].get("labels") or {},
+            "spec": runtime.get("spec") or {},
+        }
+
+    def render(self, job: dict[str, Any], snapshot: dict[str, Any]) -> list[dict[str, Any]]:
+        """The objects (PodGroup first, then JobSet) the runtime framework renders for ``job``, owned by it."""
+        from trainjob.api import TrainJob, resource_from_dict
+        from trainjob.runtime import resolve
+        from trainjob.runtime.render import render_objects
+
+        meta = job["metadata"]
+        model = TrainJob.from_dict(
+            {
+                "apiVersion": TRAINJOBS.api_version,
+                "kind": TRAINJOBS.kind,
+                "metadata": {k: meta[k] for k in ("name", "namespace", "labels", "annotations") if meta.get(k)},
+                "spec": job.get("spec") or {},
+            }
+        )
+        runtime_doc = {
+            "apiVersion": TRAINJOBS.api_version,
+            "kind": snapshot["kind"],
+            "metadata": {"name": snapshot["name"], "labels": snapshot.get("labels") or {}},
+            "spec": snapshot["spec"],
+        }
+        if snapshot["kind"] == "TrainingRuntime":
+            runtime_doc["metadata"]["namespace"] = meta["namespace"]
+        runtime = resource_from_dict(runtime_doc)
+        objects = render_objects(resolve(model, runtime))
+        for obj in objects:
+            obj_meta = obj.setdefault("metadata", {})
+            obj_meta["namespace"] = meta["namespace"]
+            obj_meta.setdefault("labels", {})[JOB_NAME_LABEL] = meta["name"]
+            obj_meta["ownerReferences"] = [owner_reference(job)]
+            if obj["kind"] == JOBSETS.kind:  # created suspended when the job is, so no pod starts early
+                obj.setdefault("spec", {})["suspend"] = bool((job.get("spec") or {}).get("suspend"))
+        return sorted(objects, key=lambda o: o["kind"] == JOBSETS.kind)
+
+    def _create(self, objects: list[dict[str, Any]]) -> dict[str, Any]:
+        created: dict[str, Any] = {}
+        for obj in objects:
+            try:
+                created = self.api.create(obj)
+            except AlreadyExistsError:  # a previous pass got this far
+                created = obj
+        return created
+
+    def _delete_children(self, namespace: str, name: str) -> None:
+        for ref in (JOBSETS, COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS):
+            try:
+                self.api.delete(ref, namespace, name)
+            except TrainJobError as exc:  # PodGroup CRDs need not be installed
+                if ref is JOBSETS:
+                    raise
+                log.debug("not deleting %s %s/%s: %s", ref.kind, namespace, name, exc)
+
+    def _fail(self, job: dict[str, Any], status: dict[str, Any], reason: str, message: str, now: float) -> None:
+        meta = job["metadata"]
+        self._write_status(meta["namespace"], meta["name"], status, st.failed(status, reason, message, now))
+        self.api.post_event(job, "Warning", reason, message)
+        log.info("TrainJob %s/%s failed: %s: %s", meta["namespace"], meta["name"], reason, message)
+
+    def _write_status(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+        if new == old:
+            return
+        patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+        patch.update({k: None for k in old if k not in new})  # merge-patch deletes with null
+        self.api.patch_status(TRAINJOBS, namespace, name, patch)
+
+
+def runtime_snapshot(job: dict[str, Any]) -> dict[str, Any] | None:
+    """The runtime copy the job runs on (``kind``, ``name``, ``spec``), once the operator has taken it."""
+    text = ((job.get("metadata") or {}).get("annotations") or {}).get(RUNTIME_SNAPSHOT_ANNOTATION)
+    return json.loads(text) if text else None
+
+
+def trainer_name(jobset: dict[str, Any]) -> str:
+    """The replicated job that runs the trainer: labelled ``trainjob-ancestor-step: trainer``, else ``node``."""
+    for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        labels = ((rj.get("template") or {}).get("metadata") or {}).get("labels") or {}
+        if labels.get(ANCESTOR_STEP_LABEL) == "trainer":
+            return str(rj["name"])
+    return DEFAULT_TRAINER

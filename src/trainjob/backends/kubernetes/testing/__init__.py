@@ -1,0 +1,1 @@
+"""Test support for the Kubernetes backend: an API server stand-in and pod emulation in network namespaces."""

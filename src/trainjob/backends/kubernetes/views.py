@@ -1,0 +1,133 @@
+"""API objects (TrainJob, pods, events, runtimes as the API server returns them) -> the SDK's types.
+
+Pure functions: the backend fetches, these translate::
+
+    job = trainjob_view(api_object, pods)     # trainjob.types.TrainJob, status from the conditions
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+from trainjob import types
+from trainjob.backends.kubernetes.resources import (
+    COMPLETE,
+    COMPLETION_INDEX_LABEL,
+    FAILED,
+    REPLICATED_JOB_LABEL,
+    RUNNING,
+    RUNTIME_SNAPSHOT_ANNOTATION,
+    SUSPENDED,
+)
+
+_EPOCH = datetime.datetime.fromtimestamp(0, tz=datetime.UTC)
+
+
+def parse_time(value: str | None) -> datetime.datetime | None:
+    if not value:
+        return None
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _condition(job: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_ and cond.get("status") == "True":
+            return cond
+    return None
+
+
+def job_status(job: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """The SDK status (``Complete``, ``Failed``, ``Suspended``, ``Running``, ``Created``) and its condition."""
+    for type_, status in ((COMPLETE, types.COMPLETE), (FAILED, types.FAILED), (SUSPENDED, types.SUSPENDED)):
+        if (cond := _condition(job, type_)) is not None:
+            return status, cond
+    if (cond := _condition(job, RUNNING)) is not None:
+        return types.RUNNING, cond
+    return types.CREATED, None
+
+
+def node_index(pod: dict[str, Any]) -> int:
+    """The node (completion index) a trainer pod runs."""
+    meta = pod.get("metadata") or {}
+    value = (meta.get("labels") or {}).get(COMPLETION_INDEX_LABEL) or (meta.get("annotations") or {}).get(
+        COMPLETION_INDEX_LABEL
+    )
+    return int(value) if value is not None else 0
+
+
+def trainer_pods(pods: list[dict[str, Any]], trainer: str = "node") -> dict[int, dict[str, Any]]:
+    """Trainer pods by node index (the newest pod wins when a node's pod was replaced)."""
+    out: dict[int, dict[str, Any]] = {}
+    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
+        if (pod["metadata"].get("labels") or {}).get(REPLICATED_JOB_LABEL, trainer) == trainer:
+            out[node_index(pod)] = pod
+    return out
+
+
+def runtime_view(name: str, spec: dict[str, Any]) -> types.Runtime:
+    """A (Cluster)TrainingRuntime ``spec`` as the SDK's ``Runtime``."""
+    ml = spec.get("mlPolicy") or {}
+    framework = "torch" if "torch" in ml else "mpi" if "mpi" in ml else "plainml"
+    image, command = types.UNKNOWN, ()
+    for rj in ((spec.get("template") or {}).get("spec") or {}).get("replicatedJobs") or []:
+        if rj.get("name") == "node":
+            containers = ((rj.get("template") or {}).get("spec") or {}).get("template", {}).get("spec", {}).get("containers") or []
+            if containers:
+                image = containers[0].get("image", types.UNKNOWN)
+                command = tuple(containers[0].get("command") or ())
+    trainer = types.RuntimeTrainer(
+        trainer_type="CustomTrainer",
+        framework=framework,
+        image=image,
+        num_nodes=int(ml.get("numNodes") or 1),
+        command=command,
+    )
+    return types.Runtime(name=name, trainer=trainer)
+
+
+def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]]) -> types.TrainJob:
+    """A TrainJob object (and its pods) as the SDK's ``TrainJob``."""
+    meta, spec = job["metadata"], job.get("spec") or {}
+    trainer = spec.get("trainer") or {}
+    snapshot_text = (meta.get("annotations") or {}).get(RUNTIME_SNAPSHOT_ANNOTATION)
+    snapshot = json.loads(snapshot_text) if snapshot_text else None
+    ref_name = (spec.get("runtimeRef") or {}).get("name", types.UNKNOWN)
+    runtime = runtime_view(ref_name, snapshot["spec"] if snapshot else {})
+    status, cond = job_status(job)
+    nodes = trainer.get("numNodes") or runtime.trainer.num_nodes
+    nproc = trainer.get("numProcPerNode")
+    running = _condition(job, RUNNING)
+    finished = _condition(job, COMPLETE) or _condition(job, FAILED)
+    steps = [
+        types.Step(name=f"node-{index}", status=(pod.get("status") or {}).get("phase"), pod_name=pod["metadata"]["name"])
+        for index, pod in sorted(trainer_pods(pods).items())
+    ]
+    return types.TrainJob(
+        name=meta["name"],
+        runtime=runtime,
+        steps=steps,
+        num_nodes=int(nodes),
+        creation_timestamp=parse_time(meta.get("creationTimestamp")) or _EPOCH,
+        status=status,
+        reason=cond.get("reason") if cond else None,
+        message=cond.get("message") if cond else None,
+        num_proc_per_node=nproc if isinstance(nproc, int) else None,
+        start_time=parse_time(running.get("lastTransitionTime")) if running else None,
+        completion_time=parse_time(finished.get("lastTransitionTime")) if finished else None,
+        resource=job,
+    )
+
+
+def event_view(event: dict[str, Any]) -> types.Event:
+    involved = event.get("involvedObject") or {}
+    when = event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp")
+    return types.Event(
+        involved_object_kind=involved.get("kind", ""),
+        involved_object_name=involved.get("name", ""),
+        message=event.get("message", ""),
+        reason=event.get("reason", ""),
+        event_time=parse_time(when) or _EPOCH,
+        type=event.get("type", "Normal"),
+    )

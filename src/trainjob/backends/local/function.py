@@ -1,0 +1,78 @@
+"""An SDK ``CustomTrainer`` as a TrainJob: the function's source in a generated script, run by torchrun.
+
+The script holds the function's source and calls it with ``**func_args`` decoded from a JSON literal; nothing
+passes through a shell. It imports ``os`` and ``sys`` first, as training functions often use them unimported::
+
+    script = function_script(train, {"epochs": 2})
+    job = function_trainjob("a1b2c3d4e5f6", trainer, "torch-distributed", "/path/to/train_function.py")
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import textwrap
+from typing import Any
+
+from trainjob.errors import ValidationError
+from trainjob.types import CustomTrainer
+
+SCRIPT_NAME = "train_function.py"
+#: SDK resource names and the Kubernetes resource they mean.
+RESOURCE_ALIASES = {"gpu": "nvidia.com/gpu"}
+_DECORATOR = re.compile(r"^\s*@")
+
+
+def function_script(func: Any, func_args: dict[str, Any] | None) -> str:
+    """Python source that defines ``func`` and calls it with ``func_args``."""
+    name = getattr(func, "__name__", None)
+    if not inspect.isfunction(func) or name == "<lambda>":
+        raise ValidationError("trainer.func", f"must be a function defined with def, got {func!r}")
+    try:
+        source = textwrap.dedent(inspect.getsource(func))
+    except (OSError, TypeError) as exc:
+        raise ValidationError("trainer.func", f"its source is not available ({exc}); define it in a file") from None
+    lines = source.splitlines()
+    while lines and _DECORATOR.match(lines[0]):
+        lines.pop(0)
+    args = dict(func_args or {})
+    try:
+        inspect.signature(func).bind(**args)
+    except TypeError as exc:
+        raise ValidationError("trainer.func_args", f"do not match {name}{inspect.signature(func)}: {exc}") from None
+    try:
+        encoded = json.dumps(args)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError("trainer.func_args", f"must be JSON-serializable: {exc}") from None
+    body = "\n".join(lines)
+    return (
+        f'"""Runs {name}(**func_args) in every training process of the job."""\n\n'
+        "import json\nimport os  # noqa: F401\nimport sys  # noqa: F401\n\n"
+        f"{body}\n\n\n"
+        'if __name__ == "__main__":\n'
+        f"    {name}(**json.loads({encoded!r}))\n"
+    )
+
+
+def resources_per_node(resources: dict[str, Any] | None) -> dict[str, str]:
+    """SDK resources (``{"cpu": 2, "gpu": 1, "memory": "8Gi"}``) as Kubernetes requests."""
+    return {RESOURCE_ALIASES.get(key, key): str(value) for key, value in (resources or {}).items()}
+
+
+def function_trainjob(name: str, trainer: CustomTrainer, runtime: str, script_path: str) -> dict[str, Any]:
+    """The TrainJob (Kubernetes shape) that runs ``script_path`` with torchrun on ``runtime``."""
+    spec_trainer: dict[str, Any] = {"command": ["torchrun", script_path]}
+    if trainer.num_nodes is not None:
+        spec_trainer["numNodes"] = trainer.num_nodes
+    resources = resources_per_node(trainer.resources_per_node)
+    if resources:
+        spec_trainer["resourcesPerNode"] = {"requests": resources, "limits": resources}
+    if trainer.env:
+        spec_trainer["env"] = [{"name": key, "value": str(value)} for key, value in trainer.env.items()]
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": name},
+        "spec": {"runtimeRef": {"name": runtime}, "trainer": spec_trainer},
+    }

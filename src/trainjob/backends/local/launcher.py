@@ -1,0 +1,217 @@
+"""How each node of a plan becomes a process on this machine: command, environment, CPUs, GPUs, ports.
+
+A node process gets its pod's command, args and environment, with these local changes:
+
+=================================  ====================================================================
+``PET_MASTER_ADDR``                ``127.0.0.1`` (the pod would get ``{job}-node-0-0.{job}``)
+``PET_MASTER_PORT``                a free port picked when the nodes start, so jobs can run side by side
+``PET_RDZV_ENDPOINT``              ``127.0.0.1:{that port}`` for elastic jobs
+``PET_NODE_RANK``                  the node's index (the pod reads its completion index)
+``OMP_NUM_THREADS``                the node's CPUs divided by its processes, unless the job sets it
+``CUDA_VISIBLE_DEVICES``           the node's GPUs, disjoint between nodes, when GPUs are requested
+``TRAINJOB_JOB_NAME/_JOB_DIR``     the job's name and directory
+``TRAINJOB_METRICS_FILE``          where ``trainjob.torch.report`` appends metrics (JSON lines)
+``PET_LOG_DIR``, ``PET_TEE``       torchrun writes one log per rank and tees it, lines prefixed by rank
+=================================  ====================================================================
+
+The node also gets a CPU affinity: its share of this machine's cores. ``torchrun`` and ``python`` at the start of
+a command mean this Python (``-m torch.distributed.run`` for ``torchrun``), or the job's own environment when
+it installs packages.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainjob.errors import ValidationError
+
+if TYPE_CHECKING:
+    from trainjob.runtime.plan import Plan
+
+#: The prefix torchrun puts before every line of a training process (``[rank3]: ...``); logs.py parses it.
+RANK_PREFIX_TEMPLATE = "[rank${rank}]: "
+#: Inherited variables that would confuse the node processes (a job started from inside another job).
+_INHERITED_DROP_PREFIXES = ("PET_", "TORCHELASTIC_")
+_INHERITED_DROP = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
+
+
+@dataclass
+class NodeLaunch:
+    index: int
+    command: list[str]
+    env: dict[str, str]
+    cpus: list[int] = field(default_factory=list)
+
+
+@dataclass
+class LaunchSpec:
+    """Everything the supervisor needs to start the nodes; stored as JSON with the job."""
+
+    nodes: list[NodeLaunch]
+    cwd: str
+    elastic: bool = False
+    max_restarts: int = 0
+    active_deadline_seconds: int | None = None
+    packages: list[str] = field(default_factory=list)
+    pip_index_urls: list[str] = field(default_factory=list)
+    #: (reason, message) events the supervisor records when the job starts.
+    notes: list[tuple[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LaunchSpec:
+        nodes = [NodeLaunch(**node) for node in data["nodes"]]
+        notes = [tuple(note) for note in data.get("notes", [])]
+        return cls(**{**data, "nodes": nodes, "notes": notes})
+
+
+def build_launch_spec(
+    plan: Plan, job_dir: Path, cwd: str, packages: list[str] | None = None, pip_index_urls: list[str] | None = None
+) -> LaunchSpec:
+    """The launch spec of ``plan``; ``ValidationError`` when the trainer has no command to run here."""
+    trainer = plan.trainer()
+    container = trainer.container()
+    command = [*container.command, *container.args]
+    if not command:
+        raise ValidationError(
+            "spec.trainer.command",
+            "the local backend needs a command to run (an image's entrypoint is not used locally), got none",
+        )
+    resources = container.resources.effective()
+    notes: list[tuple[str, str]] = []
+    if container.image:
+        notes.append(("ImageNotUsed", f"image {container.image} is not used locally; nodes run in this Python environment"))
+    for other in plan.pod_sets:
+        if other is not trainer:
+            notes.append(("PodSetSkipped", f"pod set {other.name} ({other.ancestor_step or 'no step'}) does not run locally"))
+    cpu_sets, cpu_note = share_cpus(plan.num_nodes, _requested_cpus(resources))
+    gpu_sets, gpu_note = share_gpus(plan.num_nodes, _requested_gpus(resources), visible_gpus())
+    notes += [note for note in (cpu_note, gpu_note) if note]
+    nodes = []
+    for index in range(plan.num_nodes):
+        env = container.env_dict(index)
+        env["PET_NODE_RANK"] = str(index)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, len(cpu_sets[index]) // max(1, plan.num_proc_per_node))))
+        if gpu_sets is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_sets[index])
+        env.update(
+            TRAINJOB_JOB_NAME=plan.job_name,
+            TRAINJOB_JOB_DIR=str(job_dir),
+            TRAINJOB_METRICS_FILE=str(job_dir / "metrics.jsonl"),
+            TORCHELASTIC_ERROR_FILE=str(job_dir / "logs" / f"node-{index}.error.json"),
+        )
+        env.setdefault("PET_LOG_DIR", str(job_dir / "logs" / f"node-{index}"))
+        env.setdefault("PET_TEE", "3")
+        env.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", RANK_PREFIX_TEMPLATE)
+        nodes.append(NodeLaunch(index=index, command=command, env=env, cpus=cpu_sets[index]))
+    return LaunchSpec(
+        nodes=nodes,
+        cwd=container.working_dir or cwd,
+        elastic=plan.elastic is not None,
+        max_restarts=plan.elastic.max_restarts if plan.elastic else 0,
+        active_deadline_seconds=plan.active_deadline_seconds,
+        packages=list(packages or []),
+        pip_index_urls=list(pip_index_urls or []),
+        notes=notes,
+    )
+
+
+def _requested_cpus(resources: dict[str, str]) -> int | None:
+    from trainjob.api.quantity import cpu_count
+
+    return cpu_count(resources["cpu"]) if "cpu" in resources else None
+
+
+def _requested_gpus(resources: dict[str, str]) -> int:
+    from trainjob.api.quantity import gpu_count
+
+    return gpu_count(resources)
+
+
+def share_cpus(num_nodes: int, per_node: int | None) -> tuple[list[list[int]], str | None]:
+    """The cores of each node: ``per_node`` each (default: an equal share), round-robin over usable cores.
+
+    On a 2-core machine ``share_cpus(2, None)`` gives ``[[0], [1]]`` and ``share_cpus(2, 2)`` gives
+    ``[[0, 1], [0, 1]]`` with a note that the nodes share cores.
+    """
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    want = per_node if per_node is not None else max(1, len(cores) // num_nodes)
+    take = min(want, len(cores))
+    sets = [[cores[(index * take + k) % len(cores)] for k in range(take)] for index in range(num_nodes)]
+    note = None
+    if want * num_nodes > len(cores):
+        note = (
+            "CPUsShared",
+            f"{num_nodes} node(s) x {want} CPU(s) requested, this machine has {len(cores)} usable; nodes share cores",
+        )
+    return sets, note
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this process may use: ``CUDA_VISIBLE_DEVICES`` when set, else the ``/dev/nvidia<N>`` devices."""
+    declared = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if declared is not None:
+        return [d for d in declared.split(",") if d.strip()]
+    devices = Path("/dev").glob("nvidia[0-9]*")
+    return sorted((d.name.removeprefix("nvidia") for d in devices), key=int)
+
+
+def share_gpus(num_nodes: int, per_node: int, available: list[str]) -> tuple[list[list[str]] | None, str | None]:
+    """Disjoint GPU ids per node, or ``None`` when no GPUs are requested; nodes past the supply get none."""
+    if per_node <= 0:
+        return None, None
+    sets = [available[index * per_node : (index + 1) * per_node] for index in range(num_nodes)]
+    note = None
+    if per_node * num_nodes > len(available):
+        note = (
+            "GPUsUnavailable",
+            f"{num_nodes} node(s) x {per_node} GPU(s) requested, this machine has {len(available)}; "
+            "nodes without GPUs run on CPU",
+        )
+    return sets, note
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def node_argv(command: list[str], python: str) -> list[str]:
+    """``command`` with ``torchrun`` and ``python`` at its start resolved to ``python``."""
+    head, rest = os.path.basename(command[0]), command[1:]
+    if head == "torchrun":
+        return [python, "-m", "torch.distributed.run", *rest]
+    if head in ("python", "python3", os.path.basename(sys.executable)):
+        return [python, *rest]
+    return list(command)
+
+
+def node_environment(node: NodeLaunch, port: int, python: str) -> dict[str, str]:
+    """The full environment of a node process: inherited, minus stray launcher variables, plus the node's."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in _INHERITED_DROP and not key.startswith(_INHERITED_DROP_PREFIXES)
+    }
+    env.update(node.env)
+    env.update(PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port))
+    if "PET_RDZV_ENDPOINT" in node.env:
+        env["PET_RDZV_ENDPOINT"] = f"127.0.0.1:{port}"
+    env["PATH"] = os.pathsep.join([os.path.dirname(python), env.get("PATH", "")])
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def restrict_cpus(cpus: list[int]) -> None:
+    """Pin the calling process (and the processes it starts) to ``cpus``; used before ``exec`` of a node."""
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)

@@ -1,0 +1,279 @@
+"""Job state of the local backend in SQLite under ``$TRAINJOB_HOME`` (default ``~/.trainjob``).
+
+One database file, ``trainjob.db``, in WAL mode so CLI, SDK and supervisor processes read and write at once.
+Tables: ``jobs`` (one row per job: status, counts, progress columns, the TrainJob resource and how to launch
+it), ``nodes`` (one row per node process), ``events`` and ``metrics``. ``list_jobs`` reads only the narrow
+columns of one indexed query, so listing ten thousand jobs stays well under a tenth of a second::
+
+    store = Store.open()
+    for row in store.list_jobs():
+        print(row["name"], row["status"])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainjob.errors import AlreadyExistsError, NotFoundError, ValidationError
+
+HOME_ENV = "TRAINJOB_HOME"
+DB_FILE = "trainjob.db"
+ACTIVE_STATUSES = ("Created", "Running")
+_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    name TEXT PRIMARY KEY,
+    namespace TEXT NOT NULL,
+    uid TEXT NOT NULL,
+    status TEXT NOT NULL,
+    reason TEXT,
+    message TEXT,
+    runtime TEXT NOT NULL,
+    num_nodes INTEGER NOT NULL,
+    num_proc_per_node INTEGER NOT NULL,
+    created REAL NOT NULL,
+    started REAL,
+    finished REAL,
+    restarts INTEGER NOT NULL DEFAULT 0,
+    supervisor_pid INTEGER,
+    supervisor_started REAL,
+    request TEXT,
+    step INTEGER,
+    total_steps INTEGER,
+    metrics TEXT,
+    metrics_time REAL,
+    first_step INTEGER,
+    first_metrics_time REAL,
+    resource TEXT NOT NULL,
+    launch TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_by_created ON jobs(created);
+CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs(status);
+CREATE TABLE IF NOT EXISTS nodes (
+    job TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    pid INTEGER,
+    pid_started REAL,
+    status TEXT NOT NULL,
+    exit_code INTEGER,
+    started REAL,
+    finished REAL,
+    PRIMARY KEY (job, idx)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY,
+    job TEXT NOT NULL,
+    time REAL NOT NULL,
+    type TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    object TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_job ON events(job, id);
+CREATE TABLE IF NOT EXISTS metrics (
+    job TEXT NOT NULL,
+    time REAL NOT NULL,
+    step INTEGER,
+    total_steps INTEGER,
+    metrics TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS metrics_by_job ON metrics(job, time);
+"""
+
+#: Columns ``list_jobs`` reads: everything but the two JSON documents.
+LIST_COLUMNS = (
+    "name, namespace, status, reason, message, runtime, num_nodes, num_proc_per_node, created, started, "
+    "finished, restarts, supervisor_pid, supervisor_started, step, total_steps, metrics, metrics_time, "
+    "first_step, first_metrics_time"
+)
+
+
+def default_home() -> Path:
+    """``$TRAINJOB_HOME``, else ``~/.trainjob``."""
+    return Path(os.environ.get(HOME_ENV) or Path.home() / ".trainjob").expanduser()
+
+
+def check_job_name(name: str) -> str:
+    """``name`` if it is an RFC 1035 label (so it is also a safe directory name), else ``ValidationError``."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValidationError(
+            "metadata.name",
+            "must be an RFC 1035 label: at most 63 lowercase letters, digits and '-', starting with a letter "
+            f"and ending with a letter or digit, got {name!r}",
+        )
+    return name
+
+
+class Store:
+    """The SQLite database of one ``$TRAINJOB_HOME``; safe to use from several processes at once."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.jobs_dir = home / "jobs"
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(home / DB_FILE, timeout=30, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA busy_timeout = 30000")
+        if self._db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.execute("PRAGMA synchronous = NORMAL")
+        if not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'metrics'").fetchone():
+            self._db.executescript(_SCHEMA)
+
+    @classmethod
+    def open(cls, home: Path | str | None = None) -> Store:
+        """The store of ``home`` (default :func:`default_home`), created on first use."""
+        return cls(Path(home) if home is not None else default_home())
+
+    def close(self) -> None:
+        self._db.close()
+
+    def job_dir(self, name: str) -> Path:
+        """The job's directory (logs, metrics, generated scripts); never outside ``$TRAINJOB_HOME``."""
+        path = (self.jobs_dir / check_job_name(name)).resolve()
+        if path.parent != self.jobs_dir.resolve():
+            raise ValidationError("metadata.name", f"{name!r} would escape {self.jobs_dir}")
+        return path
+
+    # jobs
+
+    def insert_job(self, row: dict[str, Any]) -> None:
+        """Add a job row (``resource`` and ``launch`` as dicts); ``AlreadyExistsError`` when the name is taken."""
+        values = {**row, "resource": json.dumps(row["resource"]), "launch": json.dumps(row["launch"])}
+        columns = ", ".join(values)
+        marks = ", ".join(f":{key}" for key in values)
+        try:
+            self._db.execute(f"INSERT INTO jobs ({columns}) VALUES ({marks})", values)
+        except sqlite3.IntegrityError:
+            raise AlreadyExistsError(
+                f"TrainJob {row['name']!r} already exists; delete it first (trainjob delete {row['name']}) "
+                "or choose another name"
+            ) from None
+
+    def get_job(self, name: str) -> dict[str, Any]:
+        """The full job row with ``resource`` and ``launch`` decoded; ``NotFoundError`` when there is none."""
+        found = self._db.execute("SELECT * FROM jobs WHERE name = ?", (name,)).fetchone()
+        if found is None:
+            raise NotFoundError(f"TrainJob {name!r} not found; `trainjob list` shows the jobs there are")
+        row = dict(found)
+        row["resource"] = json.loads(row["resource"])
+        row["launch"] = json.loads(row["launch"])
+        return row
+
+    def list_jobs(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Narrow rows (no JSON documents) of every job, oldest first, or of ``names``."""
+        if names is None:
+            cursor = self._db.execute(f"SELECT {LIST_COLUMNS} FROM jobs ORDER BY created")
+        else:
+            marks = ", ".join("?" * len(names))
+            cursor = self._db.execute(f"SELECT {LIST_COLUMNS} FROM jobs WHERE name IN ({marks})", tuple(names))
+        return [dict(row) for row in cursor]
+
+    def update_job(self, name: str, **fields: Any) -> None:
+        assignments = ", ".join(f"{key} = :{key}" for key in fields)
+        self._db.execute(f"UPDATE jobs SET {assignments} WHERE name = :name", {**fields, "name": name})
+
+    def transition(
+        self, name: str, status: str, reason: str, message: str, *, from_statuses: Iterable[str], **fields: Any
+    ) -> bool:
+        """Set ``status`` only when the job is in one of ``from_statuses``; returns whether it changed.
+
+        The condition makes concurrent writers (supervisor, a reader that found the supervisor dead, a user
+        suspending) agree on one outcome: the first transition wins.
+        """
+        allowed = tuple(from_statuses)
+        marks = ", ".join("?" * len(allowed))
+        extra = "".join(f", {key} = ?" for key in fields)
+        cursor = self._db.execute(
+            f"UPDATE jobs SET status = ?, reason = ?, message = ?{extra} WHERE name = ? AND status IN ({marks})",
+            (status, reason, message, *fields.values(), name, *allowed),
+        )
+        return cursor.rowcount == 1
+
+    def get_request(self, name: str) -> str | None:
+        """What a client asked of the job's supervisor (``suspend``), or ``deleted`` once the row is gone."""
+        found = self._db.execute("SELECT request FROM jobs WHERE name = ?", (name,)).fetchone()
+        return "deleted" if found is None else found[0]
+
+    def delete_job(self, name: str) -> None:
+        with self.transaction():
+            for table, column in (("jobs", "name"), ("nodes", "job"), ("events", "job"), ("metrics", "job")):
+                self._db.execute(f"DELETE FROM {table} WHERE {column} = ?", (name,))
+
+    def transaction(self) -> _Transaction:
+        """``with store.transaction(): ...`` runs the statements inside as one write transaction."""
+        return _Transaction(self._db)
+
+    # nodes
+
+    def set_node(self, job: str, index: int, **fields: Any) -> None:
+        """Insert or update the row of node ``index`` (the first call must give ``status``)."""
+        columns = ", ".join(["job", "idx", *fields])
+        marks = ", ".join("?" * (len(fields) + 2))
+        updates = ", ".join(f"{key} = excluded.{key}" for key in fields)
+        self._db.execute(
+            f"INSERT INTO nodes ({columns}) VALUES ({marks}) ON CONFLICT (job, idx) DO UPDATE SET {updates}",
+            (job, index, *fields.values()),
+        )
+
+    def nodes(self, job: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._db.execute("SELECT * FROM nodes WHERE job = ? ORDER BY idx", (job,))]
+
+    # events and metrics
+
+    def add_event(self, job: str, reason: str, message: str, *, type: str = "Normal", obj: str | None = None) -> None:
+        self._db.execute(
+            "INSERT INTO events (job, time, type, reason, object, message) VALUES (?, ?, ?, ?, ?, ?)",
+            (job, time.time(), type, reason, obj or f"TrainJob/{job}", message),
+        )
+
+    def events(self, job: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._db.execute("SELECT * FROM events WHERE job = ? ORDER BY id", (job,))]
+
+    def add_metrics(self, job: str, records: Sequence[dict[str, Any]]) -> None:
+        """Store metric records (the JSON lines ``trainjob.torch.report`` writes) and the job's progress."""
+        if not records:
+            return
+        with self.transaction():
+            self._db.executemany(
+                "INSERT INTO metrics (job, time, step, total_steps, metrics) VALUES (?, ?, ?, ?, ?)",
+                [(job, r["time"], r.get("step"), r.get("total_steps"), json.dumps(r.get("metrics") or {})) for r in records],
+            )
+            last = records[-1]
+            self._db.execute(
+                "UPDATE jobs SET step = ?, total_steps = ?, metrics = ?, metrics_time = ?, "
+                "first_step = COALESCE(first_step, ?), first_metrics_time = COALESCE(first_metrics_time, ?) "
+                "WHERE name = ?",
+                (
+                    last.get("step"),
+                    last.get("total_steps"),
+                    json.dumps(last.get("metrics") or {}),
+                    last["time"],
+                    records[0].get("step"),
+                    records[0]["time"],
+                    job,
+                ),
+            )
+
+    def metrics(self, job: str) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT time, step, total_steps, metrics FROM metrics WHERE job = ? ORDER BY time", (job,))
+        return [{**dict(r), "metrics": json.loads(r["metrics"])} for r in rows]
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self._db.execute("ROLLBACK" if exc_type else "COMMIT")

@@ -1,0 +1,92 @@
+"""Watching a job from the terminal: streamed logs above a live status line (progress, loss, ETA).
+
+Logs are read on a thread with its own backend (its own database connection); the main thread prints them and
+refreshes the status line. Without a terminal the status line is left out and only the logs are printed::
+
+    status = follow(backend_factory, "mnist", show_logs=True)
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from trainjob import types
+from trainjob.backends.base import Backend
+from trainjob.cli.jobs_format import human_duration, progress_text
+
+_END = object()
+REFRESH_SECONDS = 0.5
+
+
+def status_line(job: types.TrainJob) -> str:
+    elapsed = ""
+    if job.start_time is not None:
+        end = job.completion_time or datetime.now(UTC)
+        elapsed = f" {human_duration((end - job.start_time).total_seconds())}"
+    return f"{job.name} {job.status}{elapsed}  {job.num_nodes}x{job.num_proc_per_node}  {progress_text(job.progress)}"
+
+
+def follow(
+    backend_factory: Callable[[], Backend],
+    name: str,
+    show_logs: bool = True,
+) -> types.TrainJob:
+    """Print the job's logs (if ``show_logs``) until it is no longer Created or Running; returns the job then."""
+    backend = backend_factory()
+    lines: queue.Queue[object] = queue.Queue()
+
+    def read() -> None:
+        try:
+            for line in backend_factory().logs(name, follow=True):
+                lines.put(line)
+        finally:
+            lines.put(_END)
+
+    if show_logs:
+        threading.Thread(target=read, daemon=True).start()
+    live = _live_display() if sys.stdout.isatty() else None
+    job = backend.get_job(name)
+    logs_done = not show_logs
+    last = 0.0
+    try:
+        if live:
+            live.start()
+        while True:
+            try:
+                item = lines.get(timeout=REFRESH_SECONDS) if not logs_done else None
+            except queue.Empty:
+                item = None
+            if item is _END:
+                logs_done = True
+            elif item is not None:
+                _print(live, str(item))
+            if time.monotonic() - last >= REFRESH_SECONDS or logs_done:
+                job = backend.get_job(name)
+                last = time.monotonic()
+                if live:
+                    live.update(status_line(job))
+                if logs_done and job.status not in (types.CREATED, types.RUNNING):
+                    return job
+            if logs_done:
+                time.sleep(REFRESH_SECONDS)
+    finally:
+        if live:
+            live.stop()
+
+
+def _print(live: object | None, text: str) -> None:
+    if live is None:
+        print(text, flush=True)
+    else:
+        live.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def _live_display():  # noqa: ANN202 - rich is imported only for terminals
+    from rich.live import Live
+
+    return Live("", refresh_per_second=4, transient=True)

@@ -1,0 +1,139 @@
+"""The Python SDK: ``TrainerClient`` with the Kubeflow SDK's names, so code ports by changing its import.
+
+>>> from trainjob.client import TrainerClient, CustomTrainer               # doctest: +SKIP
+>>> def train(epochs: int):
+...     import torch.distributed as dist
+...     dist.init_process_group("gloo")
+...     print(f"rank {dist.get_rank()} of {dist.get_world_size()}, {epochs} epochs")
+>>> client = TrainerClient()                                                # doctest: +SKIP
+>>> name = client.train(trainer=CustomTrainer(func=train, func_args={"epochs": 2}, num_nodes=2))  # doctest: +SKIP
+>>> client.wait_for_job_status(name).status                                # doctest: +SKIP
+'Complete'
+>>> for line in client.get_job_logs(name, follow=True): print(line)        # doctest: +SKIP
+
+The backend follows the config's type: ``LocalProcessBackendConfig`` (the default: processes on this machine,
+state under ``$TRAINJOB_HOME``) or ``KubernetesBackendConfig`` (TrainJobs on a cluster).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from trainjob.backends.base import Backend
+from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.errors import ValidationError
+from trainjob.types import (
+    COMPLETE,
+    CustomTrainer,
+    Event,
+    Runtime,
+    RuntimeTrainer,
+    Step,
+    TrainJob,
+)
+
+#: Config class name -> (module, backend class); backends are imported only when used.
+BACKENDS: dict[str, tuple[str, str]] = {
+    "LocalProcessBackendConfig": ("trainjob.backends.local.backend", "LocalBackend"),
+    "KubernetesBackendConfig": ("trainjob.backends.kubernetes", "KubernetesBackend"),
+}
+
+
+def backend_for(config: Any | None = None) -> Backend:
+    """The backend for ``config``, chosen by its type; ``None`` means local processes."""
+    if config is None:
+        return LocalBackend()
+    for cls in type(config).__mro__:
+        if cls.__name__ in BACKENDS:
+            module_name, class_name = BACKENDS[cls.__name__]
+            return getattr(importlib.import_module(module_name), class_name)(config)
+    raise ValidationError(
+        "backend_config", f"must be one of {', '.join(BACKENDS)}, got {type(config).__name__}"
+    )
+
+
+class TrainerClient:
+    """Create, watch and delete TrainJobs; every call goes to the backend the config selects."""
+
+    def __init__(self, backend_config: Any | None = None) -> None:
+        self.backend = backend_for(backend_config)
+
+    def list_runtimes(self) -> list[Runtime]:
+        """The runtimes jobs can use (``torch-distributed`` is the default)."""
+        return self.backend.list_runtimes()
+
+    def get_runtime(self, name: str) -> Runtime:
+        return self.backend.get_runtime(name)
+
+    def train(
+        self,
+        runtime: Runtime | str | None = None,
+        initializer: Any | None = None,
+        trainer: CustomTrainer | None = None,
+    ) -> str:
+        """Start ``trainer.func`` on every process of every node; returns the new job's name."""
+        return self.backend.train(runtime=runtime, initializer=initializer, trainer=trainer)
+
+    def list_jobs(self, runtime: Runtime | None = None) -> list[TrainJob]:
+        return self.backend.list_jobs(runtime=runtime)
+
+    def get_job(self, name: str) -> TrainJob:
+        return self.backend.get_job(name)
+
+    def get_job_logs(self, name: str, step: str = "node-0", follow: bool | None = False) -> Iterator[str]:
+        """Lines of one step (``node-0``, ``node-1`` ...); with ``follow`` they stream until the job ends."""
+        return self.backend.get_job_logs(name, step=step, follow=bool(follow))
+
+    def get_job_events(self, name: str) -> list[Event]:
+        return self.backend.get_job_events(name)
+
+    def wait_for_job_status(
+        self,
+        name: str,
+        status: set[str] | None = None,
+        timeout: int = 600,
+        polling_interval: int = 2,
+        callbacks: Sequence[Callable[[TrainJob], None]] | None = None,
+    ) -> TrainJob:
+        """Wait until the job reaches one of ``status`` (default ``{"Complete"}``).
+
+        Raises :class:`trainjob.errors.JobFailedError` (a ``RuntimeError``) as soon as the job fails, and
+        ``TimeoutError`` after ``timeout`` seconds. ``callbacks`` are called with the job at every poll.
+        """
+        return self.backend.wait_for_job_status(
+            name, status=status or {COMPLETE}, timeout=timeout, polling_interval=polling_interval, callbacks=callbacks
+        )
+
+    def delete_job(self, name: str) -> None:
+        """Stop every process of the job and remove it."""
+        self.backend.delete_job(name)
+
+    def suspend_job(self, name: str) -> None:
+        self.backend.suspend_job(name)
+
+    def resume_job(self, name: str) -> None:
+        self.backend.resume_job(name)
+
+
+__all__ = [
+    "CustomTrainer",
+    "Event",
+    "LocalProcessBackendConfig",
+    "Runtime",
+    "RuntimeTrainer",
+    "Step",
+    "TrainJob",
+    "TrainerClient",
+    "backend_for",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # KubernetesBackendConfig lives with its backend; importing it here lazily keeps the local path light.
+    if name == "KubernetesBackendConfig":
+        from trainjob.backends.kubernetes.config import KubernetesBackendConfig
+
+        return KubernetesBackendConfig
+    raise AttributeError(name)

@@ -1,0 +1,47 @@
+"""What a gang (all pods start together or none does) needs: how many pods and how many resources.
+
+>>> from trainjob.runtime.plan import Container, PodSet, Resources
+>>> node = PodSet("node", 2, [Container("node", resources=Resources(requests={"cpu": "2500m"}))])
+>>> gang_size([node]), gang_resources([node])
+(2, {'cpu': '5'})
+"""
+
+from __future__ import annotations
+
+from trainjob.api.quantity import sum_quantities
+from trainjob.runtime.plan import ElasticPolicy, PodSet
+from trainjob.runtime.template import pod_metadata
+
+
+def members(pod_set: PodSet, elastic: ElasticPolicy | None = None) -> int:
+    """Pods of ``pod_set`` the gang waits for: all of them; an elastic trainer only needs ``minNodes``."""
+    if elastic is not None and pod_set.ancestor_step == "trainer":
+        return min(pod_set.count, elastic.min_nodes)
+    return pod_set.count
+
+
+def gang_size(pod_sets: list[PodSet], elastic: ElasticPolicy | None = None) -> int:
+    """``minMember`` of the PodGroup: every pod of every pod set (elastic trainers: ``minNodes``)."""
+    return sum(members(p, elastic) for p in pod_sets)
+
+
+def gang_resources(pod_sets: list[PodSet], elastic: ElasticPolicy | None = None) -> dict[str, str]:
+    """``minResources`` of the PodGroup: the summed requests (limits where no request) of the gang's pods."""
+    parts = [
+        (container.resources.effective(), members(pod_set, elastic))
+        for pod_set in pod_sets
+        for container in pod_set.containers
+    ]
+    return sum_quantities(parts)
+
+
+def label_pods(
+    pod_sets: list[PodSet], *, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None
+) -> None:
+    """Add ``labels`` / ``annotations`` to the pod template of every pod set."""
+    for pod_set in pod_sets:
+        meta = pod_metadata(pod_set.template)
+        if labels:
+            meta.setdefault("labels", {}).update(labels)
+        if annotations:
+            meta.setdefault("annotations", {}).update(annotations)

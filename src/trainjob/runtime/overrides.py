@@ -1,0 +1,85 @@
+"""The TrainJob's own settings applied on top of the runtime's pod sets: the trainer container (image, command,
+args, env, resources) and the dataset / model initializers (``STORAGE_URI``, env, secret)."""
+
+from __future__ import annotations
+
+from trainjob.api import InitializerSource, Runtime, TrainJob
+from trainjob.errors import ValidationError
+from trainjob.runtime.plan import EnvVar, PodSet, Resources
+from trainjob.runtime.template import (
+    DATASET_INITIALIZER,
+    MODEL_INITIALIZER,
+    TRAINER_CONTAINER,
+    env_from_api,
+    main_container,
+    pod_spec,
+    upsert_env,
+)
+
+#: The env var that tells an initializer where to fetch the dataset or model from.
+STORAGE_URI_ENV = "STORAGE_URI"
+
+
+def requested_num_nodes(trainjob: TrainJob, runtime: Runtime) -> int:
+    """``spec.trainer.numNodes``, else the runtime's ``mlPolicy.numNodes``, else 1."""
+    trainer, policy = trainjob.spec.trainer, runtime.spec.ml_policy
+    return (trainer.num_nodes if trainer else None) or (policy.num_nodes if policy else None) or 1
+
+
+def apply_trainer(trainjob: TrainJob, trainer: PodSet) -> None:
+    """Put ``spec.trainer`` on the trainer's ``node`` container: set fields replace, ``env`` is merged by name,
+    ``resourcesPerNode`` replaces the container's resources as a whole."""
+    spec = trainjob.spec.trainer
+    if spec is None:
+        return
+    container = main_container(trainer, TRAINER_CONTAINER)
+    if spec.image is not None:
+        container.image = spec.image
+    if spec.command is not None:
+        container.command = list(spec.command)
+    if spec.args is not None:
+        container.args = list(spec.args)
+    if spec.env:
+        upsert_env(container, [env_from_api(var) for var in spec.env])
+    if spec.resources_per_node is not None:
+        res = spec.resources_per_node
+        container.resources = Resources(
+            requests={k: str(v) for k, v in (res.requests or {}).items()},
+            limits={k: str(v) for k, v in (res.limits or {}).items()},
+            claims=[c.to_dict() for c in res.claims or []],
+        )
+
+
+def apply_initializers(trainjob: TrainJob, pod_sets: list[PodSet], runtime_name: str) -> None:
+    """Pass ``spec.initializer.dataset`` / ``.model`` to the runtime's initializer jobs."""
+    initializer = trainjob.spec.initializer
+    if initializer is None:
+        return
+    for field, step, source in (
+        ("dataset", DATASET_INITIALIZER, initializer.dataset),
+        ("model", MODEL_INITIALIZER, initializer.model),
+    ):
+        if source is None:
+            continue
+        pod_set = next((p for p in pod_sets if step in (p.ancestor_step, p.name)), None)
+        if pod_set is None:
+            raise ValidationError(
+                f"spec.initializer.{field}",
+                f"runtime {runtime_name!r} has no {step} job to pass it to; remove it or pick a runtime with one",
+            )
+        _apply_initializer_source(source, pod_set, step)
+
+
+def _apply_initializer_source(source: InitializerSource, pod_set: PodSet, container_name: str) -> None:
+    container = main_container(pod_set, container_name)
+    variables: list[EnvVar] = []
+    if source.storage_uri is not None:
+        variables.append(EnvVar(name=STORAGE_URI_ENV, value=source.storage_uri))
+    variables.extend(env_from_api(var) for var in source.env or [])
+    upsert_env(container, variables)
+    if source.secret_ref is not None:
+        for spec_container in pod_spec(pod_set.template).get("containers") or []:
+            if spec_container.get("name") == container.name:
+                spec_container.setdefault("envFrom", []).append(
+                    {"secretRef": {"name": source.secret_ref.name}}
+                )

@@ -1,0 +1,193 @@
+"""The torch plugin: what ``torchrun`` on every node needs, for runtimes with ``mlPolicy.torch``.
+
+Environment of the trainer (``node``) container (``torchrun`` reads ``PET_<OPTION>`` as ``--<option>``):
+
+=======================  =====================================================================
+variable                 value
+=======================  =====================================================================
+``PET_NNODES``           ``spec.trainer.numNodes``, else the runtime's ``mlPolicy.numNodes``, else 1;
+                         elastic: ``minNodes:maxNodes``
+``PET_NPROC_PER_NODE``   :func:`resolve_num_proc_per_node`
+``PET_NODE_RANK``        the pod's completion index (``valueFrom`` the Indexed Job annotation)
+``PET_MASTER_ADDR``      ``{job}-node-0-0.{job}``, the first trainer pod's DNS name
+``PET_MASTER_PORT``      29500 (also opened as container port)
+``PET_MAX_RESTARTS``     elastic only: ``elasticPolicy.maxRestarts`` (default 0)
+``PET_RDZV_BACKEND``     elastic only: ``c10d``
+``PET_RDZV_ENDPOINT``    elastic only: ``{master addr}:29500``
+``PET_RDZV_ID``          elastic only: the job name
+``PET_RDZV_CONF``        elastic only: ``last_call_timeout=5`` (torchrun waits 30 s by default for late nodes)
+=======================  =====================================================================
+
+``PET_*`` names in ``spec.trainer.env`` are rejected: they would silently fight the values above.
+Elastic jobs start ``maxNodes`` pods; gang scheduling requires ``minNodes`` of them.
+"""
+
+from __future__ import annotations
+
+from trainjob.api import TorchElasticPolicy, TrainJob
+from trainjob.api.quantity import cpu_count, gpu_count
+from trainjob.errors import ValidationError
+from trainjob.runtime.framework import Context, Plugin
+from trainjob.runtime.overrides import requested_num_nodes
+from trainjob.runtime.plan import (
+    COMPLETION_INDEX_FIELD_PATH,
+    ContainerPort,
+    ElasticPolicy,
+    EnvVar,
+    Plan,
+    Resources,
+)
+from trainjob.runtime.template import TRAINER_CONTAINER, main_container, upsert_env
+
+RESERVED_ENV_PREFIX = "PET_"
+MASTER_PORT = 29500
+RDZV_BACKEND = "c10d"
+LAST_CALL_TIMEOUT_SECONDS = 5
+
+
+def resolve_num_proc_per_node(setting: int | str | None, resources: Resources) -> int:
+    """Processes per node for a ``numProcPerNode`` setting and the trainer container's resources.
+
+    ==========  ================================================================================
+    setting     result
+    ==========  ================================================================================
+    integer     kept as is
+    ``auto``    the GPU count when GPUs are requested, else the CPU count (also when unset)
+    ``cpu``     the CPU count, even when GPUs are requested
+    ``gpu``     the GPU count; an error when no GPU is requested
+    ==========  ================================================================================
+
+    The CPU count is the ``cpu`` quantity rounded up with a floor of 1 (``"2.5"`` and ``"2500m"`` -> 3,
+    ``"0.7"`` -> 1); with no ``cpu`` requested at all it is 1. GPUs are every resource whose name mentions
+    ``gpu`` (``nvidia.com/gpu``, ``amd.com/gpu``). Per resource a request wins over a limit.
+
+    >>> resolve_num_proc_per_node("auto", Resources(limits={"cpu": "16", "nvidia.com/gpu": "4"}))
+    4
+    >>> resolve_num_proc_per_node("cpu", Resources(requests={"cpu": "2500m", "nvidia.com/gpu": "4"}))
+    3
+    """
+    if isinstance(setting, int):
+        return setting
+    effective = resources.effective()
+    gpus = gpu_count(effective)
+    if setting == "gpu":
+        if gpus < 1:
+            raise ValueError(
+                "is 'gpu' but the trainer requests no GPU (e.g. nvidia.com/gpu in resourcesPerNode); "
+                "request GPUs or use auto, cpu or an integer"
+            )
+        return gpus
+    if setting == "cpu":
+        return cpu_count(effective.get("cpu"))
+    return gpus if gpus > 0 else cpu_count(effective.get("cpu"))
+
+
+def torch_env(plan: Plan) -> list[EnvVar]:
+    """The ``PET_*`` variables for the trainer container of ``plan`` (see the module docstring)."""
+    master_addr = plan.master_addr()
+    elastic = plan.elastic
+    nnodes = f"{elastic.min_nodes}:{elastic.max_nodes}" if elastic else str(plan.num_nodes)
+    env = [
+        EnvVar("PET_NNODES", nnodes),
+        EnvVar("PET_NPROC_PER_NODE", str(plan.num_proc_per_node)),
+        EnvVar("PET_NODE_RANK", value_from={"fieldRef": {"fieldPath": COMPLETION_INDEX_FIELD_PATH}}),
+        EnvVar("PET_MASTER_ADDR", master_addr),
+        EnvVar("PET_MASTER_PORT", str(plan.master_port)),
+    ]
+    if elastic:
+        env += [
+            EnvVar("PET_MAX_RESTARTS", str(elastic.max_restarts)),
+            EnvVar("PET_RDZV_BACKEND", RDZV_BACKEND),
+            EnvVar("PET_RDZV_ENDPOINT", f"{master_addr}:{plan.master_port}"),
+            EnvVar("PET_RDZV_ID", plan.job_name),
+            EnvVar("PET_RDZV_CONF", f"last_call_timeout={LAST_CALL_TIMEOUT_SECONDS}"),
+        ]
+    return env
+
+
+class TorchPlugin(Plugin):
+    """Node count, processes per node, ``PET_*`` env and port 29500 for ``mlPolicy.torch`` runtimes."""
+
+    name = "torch"
+
+    def enabled(self, ctx: Context) -> bool:
+        policy = ctx.runtime.spec.ml_policy
+        return policy is not None and policy.torch is not None
+
+    def validate(self, ctx: Context) -> list[ValidationError]:
+        problems = _reserved_env_problems(ctx.trainjob)
+        trainer = ctx.trainjob.spec.trainer
+        if trainer is not None and trainer.num_nodes is not None and _elastic_policy(ctx) is not None:
+            problems.append(
+                ValidationError(
+                    "spec.trainer.numNodes",
+                    f"must not be set: runtime {ctx.runtime.name!r} is elastic "
+                    "(mlPolicy.torch.elasticPolicy decides the node count between minNodes and maxNodes)",
+                )
+            )
+        return problems
+
+    def enforce_ml_policy(self, ctx: Context) -> None:
+        plan = ctx.plan
+        elastic = _elastic_policy(ctx)
+        if elastic is not None:
+            plan.elastic = ElasticPolicy(
+                min_nodes=elastic.min_nodes or 1,
+                max_nodes=elastic.max_nodes,
+                max_restarts=elastic.max_restarts or 0,
+            )
+            plan.num_nodes = elastic.max_nodes
+        else:
+            plan.num_nodes = requested_num_nodes(ctx.trainjob, ctx.runtime)
+        trainer = plan.trainer()
+        trainer.count = plan.num_nodes
+        container = main_container(trainer, TRAINER_CONTAINER)
+        setting, path, where = _num_proc_setting(ctx)
+        try:
+            plan.num_proc_per_node = resolve_num_proc_per_node(setting, container.resources)
+        except ValueError as exc:  # QuantityError included
+            raise ValidationError(path, f"{where}{exc}") from None
+        plan.ml_policy = "torch"
+        upsert_env(container, torch_env(plan))
+        if not any(p.container_port == plan.master_port for p in container.ports):
+            container.ports.append(ContainerPort(container_port=plan.master_port))
+
+
+def _elastic_policy(ctx: Context) -> TorchElasticPolicy | None:
+    policy = ctx.runtime.spec.ml_policy
+    return policy.torch.elastic_policy if policy is not None and policy.torch is not None else None
+
+
+def _num_proc_setting(ctx: Context) -> tuple[int | str | None, str, str]:
+    """The ``numProcPerNode`` in force, its field path and (for the runtime's) which runtime it is in."""
+    trainer = ctx.trainjob.spec.trainer
+    if trainer is not None and trainer.num_proc_per_node is not None:
+        return trainer.num_proc_per_node, "spec.trainer.numProcPerNode", ""
+    policy = ctx.runtime.spec.ml_policy
+    torch_policy = policy.torch if policy is not None else None
+    setting = torch_policy.num_proc_per_node if torch_policy is not None else None
+    where = f"(in {ctx.runtime.kind} {ctx.runtime.name!r}) "
+    return setting if setting is not None else "auto", "spec.mlPolicy.torch.numProcPerNode", where
+
+
+def _reserved_env_problems(trainjob: TrainJob) -> list[ValidationError]:
+    problems = []
+    trainer = trainjob.spec.trainer
+    for i, var in enumerate((trainer.env if trainer else None) or []):
+        if var.name.startswith(RESERVED_ENV_PREFIX):
+            problems.append(_reserved(f"spec.trainer.env[{i}].name", var.name))
+    for i, override in enumerate(trainjob.spec.pod_template_overrides or []):
+        for j, container in enumerate((override.spec.containers if override.spec else None) or []):
+            for k, var in enumerate(container.env or []):
+                if var.name.startswith(RESERVED_ENV_PREFIX):
+                    path = f"spec.podTemplateOverrides[{i}].spec.containers[{j}].env[{k}].name"
+                    problems.append(_reserved(path, var.name))
+    return problems
+
+
+def _reserved(path: str, name: str) -> ValidationError:
+    return ValidationError(
+        path,
+        f"{name!r} is reserved: the torch plugin sets PET_* variables from numNodes, numProcPerNode and the "
+        "runtime; set those fields instead",
+    )

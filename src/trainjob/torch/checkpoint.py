@@ -1,0 +1,295 @@
+"""Sharded, atomic checkpoints through ``torch.distributed.checkpoint`` (DCP), and resume from the newest.
+
+Every rank writes its own shards (FSDP and tensor-parallel DTensors included, through
+``get_state_dict``/``set_state_dict``), so loading at another world size reshards on the fly. A checkpoint holds
+the model, the optimizer, the step, the data loader's position (epoch and samples consumed), every rank's random
+generators and any other object with ``state_dict``/``load_state_dict`` (LR scheduler, GradScaler).
+
+On disk::
+
+    checkpoints/
+      step-00000200/        committed: .metadata, __0_0.distcp, ..., trainjob.json
+      step-00000300/
+      .partial-step-00000400/   being written, or left by a crash: never loaded, removed by the next save
+
+Shards go to a ``.partial-`` directory; rank 0 renames it to ``step-NNNNNNNN`` only after DCP wrote the metadata,
+which it does once every rank's shards are on disk. A crash at any point before the rename leaves the previous
+checkpoint the newest one. ::
+
+    ckpt = Checkpointer("checkpoints", keep_last=3)
+    start = ckpt.resume(model, optimizer, loader=loader)        # 0 on a fresh start
+    for step in range(start, total_steps):
+        ...
+        if (step + 1) % 100 == 0:
+            ckpt.save(step + 1, model, optimizer, loader=loader)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.optim import Optimizer
+
+from torch import nn
+from trainjob.errors import NotFoundError, ValidationError
+from trainjob.torch import env
+from trainjob.torch.seed import capture_rng_state, restore_rng_state
+
+__all__ = ["Checkpointer"]
+
+_COMMITTED = re.compile(r"^step-(\d{8,})$")
+_PARTIAL_PREFIX = ".partial-"
+_STALE_PREFIX = ".stale-"
+_INFO_FILE = "trainjob.json"
+_RESERVED = frozenset({"model", "optimizer", "trainer", "loader", "rng"})
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Checkpointer:
+    """Save and load training state under ``directory``; keep the newest ``keep_last`` (``None``: keep all).
+
+    With ``async_save=True``, :meth:`save` returns once the state is copied to host memory and the files are
+    written in the background; the next :meth:`save`, :meth:`wait` or :func:`trainjob.torch.shutdown` waits.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, keep_last: int | None = 3, async_save: bool = False):
+        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
+            raise ValidationError("keep_last", f"must be an integer >= 1 or None, got {keep_last!r}")
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+        self.async_save = async_save
+        self._pending: Future[Any] | None = None
+        self._pending_commit: tuple[Path, Path, int, int] | None = None
+        self._commit_lock = threading.Lock()
+        self._async_group: dist.ProcessGroup | None = None
+
+    # -- layout ---------------------------------------------------------------------------------------------
+
+    def path(self, step: int) -> Path:
+        """Where the checkpoint of ``step`` lives once committed."""
+        return self.directory / f"step-{step:08d}"
+
+    def steps(self) -> list[int]:
+        """Steps of the committed checkpoints, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        found = []
+        for entry in self.directory.iterdir():
+            match = _COMMITTED.match(entry.name)
+            if match and (entry / _INFO_FILE).is_file():
+                found.append(int(match.group(1)))
+        return sorted(found)
+
+    def latest_step(self) -> int | None:
+        """The newest committed step, or ``None``."""
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    # -- save -----------------------------------------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: Optimizer | None = None,
+        *,
+        loader: Stateful | None = None,
+        **others: Stateful,
+    ) -> Path:
+        """Write the state after ``step`` steps; collective: every rank calls it. Returns the checkpoint path.
+
+        ``others`` are saved under their keyword (``scheduler=scheduler, scaler=scaler``)::
+
+            ckpt.save(step, model, optimizer, loader=loader, scheduler=scheduler)
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValidationError("step", f"must be an integer >= 0, got {step!r}")
+        self._check_names(others)
+        self.wait()
+        ctx = env.init()
+        final = self.path(step)
+        partial = self.directory / f"{_PARTIAL_PREFIX}{final.name}"
+        if ctx.is_main:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for leftover in self.directory.glob(f"{_PARTIAL_PREFIX}*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+            partial.mkdir()
+        dist.barrier()
+        state = self._state_to_save(step, ctx.rank, model, optimizer, loader, others)
+        commit = (partial, final, step, ctx.world_size)
+        if not self.async_save:
+            dcp.save(state, checkpoint_id=partial)
+            if ctx.is_main:
+                self._commit(*commit)
+            dist.barrier()
+            return final
+        if self._async_group is None:
+            # A group of its own: background collectives must not interleave with the training loop's.
+            self._async_group = dist.new_group(backend="gloo")
+        response = dcp.async_save(state, checkpoint_id=partial, process_group=self._async_group)
+        future = getattr(response, "upload_completion", response)
+        self._pending = future
+        if ctx.is_main:
+            self._pending_commit = commit
+            future.add_done_callback(lambda f: f.exception() is None and self._finish_commit())
+        env.on_shutdown(self.wait)
+        return final
+
+    def wait(self) -> None:
+        """Block until a background save is on disk and committed; re-raise its error. No-op when idle."""
+        future, self._pending = self._pending, None
+        if future is None:
+            return
+        future.result()
+        self._finish_commit()
+
+    def _finish_commit(self) -> None:
+        with self._commit_lock:
+            commit, self._pending_commit = self._pending_commit, None
+            if commit is not None:
+                self._commit(*commit)
+
+    def _commit(self, partial: Path, final: Path, step: int, world_size: int) -> None:
+        """Make ``partial`` the checkpoint of ``step`` with one atomic rename, then apply ``keep_last``."""
+        info = {"step": step, "world_size": world_size, "saved_at": time.time()}
+        with open(partial / _INFO_FILE, "w", encoding="utf-8") as f:
+            json.dump(info, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(partial)
+        stale = None
+        if final.exists():  # the same step saved again: swap, never leave a half-deleted directory in place
+            stale = final.with_name(f"{_STALE_PREFIX}{final.name}")
+            shutil.rmtree(stale, ignore_errors=True)
+            os.replace(final, stale)
+        os.replace(partial, final)
+        _fsync_dir(self.directory)
+        if stale is not None:
+            shutil.rmtree(stale, ignore_errors=True)
+        if self.keep_last is not None:
+            for old in self.steps()[: -self.keep_last]:
+                shutil.rmtree(self.path(old), ignore_errors=True)
+
+    def _state_to_save(
+        self,
+        step: int,
+        rank: int,
+        model: nn.Module,
+        optimizer: Optimizer | None,
+        loader: Stateful | None,
+        others: dict[str, Stateful],
+    ) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "model": get_model_state_dict(model),
+            "trainer": {"step": step},
+            "rng": {f"rank{rank}": capture_rng_state()},
+            **others,
+        }
+        if optimizer is not None:
+            state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+        if loader is not None:
+            state["loader"] = loader
+        return state
+
+    # -- load -----------------------------------------------------------------------------------------------
+
+    def load(
+        self,
+        model: nn.Module,
+        optimizer: Optimizer | None = None,
+        *,
+        loader: Stateful | None = None,
+        step: int | None = None,
+        **others: Stateful,
+    ) -> int:
+        """Load the checkpoint of ``step`` (default: the newest) into the given objects; return its step.
+
+        Collective. Raises :class:`~trainjob.errors.NotFoundError` when there is no such checkpoint. Random
+        generators are restored on ranks the checkpoint has a state for (all of them at the same world size)::
+
+            step = ckpt.load(model, optimizer)
+        """
+        self._check_names(others)
+        self.wait()
+        ctx = env.init()
+        chosen = self._agreed_step(step)
+        if chosen is None:
+            wanted = "any checkpoint" if step is None else f"a checkpoint of step {step}"
+            raise NotFoundError(
+                f"{self.directory}: no {wanted}; committed steps: {self.steps() or 'none'}"
+            )
+        path = self.path(chosen)
+        saved_keys = dcp.FileSystemReader(path).read_metadata().state_dict_metadata.keys()
+        state: dict[str, Any] = {"model": get_model_state_dict(model), "trainer": {"step": -1}, **others}
+        if optimizer is not None:
+            state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+        if loader is not None:
+            state["loader"] = loader
+        rng_key = f"rank{ctx.rank}"
+        if any(key.startswith(f"rng.{rng_key}.") for key in saved_keys):
+            state["rng"] = {rng_key: capture_rng_state()}
+        dcp.load(state, checkpoint_id=path)
+        set_model_state_dict(model, state["model"])
+        if optimizer is not None:
+            set_optimizer_state_dict(model, optimizer, state["optimizer"])
+        if "rng" in state:
+            restore_rng_state(state["rng"][rng_key])
+        return int(state["trainer"]["step"])
+
+    def resume(
+        self, model: nn.Module, optimizer: Optimizer | None = None, *, loader: Stateful | None = None, **others: Stateful
+    ) -> int:
+        """Load the newest checkpoint if there is one; return the step to continue from (0 on a fresh start)::
+
+        for step in range(ckpt.resume(model, optimizer, loader=loader), total_steps):
+            ...
+        """
+        if self._agreed_step(None) is None:
+            return 0
+        return self.load(model, optimizer, loader=loader, **others)
+
+    def _agreed_step(self, step: int | None) -> int | None:
+        """Rank 0's choice, broadcast, so every rank loads the same checkpoint even while files change."""
+        ctx = env.init()
+        choice: list[int | None] = [None]
+        if ctx.is_main:
+            steps = self.steps()
+            if step is None:
+                choice[0] = steps[-1] if steps else None
+            else:
+                choice[0] = step if step in steps else None
+        if ctx.world_size > 1:
+            dist.broadcast_object_list(choice, src=0)
+        return choice[0]
+
+    @staticmethod
+    def _check_names(others: dict[str, Stateful]) -> None:
+        for name, obj in others.items():
+            if name in _RESERVED:
+                raise ValidationError(name, f"is a reserved checkpoint key ({', '.join(sorted(_RESERVED))})")
+            if not isinstance(obj, Stateful):
+                raise ValidationError(name, f"needs state_dict() and load_state_dict(), got {type(obj).__name__}")

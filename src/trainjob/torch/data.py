@@ -1,0 +1,226 @@
+"""Shard a DataLoader across ranks, reshuffle it every epoch without being asked, and move batches to the device.
+
+A ``DataLoader`` built for one process gives every rank the same data. :func:`prepare_data_loader` rebuilds it
+with a :class:`~torch.utils.data.DistributedSampler` that keeps the loader's meaning:
+
+=====================  =====================================================================================
+loader had             the distributed loader
+=====================  =====================================================================================
+``shuffle=True``       a new permutation every epoch, the same on all ranks, each rank taking its share
+``shuffle=False``      dataset order, dealt out round-robin: rank ``r`` gets items ``r, r+W, r+2W, ...``
+``drop_last=True``     the tail that does not fill a batch on every rank is dropped
+``drop_last=False``    the last samples are repeated so every rank runs the same number of steps
+=====================  =====================================================================================
+
+Each ``for batch in loader`` is one epoch and calls ``sampler.set_epoch`` itself, so forgetting it (and training
+every epoch on the same order) cannot happen. The loader's :meth:`~DistributedDataLoader.state_dict` records the
+epoch and the samples already consumed, so a resumed run continues mid-epoch, also at another world size::
+
+    loader = prepare_data_loader(DataLoader(dataset, batch_size=32, shuffle=True))
+    for epoch in range(epochs):
+        for x, y in loader:          # already on the device
+            ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, Sampler
+
+import torch
+from trainjob.errors import ValidationError
+from trainjob.torch.env import init
+from trainjob.torch.seed import rank_seed
+
+__all__ = ["DistributedDataLoader", "move_to_device", "prepare_data_loader"]
+
+# DataLoader settings carried over to the rebuilt loader; the sampler and batch_sampler are replaced.
+_LOADER_SETTINGS = (
+    "batch_size",
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "drop_last",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
+
+
+def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """``batch`` with every tensor moved to ``device``, through tuples, lists, dicts, namedtuples and dataclasses."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(move_to_device(v, device, non_blocking) for v in batch))
+    if isinstance(batch, list | tuple):
+        return type(batch)(move_to_device(v, device, non_blocking) for v in batch)
+    if isinstance(batch, Mapping):
+        return {k: move_to_device(v, device, non_blocking) for k, v in batch.items()}
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        changes = {f.name: move_to_device(getattr(batch, f.name), device, non_blocking) for f in dataclasses.fields(batch)}
+        return dataclasses.replace(batch, **changes)
+    return batch
+
+
+class _SkipFirst(Sampler[int]):
+    """A sampler that starts ``skip`` items into its inner sampler's order (mid-epoch resume) and forwards set_epoch."""
+
+    def __init__(self, inner: Sampler[int]) -> None:
+        self.inner = inner
+        self.skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.inner, "set_epoch"):
+            self.inner.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(iter(self.inner), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(len(self.inner) - self.skip, 0)  # type: ignore[arg-type]
+
+
+class DistributedDataLoader:
+    """A DataLoader whose every iteration is one epoch of this rank's shard, with batches on ``device``.
+
+    ``len(loader)`` is the number of batches per epoch on this rank; ``loader.epoch`` the epoch the next (or
+    running) iteration covers. ``set_epoch`` jumps to an epoch; ``state_dict``/``load_state_dict`` make it
+    checkpointable (``Checkpointer.save(step, model, optimizer, loader=loader)``).
+    """
+
+    def __init__(self, loader: DataLoader, device: torch.device, world_size: int) -> None:
+        self.loader = loader
+        self.device = device
+        self.world_size = world_size
+        self.epoch = 0
+        self._batches_done = 0  # in the current epoch, on this rank
+        self._resume_samples = 0  # global samples to skip at the start of the next iteration
+
+    @property
+    def sampler(self) -> Sampler[int]:
+        """The sharding sampler (a ``DistributedSampler`` unless the loader was left unsharded)."""
+        sampler = self.loader.sampler
+        return sampler.inner if isinstance(sampler, _SkipFirst) else sampler
+
+    @property
+    def dataset(self) -> Any:
+        return self.loader.dataset
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration cover ``epoch`` (resume an epoch-counted loop)."""
+        self.epoch = epoch
+        self._batches_done = 0
+        self._resume_samples = 0
+
+    def _samples_per_batch(self) -> int:
+        return (self.loader.batch_size or 1) * self.world_size
+
+    def __iter__(self) -> Iterator[Any]:
+        sampler = self.loader.sampler
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(self.epoch)
+        skip_batches = self._resume_samples // self._samples_per_batch()
+        self._resume_samples = 0
+        self._batches_done = skip_batches
+        batches: Iterator[Any]
+        if isinstance(sampler, _SkipFirst):  # skip indices, not loaded batches
+            sampler.skip = skip_batches * (self.loader.batch_size or 1)
+            batches = iter(self.loader)
+        else:
+            batches = itertools.islice(self.loader, skip_batches, None)
+        non_blocking = self.loader.pin_memory and self.device.type == "cuda"
+        for batch in batches:
+            self._batches_done += 1
+            yield move_to_device(batch, self.device, non_blocking)
+        self.epoch += 1
+        self._batches_done = 0
+
+    def state_dict(self) -> dict[str, int]:
+        """Epoch and global samples consumed in it: enough to continue at the same or another world size."""
+        samples = self._resume_samples + self._batches_done * self._samples_per_batch()
+        return {"epoch": self.epoch, "samples_seen": samples}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Continue where ``state`` was taken: the next iteration resumes that epoch after its consumed samples."""
+        samples = int(state["samples_seen"])
+        if samples % self._samples_per_batch():
+            raise ValidationError(
+                "loader.samples_seen",
+                f"{samples} samples are not a whole number of global batches of {self._samples_per_batch()} "
+                f"(batch_size {self.loader.batch_size} x world size {self.world_size}); keep the global batch size "
+                "when resuming at another world size",
+            )
+        self.epoch = int(state["epoch"])
+        self._batches_done = 0
+        self._resume_samples = samples
+
+
+def _shuffles(sampler: Sampler[int]) -> bool:
+    return isinstance(sampler, RandomSampler)
+
+
+def prepare_data_loader(
+    loader: DataLoader, *, seed: int = 0, shard: bool = True, rank: int | None = None, world_size: int | None = None
+) -> DistributedDataLoader:
+    """Rebuild ``loader`` to give this rank its shard (see the module docstring for what is kept).
+
+    ``seed`` fixes the shuffle order (the same on every rank, different each epoch). A loader that already has
+    a ``DistributedSampler`` keeps it. ``shard=False`` leaves the data as is (an ``IterableDataset`` that shards
+    itself) and still moves batches and counts epochs. ``rank``/``world_size`` default to the process group's::
+
+        loader = prepare_data_loader(DataLoader(ds, batch_size=64, shuffle=True, drop_last=True))
+    """
+    ctx = init() if rank is None or world_size is None else None
+    rank = ctx.rank if rank is None else rank
+    world_size = ctx.world_size if world_size is None else world_size
+    device = ctx.device if ctx is not None else torch.device("cpu")
+    settings = {name: getattr(loader, name) for name in _LOADER_SETTINGS if hasattr(loader, name)}
+    if settings.get("num_workers", 0) == 0:
+        settings.pop("prefetch_factor", None)
+    # Per-rank generator: workers' augmentation seeds differ across ranks, and the global RNG is not consumed.
+    generator = torch.Generator().manual_seed(rank_seed(seed, rank))
+    if not shard:
+        return DistributedDataLoader(loader, device, world_size=1)
+    if isinstance(loader.dataset, IterableDataset):
+        raise ValidationError(
+            "loader.dataset",
+            f"an IterableDataset ({type(loader.dataset).__name__}) cannot be sharded by a sampler; shard it inside "
+            "the dataset by rank and pass shard=False",
+        )
+    if settings.get("batch_size") is None:
+        raise ValidationError(
+            "loader.batch_sampler",
+            "a custom batch_sampler cannot be sharded; give the DataLoader batch_size= and a sampler, "
+            "or a batch_sampler that shards by rank with shard=False",
+        )
+    if isinstance(loader.sampler, DistributedSampler):
+        sampler: Sampler[int] = loader.sampler
+    else:
+        if not isinstance(loader.sampler, RandomSampler | torch.utils.data.SequentialSampler):
+            raise ValidationError(
+                "loader.sampler",
+                f"{type(loader.sampler).__name__} cannot be combined with sharding; use shuffle=True/False, "
+                "a DistributedSampler, or shard=False",
+            )
+        sampler = DistributedSampler(
+            loader.dataset,
+            num_replicas=world_size,
+            rank=rank,
+            shuffle=_shuffles(loader.sampler),
+            seed=seed,
+            drop_last=loader.drop_last,
+        )
+    rebuilt = DataLoader(loader.dataset, sampler=_SkipFirst(sampler), generator=generator, **settings)
+    return DistributedDataLoader(rebuilt, device, world_size)

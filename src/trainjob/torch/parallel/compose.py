@@ -1,0 +1,214 @@
+"""Compose pipeline, tensor and data parallelism on one device mesh, in that order, from outside the model.
+
+1. **PP** cuts the model into stages and keeps this rank's (one, or two for interleaved / V schedules);
+2. **TP** shards each stage's linear layers over ``mesh["tp"]``;
+3. **activation checkpointing** wraps each transformer block;
+4. **FSDP** (ZeRO 1-3) or **DDP** (ZeRO 0) over the ``(dp_replicate, dp_shard)`` mesh: block by block, then each
+   stage as a whole.
+
+The result is a :class:`ParallelModel`: an ``nn.Module`` whose parameters are this rank's share under the original
+names (hand it to the optimizer and to DCP checkpointing) and whose :meth:`~ParallelModel.train_step` runs forward
+and backward, pipelined when ``pp > 1``::
+
+    dims = ParallelDims(dp_shard=-1, tp=2, pp=2)
+    model = parallelize(GPT(cfg), dims, pipeline=PipelineConfig("Interleaved1F1B", microbatches=4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    for tokens, targets in batches:                     # this data-parallel rank's share of the batch
+        loss = model.train_step(tokens, targets)        # mean loss of the global batch, on every rank
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from trainjob.errors import ValidationError
+from trainjob.torch.env import init
+from trainjob.torch.parallel.data_parallel import apply_activation_checkpointing, apply_ddp, apply_fsdp
+from trainjob.torch.parallel.dims import ParallelDims
+from trainjob.torch.parallel.gpt import lm_loss
+from trainjob.torch.parallel.pipeline import PipelineConfig, PipelineRunner, build_pipeline_parts, meta_copy
+from trainjob.torch.parallel.tensor import TPPlan, apply_tp, transformer_plan
+from trainjob.torch.precision import Precision, precision_dtype
+
+__all__ = ["ParallelModel", "parallelize"]
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class ParallelModel(nn.Module):
+    """This rank's share of a parallelized model, under the original parameter names.
+
+    Its children are the model's top-level pieces this rank holds (``embed``, the ``layers`` of its stages, ...),
+    shared with the stage modules that run them, so ``state_dict`` keys do not depend on the layout.
+    """
+
+    def __init__(
+        self,
+        parts: list[nn.Module],
+        *,
+        dims: ParallelDims,
+        mesh: DeviceMesh,
+        loss_fn: LossFn,
+        pipeline: PipelineRunner | None = None,
+    ) -> None:
+        super().__init__()
+        self.parts = parts  # a plain list: the pieces are registered once, below, under their own names
+        self.dims = dims
+        self.mesh = mesh
+        self.loss_fn = loss_fn
+        self.pipeline = pipeline
+        layers: dict[str, nn.Module] = {}
+        for part in parts:
+            inner = part.module if isinstance(part, nn.parallel.DistributedDataParallel) else part
+            for name, child in inner.named_children():
+                if name == "layers":
+                    layers.update(child.named_children())
+                elif getattr(self, name, None) is None:
+                    setattr(self, name, child)
+        if layers:
+            self.layers = nn.ModuleDict(layers)
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's index among the data-parallel replicas: which share of the batch it reads."""
+        return self.dims.coordinates(dist.get_rank())["dp"]
+
+    @property
+    def dp_size(self) -> int:
+        return self.dims.dp
+
+    def train(self, mode: bool = True) -> ParallelModel:
+        for part in self.parts:
+            part.train(mode)
+        return super().train(mode)
+
+    def named_parts(self) -> Iterator[tuple[int, nn.Module]]:
+        """``(stage index, module)`` for each stage this rank runs (stage 0 without pipeline parallelism)."""
+        indices = self.pipeline.stage_indices if self.pipeline else [0]
+        yield from zip(indices, self.parts, strict=True)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.pipeline is not None:
+            raise ValidationError(
+                "parallel.pp", f"with pp={self.dims.pp} the model runs through train_step()"
+            )
+        return self.parts[0](inputs)
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward and backward on this replica's batch; returns the global batch's mean loss on every rank."""
+        if self.pipeline is not None:
+            loss = self.pipeline.step(inputs, targets)
+        else:
+            loss = self.loss_fn(self(inputs), targets)
+            loss.backward()
+            loss = loss.detach().float()
+        for dim in ("dp_replicate", "dp_shard"):
+            if self.mesh[dim].size() > 1:
+                dist.all_reduce(loss, group=self.mesh[dim].get_group())
+        return loss / self.dims.dp
+
+
+def parallelize(
+    model: nn.Module,
+    parallel: ParallelDims,
+    *,
+    mixed_precision: Precision | None = None,
+    activation_checkpointing: bool = False,
+    cpu_offload: bool = False,
+    zero_stage: int = 3,
+    pipeline: PipelineConfig | None = None,
+    tp_plan: TPPlan | None = None,
+    sequence_parallel: bool = False,
+    loss_fn: LossFn = lm_loss,
+    mesh: DeviceMesh | None = None,
+) -> ParallelModel:
+    """Apply ``parallel``'s PP, TP, activation checkpointing and FSDP/DDP to ``model`` (modified in place).
+
+    Every rank passes the same full model (same seed) and gets back its share. ``tp_plan`` defaults to
+    :func:`~trainjob.torch.parallel.tensor.transformer_plan`; ``pipeline`` to ``PipelineConfig()`` (1F1B) when
+    ``parallel.pp > 1``; ``loss_fn(outputs, targets)`` is what the last pipeline stage and ``train_step`` compute.
+    Data parallelism uses FSDP2 for ``zero_stage`` 1-3 and DDP for 0 (see
+    :mod:`trainjob.torch.parallel.data_parallel`); ``mixed_precision`` (``"bf16"``/``"fp16"``) and ``cpu_offload``
+    go through FSDP's policies, so they apply FSDP even at ``dp == 1``.
+    """
+    dtype = precision_dtype(mixed_precision)
+    device = init().device
+    if parallel.world_size != dist.get_world_size():
+        raise ValidationError(
+            "parallel.world_size",
+            f"is {parallel.world_size} but the process group has {dist.get_world_size()} ranks",
+        )
+    mesh = mesh or parallel.build_mesh(device.type)
+    if not any(p.is_meta for p in model.parameters()):
+        model.to(device)
+
+    runner: PipelineRunner | None = None
+    parts = [model]
+    if parallel.pp > 1:
+        config = pipeline or PipelineConfig()
+        shape_model = meta_copy(model)
+        pp_rank = parallel.coordinates(dist.get_rank())["pp"]
+        parts, indices, stage_layers = build_pipeline_parts(model, config, parallel.pp, pp_rank)
+        runner = PipelineRunner(
+            parts=parts,
+            stage_indices=indices,
+            stage_layers=stage_layers,
+            shape_model=shape_model,
+            config=config,
+            pp_mesh=mesh["pp"],
+            loss_fn=loss_fn,
+            device=device,
+            activation_dtype=dtype,
+            seq_shards=parallel.tp if sequence_parallel else 1,
+        )
+
+    if parallel.tp > 1:
+        plan = tp_plan if tp_plan is not None else transformer_plan(sequence_parallel)
+        for part in parts:
+            apply_tp(part, mesh["tp"], plan)
+
+    blocks = [block for part in parts for block in _blocks(part)]
+    if activation_checkpointing:
+        apply_activation_checkpointing(blocks)
+
+    if zero_stage == 0:
+        parts = _apply_ddp(parts, parallel, mesh, dtype, cpu_offload)
+        if runner is not None:
+            runner.parts = parts
+    elif parallel.dp > 1 or dtype is not None or cpu_offload:
+        dp_mesh = mesh["dp_shard"] if parallel.dp_replicate == 1 else parallel.dp_mesh(mesh)
+        apply_fsdp(blocks, parts, dp_mesh, zero_stage=zero_stage, param_dtype=dtype, cpu_offload=cpu_offload)
+    return ParallelModel(parts, dims=parallel, mesh=mesh, loss_fn=loss_fn, pipeline=runner)
+
+
+def _apply_ddp(
+    parts: list[nn.Module], dims: ParallelDims, mesh: DeviceMesh, dtype: torch.dtype | None, cpu_offload: bool
+) -> list[nn.Module]:
+    if dtype is not None or cpu_offload:
+        raise ValidationError(
+            "zero_stage", "mixed_precision and cpu_offload need FSDP: use zero_stage 1, 2 or 3"
+        )
+    if dims.dp == 1:
+        return parts
+    if dims.tp > 1:
+        raise ValidationError(
+            "zero_stage", f"DDP (zero_stage=0) cannot wrap tensor-parallel layers (tp={dims.tp})"
+        )
+    if dims.dp_replicate > 1 and dims.dp_shard > 1:
+        raise ValidationError(
+            "zero_stage", "DDP runs over one data-parallel dimension: set dp_replicate or dp_shard to 1"
+        )
+    dim = "dp_replicate" if dims.dp_replicate > 1 else "dp_shard"
+    return [apply_ddp(part, mesh[dim]) for part in parts]
+
+
+def _blocks(module: nn.Module) -> list[nn.Module]:
+    layers = getattr(module, "layers", None)
+    return list(layers.children()) if isinstance(layers, nn.ModuleDict | nn.ModuleList) else []

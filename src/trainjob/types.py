@@ -1,0 +1,150 @@
+"""The SDK's value types, with the Kubeflow SDK's names and fields so code ports by changing one import.
+
+>>> from trainjob.types import CustomTrainer
+>>> def train(epochs: int) -> None: ...
+>>> CustomTrainer(func=train, func_args={"epochs": 2}, num_nodes=2).num_nodes
+2
+
+:class:`TrainJob` carries the Kubeflow fields (``name``, ``runtime``, ``steps``, ``num_nodes``,
+``creation_timestamp``, ``status``) plus what this project adds (reason, message, processes per node, timings,
+training progress), all with defaults so Kubeflow-style construction keeps working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+#: Job statuses, as in the Kubeflow SDK, plus ``Suspended``.
+CREATED = "Created"
+RUNNING = "Running"
+COMPLETE = "Complete"
+FAILED = "Failed"
+SUSPENDED = "Suspended"
+STATUSES = (CREATED, RUNNING, COMPLETE, FAILED, SUSPENDED)
+TERMINAL_STATUSES = frozenset({COMPLETE, FAILED})
+
+UNKNOWN = "Unknown"
+DEFAULT_PIP_INDEX_URLS = ("https://pypi.org/simple",)
+
+
+@dataclass
+class CustomTrainer:
+    """A self-contained training function, shipped as source and called with ``**func_args`` on every rank.
+
+    ``resources_per_node`` takes ``cpu``, ``memory``, ``gpu`` (meaning ``nvidia.com/gpu``) or any Kubernetes
+    resource name; ``packages_to_install`` go into a per-job environment that still sees the installed torch,
+    from ``pip_index_urls`` (the first is the index, the others extra indexes)::
+
+        CustomTrainer(func=train, num_nodes=2, resources_per_node={"cpu": 1}, packages_to_install=["tqdm"])
+    """
+
+    func: Callable[..., Any]
+    func_args: dict[str, Any] | None = None
+    packages_to_install: list[str] | None = None
+    pip_index_urls: list[str] = field(default_factory=lambda: list(DEFAULT_PIP_INDEX_URLS))
+    num_nodes: int | None = None
+    resources_per_node: dict[str, Any] | None = None
+    env: dict[str, str] | None = None
+
+
+@dataclass
+class RuntimeTrainer:
+    """What a runtime's trainer looks like: framework, image, default node count and devices per node."""
+
+    trainer_type: str
+    framework: str
+    image: str
+    num_nodes: int = 1
+    device: str = UNKNOWN
+    device_count: str = UNKNOWN
+    command: tuple[str, ...] = ()
+
+
+@dataclass
+class Runtime:
+    """A (Cluster)TrainingRuntime as the SDK shows it; pass one to ``TrainerClient.train(runtime=...)``."""
+
+    name: str
+    trainer: RuntimeTrainer
+    pretrained_model: str | None = None
+
+
+@dataclass
+class Step:
+    """One pod of a job (``node-0``, ``node-1`` ...) and its status."""
+
+    name: str
+    status: str | None
+    pod_name: str
+    device: str = UNKNOWN
+    device_count: str = UNKNOWN
+
+
+@dataclass
+class Progress:
+    """Training progress from the metrics rank 0 reports (``trainjob.torch.report``)."""
+
+    step: int | None = None
+    total_steps: int | None = None
+    metrics: dict[str, float | None] = field(default_factory=dict)
+    updated: datetime | None = None
+    #: Seconds left at the rate observed so far, when steps and total steps are known.
+    eta_seconds: float | None = None
+
+    @property
+    def fraction(self) -> float | None:
+        if self.step is None or not self.total_steps:
+            return None
+        return min(1.0, self.step / self.total_steps)
+
+
+@dataclass
+class TrainJob:
+    """A job as the SDK and the CLI show it; ``resource`` is the full TrainJob in Kubernetes shape."""
+
+    name: str
+    runtime: Runtime | None
+    steps: list[Step]
+    num_nodes: int
+    creation_timestamp: datetime
+    status: str = UNKNOWN
+    reason: str | None = None
+    message: str | None = None
+    num_proc_per_node: int | None = None
+    start_time: datetime | None = None
+    completion_time: datetime | None = None
+    restarts: int = 0
+    progress: Progress | None = None
+    resource: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def runtime_name(self) -> str:
+        return self.runtime.name if self.runtime else UNKNOWN
+
+
+@dataclass
+class Event:
+    """Something that happened to a job or one of its nodes."""
+
+    involved_object_kind: str
+    involved_object_name: str
+    message: str
+    reason: str
+    event_time: datetime
+    type: str = "Normal"
+
+
+@dataclass
+class LogLine:
+    """One line of a node's output; ``rank`` is the global rank when the line came from a training process."""
+
+    node: int
+    rank: int | None
+    text: str
+
+    def __str__(self) -> str:
+        where = f"node-{self.node}" if self.rank is None else f"node-{self.node}/rank-{self.rank}"
+        return f"{where} | {self.text}"

@@ -1,0 +1,187 @@
+"""The framework: phase order, plugin registry (entry points included), and what it checks before plugins run."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trainjob.api import TrainingRuntime
+from trainjob.errors import ValidationError
+from trainjob.runtime import PHASES, Framework, Plugin, builtin_runtimes, resolve
+from trainjob.runtime.framework import builtin_plugins, registered_plugins
+
+
+class Recorder(Plugin):
+    def __init__(self, name: str, calls: list[str]) -> None:
+        self.name = name  # type: ignore[misc]
+        self.calls = calls
+
+    def validate(self, ctx):
+        self.calls.append(f"{self.name}.validate")
+        return []
+
+    def enforce_ml_policy(self, ctx):
+        self.calls.append(f"{self.name}.enforce_ml_policy")
+
+    def enforce_pod_group_policy(self, ctx):
+        self.calls.append(f"{self.name}.enforce_pod_group_policy")
+
+    def build(self, ctx):
+        self.calls.append(f"{self.name}.build")
+
+
+def test_phases_are_validate_ml_policy_pod_group_policy_build():
+    assert PHASES == ("validate", "enforce_ml_policy", "enforce_pod_group_policy", "build")
+
+
+def test_every_plugin_finishes_a_phase_before_the_next_phase_starts(make_job):
+    calls: list[str] = []
+    framework = Framework([*builtin_plugins(), Recorder("a", calls), Recorder("b", calls)])
+    plan = framework.resolve(make_job(), builtin_runtimes()["torch-distributed"])
+    assert calls == [f"{name}.{phase}" for phase in PHASES for name in ("a", "b")]
+    assert plan.plugins == ["torch", "jobset", "a", "b"]
+
+
+def test_builtin_plugins_have_a_fixed_order():
+    assert [p.name for p in builtin_plugins()] == ["torch", "plainml", "coscheduling", "volcano", "jobset"]
+
+
+@pytest.fixture
+def plugin_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An installed distribution ``extra-plugins`` that publishes a plugin in the ``trainjob.plugins`` group."""
+    site = tmp_path
+    (site / "extra_plugins.py").write_text(
+        textwrap.dedent(
+            """
+            from trainjob.runtime import Plugin
+
+            class PriorityClass(Plugin):
+                name = "priority-class"
+
+                def build(self, ctx):
+                    for pod_set in ctx.plan.pod_sets:
+                        pod_spec = pod_set.template.setdefault("spec", {}).setdefault("template", {})
+                        pod_spec.setdefault("spec", {})["priorityClassName"] = "high"
+
+            class Torch(Plugin):
+                name = "torch"
+            """
+        )
+    )
+    dist_info = site / "extra_plugins-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: extra-plugins\nVersion: 1.0\n")
+    (dist_info / "entry_points.txt").write_text(
+        "[trainjob.plugins]\npriority-class = extra_plugins:PriorityClass\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    yield site
+    sys.modules.pop("extra_plugins", None)
+
+
+@pytest.mark.usefixtures("plugin_site")
+def test_a_third_party_plugin_registers_through_the_entry_point_group(make_job):
+    framework = Framework()
+    assert framework.plugin_names() == [
+        "torch",
+        "plainml",
+        "coscheduling",
+        "volcano",
+        "jobset",
+        "priority-class",
+    ]
+    plan = framework.resolve(make_job(), builtin_runtimes()["torch-distributed"])
+    assert plan.plugins[-1] == "priority-class"
+    assert plan.trainer().template["spec"]["template"]["spec"]["priorityClassName"] == "high"
+
+
+@pytest.mark.usefixtures("plugin_site")
+def test_a_plugin_with_a_builtin_name_replaces_the_builtin_in_place():
+    import extra_plugins
+
+    plugins = registered_plugins(extra=[extra_plugins.Torch()])
+    assert [p.name for p in plugins][0] == "torch" and isinstance(plugins[0], extra_plugins.Torch)
+
+
+def test_runtimes_without_ml_policy_run_with_plainml(make_job, make_runtime):
+    plan = resolve(make_job(runtime="rt", numNodes=3), make_runtime())
+    assert (plan.ml_policy, plan.num_nodes, plan.num_proc_per_node, plan.trainer().count) == (
+        "plainml",
+        3,
+        1,
+        3,
+    )
+    assert not any(var.name.startswith("PET_") for var in plan.trainer().container().env)
+    assert plan.plugins == ["plainml", "jobset"]
+
+
+def test_plainml_rejects_num_proc_per_node(make_job, make_runtime):
+    with pytest.raises(
+        ValidationError,
+        match=r"^spec\.trainer\.numProcPerNode: only applies to runtimes with mlPolicy\.torch",
+    ):
+        resolve(make_job(runtime="rt", numProcPerNode=2), make_runtime(mlPolicy={"numNodes": 2}))
+
+
+def test_an_mpi_runtime_is_refused_because_no_plugin_runs_it(make_job, make_runtime):
+    with pytest.raises(ValidationError) as err:
+        resolve(make_job(runtime="rt"), make_runtime(mlPolicy={"mpi": {"numProcPerNode": 2}}))
+    assert str(err.value) == (
+        "spec.mlPolicy: no installed plugin runs mpi ML policy (plugins: jobset); use mlPolicy.torch or no mlPolicy"
+    )
+
+
+def test_the_runtime_must_be_the_one_the_job_refers_to(make_job):
+    with pytest.raises(ValidationError) as err:
+        resolve(make_job(runtime="other"), builtin_runtimes()["torch-distributed"])
+    assert str(err.value) == (
+        "spec.runtimeRef: refers to ClusterTrainingRuntime 'other', but ClusterTrainingRuntime 'torch-distributed' "
+        "was given to resolve it"
+    )
+
+
+def test_a_training_runtime_must_live_in_the_jobs_namespace(make_job):
+    runtime = TrainingRuntime.from_dict(
+        {
+            "metadata": {"name": "rt", "namespace": "team-b"},
+            "spec": {"template": {"spec": {"replicatedJobs": [{"name": "node", "template": {}}]}}},
+        }
+    )
+    job = make_job(spec={"runtimeRef": {"name": "rt", "kind": "TrainingRuntime"}})
+    with pytest.raises(
+        ValidationError, match="TrainingRuntime 'rt' is in namespace 'team-b', the TrainJob in 'default'"
+    ):
+        resolve(job, runtime)
+
+
+def test_a_runtime_without_a_trainer_job_is_refused(make_job, make_runtime):
+    runtime = make_runtime()
+    runtime.spec.template.spec.replicated_jobs[0].name = "worker"
+    runtime.spec.template.spec.replicated_jobs[0].template["metadata"] = {}
+    with pytest.raises(
+        ValidationError, match=r"^spec\.template\.spec\.replicatedJobs: runtime 'rt' has no trainer job"
+    ):
+        resolve(make_job(runtime="rt"), runtime)
+
+
+def test_trainer_fields_replace_the_runtime_container_fields(make_job, make_runtime):
+    runtime = make_runtime(mlPolicy={"torch": {}}, container={"command": ["python"], "args": ["a.py"]})
+    container = (
+        resolve(make_job(runtime="rt", image="mine:2", command=["torchrun"], args=["b.py"]), runtime)
+        .trainer()
+        .container()
+    )
+    assert (container.image, container.command, container.args) == ("mine:2", ["torchrun"], ["b.py"])
+    untouched = resolve(make_job(runtime="rt"), runtime).trainer().container()
+    assert (untouched.image, untouched.command, untouched.args) == ("torch:1", ["python"], ["a.py"])
+
+
+def test_resolving_does_not_change_the_runtime(make_job):
+    runtime = builtin_runtimes()["torch-distributed"]
+    before = runtime.to_dict()
+    resolve(make_job(numNodes=2, spec={"labels": {"a": "b"}}), runtime)
+    assert runtime.to_dict() == before

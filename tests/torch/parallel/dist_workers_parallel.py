@@ -1,0 +1,181 @@
+"""Training runs under several parallel layouts, executed inside run_distributed's processes (and a reference).
+
+All runs train the same tiny GPT from the same seed on the same batches, so a layout that splits the math
+correctly reproduces the single-process losses and parameters up to float rounding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from trainjob.torch import Checkpointer
+from trainjob.torch.parallel import ParallelDims, PipelineConfig, parallelize
+from trainjob.torch.parallel.gpt import GPT, GPTConfig, lm_loss
+
+CONFIG = GPTConfig(vocab_size=32, max_seq_len=8, dim=16, n_heads=4, n_layers=4)
+BATCH = 8
+SEQ = 8
+
+
+def make_optimizer(name: str, params: Any) -> torch.optim.Optimizer:
+    """SGD shows a wrongly scaled gradient (Adam would hide it); AdamW gives a checkpoint real optimizer state."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.5, momentum=0.9)
+    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+
+
+def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, CONFIG.vocab_size, (steps, BATCH, SEQ + 1), generator=generator)
+    return [(t[:, :-1], t[:, 1:]) for t in tokens]
+
+
+def fresh_model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(CONFIG)
+
+
+def reference_run(steps: int, optimizer: str = "sgd") -> dict[str, Any]:
+    """One process, no parallelism: the losses and final parameters every layout must reproduce."""
+    model = fresh_model()
+    opt = make_optimizer(optimizer, model.parameters())
+    losses = []
+    for inputs, targets in batches(steps):
+        loss = lm_loss(model(inputs), targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {"losses": losses, "params": {k: v.detach().clone() for k, v in model.named_parameters()}}
+
+
+def _build(layout: dict[str, Any]) -> Any:
+    dims = ParallelDims(**layout["dims"])
+    pipeline = PipelineConfig(**layout["pipeline"]) if "pipeline" in layout else None
+    options = {k: v for k, v in layout.items() if k not in ("dims", "pipeline")}
+    return parallelize(fresh_model(), dims, pipeline=pipeline, **options)
+
+
+def _train(
+    model: Any, opt: torch.optim.Optimizer, steps: list[tuple[torch.Tensor, torch.Tensor]]
+) -> list[float]:
+    losses = []
+    share = BATCH // model.dp_size
+    for inputs, targets in steps:
+        rows = slice(model.dp_rank * share, (model.dp_rank + 1) * share)
+        losses.append(model.train_step(inputs[rows], targets[rows]).item())
+        opt.step()
+        opt.zero_grad()
+    return losses
+
+
+def train_layout(layout: dict[str, Any], steps: int) -> dict[str, Any]:
+    """Losses and this rank's gathered (full, unsharded) parameters after ``steps`` SGD steps."""
+    model = _build(layout)
+    losses = _train(model, make_optimizer("sgd", model.parameters()), batches(steps))
+    params = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {"losses": losses, "params": {name: tensor.clone() for name, tensor in params.items()}}
+
+
+def resume_across_layouts(
+    save: dict[str, Any], load: dict[str, Any], steps: int, directory: str
+) -> dict[str, Any]:
+    """Train under ``save`` and checkpoint half-way; load under ``load`` (with and without the optimizer state)
+    and train the second half again."""
+    data = batches(steps)
+    half = steps // 2
+    model = _build(save)
+    opt = make_optimizer("adamw", model.parameters())
+    before_save = _train(model, opt, data[:half])
+    checkpointer = Checkpointer(directory)
+    checkpointer.save(half, model, opt)
+    uninterrupted = _train(model, opt, data[half:])
+
+    resumed_model = _build(load)
+    resumed_opt = make_optimizer("adamw", resumed_model.parameters())
+    step = checkpointer.load(resumed_model, resumed_opt)
+    resumed = _train(resumed_model, resumed_opt, data[half:])
+
+    model_only = _build(load)
+    checkpointer.load(model_only)  # a fresh optimizer: what resuming without optimizer state would give
+    without_optimizer_state = _train(
+        model_only, make_optimizer("adamw", model_only.parameters()), data[half:]
+    )
+    return {
+        "step": step,
+        "before_save": before_save,
+        "uninterrupted": uninterrupted,
+        "resumed": resumed,
+        "without_optimizer_state": without_optimizer_state,
+    }
+
+
+def mesh_groups(dims: dict[str, int]) -> dict[str, list[int]]:
+    """The ranks of this rank's TP, PP and DP groups as the real DeviceMesh sees them."""
+    parallel = ParallelDims(**dims)
+    mesh = parallel.build_mesh("cpu")
+    return {
+        "tp": mesh["tp"].mesh.flatten().tolist(),
+        "pp": mesh["pp"].mesh.flatten().tolist(),
+        "dp": parallel.dp_mesh(mesh).mesh.flatten().tolist(),
+    }
+
+
+def run_scenarios(scenarios: list[dict[str, Any]], tmp_dir: str) -> dict[str, Any]:
+    """Run each scenario (``{"name", "kind", ...}``) in turn in one process group; results by name."""
+    results: dict[str, Any] = {}
+    for scenario in scenarios:
+        name, kind = scenario["name"], scenario["kind"]
+        if kind == "train":
+            results[name] = train_layout(scenario["layout"], scenario["steps"])
+        elif kind == "resume":
+            directory = str(Path(tmp_dir) / name)
+            results[name] = resume_across_layouts(
+                scenario["save"], scenario["load"], scenario["steps"], directory
+            )
+        elif kind == "mesh":
+            results[name] = mesh_groups(scenario["dims"])
+        elif kind == "schedule_rules":
+            results[name] = schedule_acceptance(scenario["max_microbatches"])
+        else:
+            raise ValueError(f"unknown scenario kind {kind!r}")
+        dist.barrier()
+    return results
+
+
+def schedule_acceptance(max_microbatches: int) -> dict[str, list[int]]:
+    """For each schedule at pp=2: the micro-batch counts PyTorch's own schedule constructor accepts."""
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage
+
+    from trainjob.torch.parallel import SCHEDULES, PipelineConfig
+
+    dims = ParallelDims(dp_shard=-1, pp=2)
+    mesh = dims.build_mesh("cpu")
+    pp_rank, pp = mesh["pp"].get_local_rank(), mesh["pp"].size()
+    accepted: dict[str, list[int]] = {}
+    for name, rule in SCHEDULES.items():
+        spr = PipelineConfig(schedule=name).resolved_stages_per_rank()
+        num_stages = pp * spr
+        indices = (
+            [pp_rank, 2 * pp - 1 - pp_rank] if rule.style == "v" else [pp_rank + i * pp for i in range(spr)]
+        )
+        stages = [
+            PipelineStage(
+                nn.Linear(2, 2), index, num_stages, torch.device("cpu"), group=mesh["pp"].get_group()
+            )
+            for index in indices
+        ]
+        accepted[name] = []
+        for microbatches in range(1, max_microbatches + 1):
+            try:
+                rule.cls(stages[0] if rule.single_stage else stages, microbatches, loss_fn=lm_loss)
+            except ValueError:
+                continue
+            accepted[name].append(microbatches)
+    return accepted
