@@ -11,7 +11,7 @@ import sys
 import click
 
 from trainjob import __version__
-from trainjob.cli import jobs, kube, render
+from trainjob.cli import jobs, kube, render, tools
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -25,7 +25,7 @@ def cli() -> None:
     """Run distributed PyTorch training jobs (Kubeflow Trainer API) locally or on Kubernetes."""
 
 
-for module in (render, jobs, kube):
+for module in (render, jobs, kube, tools):
     module.register(cli)
 
 

@@ -309,7 +309,7 @@ class PipelineRunner:
                 for part, index in zip(self.parts, self.stage_indices, strict=True)
             ]
             stage_arg = stages[0] if self.rule.single_stage else stages
-            self._schedules[key] = self.rule.cls(stage_arg, self.microbatches, loss_fn=self.loss_fn)
+            self._schedules[key] = self.rule.cls(stage_arg, self.microbatches, loss_fn=self.loss_fn, scale_grads=False)
         return self._schedules[key]
 
     def _boundary_examples(self, inputs: torch.Tensor) -> list[torch.Tensor]:
