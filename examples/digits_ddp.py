@@ -64,16 +64,8 @@ def evaluate(model: nn.Module, loader: DataLoader) -> float:
     return (counts[0] / counts[1]).item()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--batch-size", type=int, default=32, help="per process")
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--checkpoint-dir", default=os.path.join(os.environ.get("TRAINJOB_JOB_DIR", "."), "checkpoints"))
-    parser.add_argument("--min-accuracy", type=float, default=0.0, help="exit 1 when the test accuracy is lower")
-    args = parser.parse_args()
-
-    dist.init_process_group(backend="gloo")
+def train(args: argparse.Namespace) -> float:
+    """Train for ``args.epochs`` (continuing from the last checkpoint) and return the test accuracy."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     train_set, test_set = digits_datasets()
@@ -112,9 +104,25 @@ def main() -> int:
             torch.save(state, checkpoint.with_suffix(".tmp"))
             checkpoint.with_suffix(".tmp").replace(checkpoint)  # a crash never leaves half a checkpoint
 
-    accuracy = evaluate(model, test_loader)
-    if rank == 0:
+    return evaluate(model, test_loader)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=32, help="per process")
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--checkpoint-dir", default=os.path.join(os.environ.get("TRAINJOB_JOB_DIR", "."), "checkpoints"))
+    parser.add_argument("--min-accuracy", type=float, default=0.0, help="exit 1 when the test accuracy is lower")
+    args = parser.parse_args()
+
+    dist.init_process_group(backend="gloo")
+    accuracy = train(args)
+    if dist.get_rank() == 0:
         print(f"final test accuracy {accuracy:.4f}", flush=True)
+    # The DDP model is gone with train()'s frame; wait for every rank before tearing the process group down,
+    # so no gloo work is still in flight when it is destroyed (that can deadlock at exit on CPU).
+    dist.barrier()
     dist.destroy_process_group()
     return 0 if accuracy >= args.min_accuracy else 1
 

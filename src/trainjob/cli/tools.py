@@ -1,9 +1,186 @@
-"""CLI commands (module owned by its feature; registers into the top-level group)."""
+"""``trainjob plan``, ``trainjob check`` and ``trainjob bench collectives``: tools for planning and checking a run.
+
+    trainjob plan --params 7e9 --gpus 8 --nodes 2 --zero 3 --gpu-memory 80Gi
+    trainjob plan --layers 96 --hidden 12288 --heads 96 --seq 2048 --micro-batch 4 --global-batch 512 \\
+        --tp 8 --pp 4 --gpus 8 --nodes 8 --dtype fp16 -o json
+    trainjob check train.py
+    trainjob bench collectives --op all_reduce --nproc 2 --min-bytes 1K --max-bytes 1M
+
+Bad input exits with status 2 and names the flag, the value and what is accepted; ``check`` exits 1 when it finds
+errors.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any, NoReturn
+
 import click
+import rich
+
+from trainjob.errors import ValidationError
+from trainjob.tools.comm import COLLECTIVES, Link
+from trainjob.tools.planner import DEFAULT_INTER_NODE, DEFAULT_INTRA_NODE, plan_communication, plan_memory
+from trainjob.tools.setup import TrainingSetup
+from trainjob.tools.units import parse_bandwidth, parse_bytes, parse_count
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
 
 
 def register(group: click.Group) -> None:
     """Add this module's commands to the ``trainjob`` group."""
+    group.add_command(plan)
+    group.add_command(check)
+    group.add_command(bench)
+
+
+def _flag(path: str) -> str:
+    return "--" + path.replace("_", "-")
+
+
+def _fail(exc: ValidationError, *, paths_are_flags: bool = True) -> NoReturn:
+    """Print each problem on stderr, naming the flag (``--zero``) or, for files, the file; exit 2."""
+    for error in exc.errors:
+        where = (_flag(error.path) if paths_are_flags else error.path) if error.path else ""
+        click.echo(f"error: {where}: {error.message}" if where else f"error: {error.message}", err=True)
+    raise SystemExit(EXIT_BAD_INPUT)
+
+
+def _links(values: tuple[str, ...]) -> tuple[Link, Link]:
+    bandwidth = {"intra": DEFAULT_INTRA_NODE.bandwidth, "inter": DEFAULT_INTER_NODE.bandwidth}
+    for item in (part for value in values for part in value.split(",") if part):
+        key, sep, text = item.partition("=")
+        if not sep or key not in bandwidth:
+            raise ValidationError("bandwidth", f"must look like intra=300GB/s or inter=25GB/s, got {item!r}")
+        bandwidth[key] = parse_bandwidth(text, field="bandwidth")
+    return (
+        Link(bandwidth["intra"], DEFAULT_INTRA_NODE.latency),
+        Link(bandwidth["inter"], DEFAULT_INTER_NODE.latency),
+    )
+
+
+@click.command()
+@click.option(
+    "--params", help="Parameter count: 7e9, 7B, 350M. Derived from --layers/--hidden when left out."
+)
+@click.option("--layers", type=int, help="Transformer layers.")
+@click.option("--hidden", type=int, help="Hidden size.")
+@click.option("--heads", type=int, help="Attention heads.")
+@click.option("--seq", type=int, help="Sequence length.")
+@click.option("--vocab", type=int, help="Vocabulary size (adds vocab × hidden parameters when derived).")
+@click.option("--micro-batch", type=int, default=1, show_default=True, help="Micro-batch size per GPU.")
+@click.option(
+    "--micro-batches", type=int, help="Micro-batches per step (gradient accumulation / pipeline m)."
+)
+@click.option(
+    "--global-batch", type=int, help="Global batch; sets micro-batches = global / (micro-batch × dp)."
+)
+@click.option("--gpus", type=int, default=1, show_default=True, help="GPUs per node.")
+@click.option("--nodes", type=int, default=1, show_default=True, help="Nodes.")
+@click.option(
+    "--zero", type=int, default=0, show_default=True, help="ZeRO stage 0, 1, 2 or 3 (3 = FSDP full shard)."
+)
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel degree.")
+@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel degree.")
+@click.option("--dtype", default="bf16", show_default=True, help="bf16, fp16 (mixed precision) or fp32.")
+@click.option("--optimizer", default="adam", show_default=True, help="adam, adamw or sgd (with momentum).")
+@click.option("--offload", is_flag=True, help="Keep optimizer states in host memory (needs --zero >= 1).")
+@click.option("--activation-checkpointing", is_flag=True, help="Count checkpointed activations in the total.")
+@click.option(
+    "--flash-attention", is_flag=True, help="Fused attention: no s×s score matrices in activations."
+)
+@click.option("--gpu-memory", help="Memory of one GPU (80Gi, 40GB) to say whether the plan fits.")
+@click.option(
+    "--bandwidth", multiple=True, help="Per-GPU link speeds: intra=300GB/s,inter=25GB/s (repeatable)."
+)
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def plan(
+    params: str | None, gpu_memory: str | None, bandwidth: tuple[str, ...], output: str, **fields: Any
+) -> None:
+    """Estimate per-GPU memory and per-step communication of a training run."""
+    try:
+        setup = TrainingSetup(params=parse_count(params, field="params") if params else None, **fields)
+        capacity = parse_bytes(gpu_memory, field="gpu_memory") if gpu_memory else None
+        intra, inter = _links(bandwidth)
+    except ValidationError as exc:
+        _fail(exc)
+    from trainjob.tools.plan_report import plan_tables, plan_to_dict
+
+    memory, comm = plan_memory(setup), plan_communication(setup, intra, inter)
+    if output == "json":
+        click.echo(json.dumps(plan_to_dict(memory, comm, capacity), indent=2))
+    else:
+        rich.print(plan_tables(memory, comm, capacity))
+
+
+@click.command()
+@click.argument("scripts", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--ignore", multiple=True, help="Rule id or name to skip (TJ005, unguarded-print); repeatable.")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def check(scripts: tuple[Path, ...], ignore: tuple[str, ...], output: str) -> None:
+    """Find distributed-training mistakes in training scripts (exit 1 when there are errors)."""
+    from trainjob.tools.check_rules import RULES
+    from trainjob.tools.checker import check_file
+
+    known = {rule.id for rule in RULES} | {rule.name for rule in RULES}
+    unknown = [name for name in ignore if name not in known]
+    if unknown:
+        _fail(
+            ValidationError("ignore", f"unknown rule {unknown[0]!r}; rules are TJ001 to TJ{len(RULES):03d}")
+        )
+    try:
+        findings = [f for script in scripts for f in check_file(script, frozenset(ignore))]
+    except ValidationError as exc:
+        _fail(exc, paths_are_flags=False)
+    if output == "json":
+        click.echo(json.dumps([f.to_dict() for f in findings], indent=2))
+    else:
+        for finding in findings:
+            click.echo(finding.render())
+        counts = {level: sum(f.severity == level for f in findings) for level in ("error", "warning", "hint")}
+        summary = ", ".join(f"{n} {level}{'s' if n != 1 else ''}" for level, n in counts.items())
+        click.echo(f"{len(scripts)} script{'s' if len(scripts) != 1 else ''} checked: {summary}")
+    if any(f.severity == "error" for f in findings):
+        raise SystemExit(EXIT_FAILED)
+
+
+@click.group()
+def bench() -> None:
+    """Measure this machine: collective bandwidth in the style of nccl-tests."""
+
+
+@bench.command("collectives")
+@click.option("--op", "ops", multiple=True, default=["all_reduce"], show_default=True,
+              help=f"Collective to time: {', '.join(COLLECTIVES)}; repeatable.")  # fmt: skip
+@click.option("--nproc", type=int, default=2, show_default=True, help="Processes (ranks) on this machine.")
+@click.option("-b", "--min-bytes", default="1K", show_default=True, help="Smallest buffer (1K = 1024 bytes).")
+@click.option("-e", "--max-bytes", default="1M", show_default=True, help="Largest buffer.")
+@click.option("-f", "--factor", type=int, default=2, show_default=True, help="Size multiplier between rows.")
+@click.option("-n", "--iters", type=int, default=20, show_default=True, help="Timed calls per size.")
+@click.option("-w", "--warmup", type=int, default=5, show_default=True, help="Untimed calls per size first.")
+@click.option("--dtype", default="float", show_default=True, help="float, double, half, bfloat16 or int32.")
+@click.option("--backend", default="gloo", show_default=True, help="gloo (CPU) or nccl (one GPU per rank).")
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def bench_collectives(
+    ops: tuple[str, ...], nproc: int, min_bytes: str, max_bytes: str, factor: int, iters: int, warmup: int,
+    dtype: str, backend: str, output: str,
+) -> None:  # fmt: skip
+    """Time collectives over a range of sizes; exit 1 if any result is wrong."""
+    from trainjob.tools.collectives import format_table, run_collectives
+    from trainjob.torch.testing import DistributedRunError
+
+    try:
+        rows = run_collectives(
+            list(ops), nproc, parse_bytes(min_bytes, field="min_bytes"), parse_bytes(max_bytes, field="max_bytes"),
+            factor, iters, warmup, dtype, backend,
+        )  # fmt: skip
+    except ValidationError as exc:
+        _fail(exc)
+    except DistributedRunError as exc:
+        click.echo(f"error: the benchmark failed: {exc}", err=True)
+        raise SystemExit(EXIT_FAILED) from None
+    click.echo(json.dumps([r.to_dict() for r in rows], indent=2) if output == "json" else format_table(rows))
+    if any(r.wrong for r in rows):
+        raise SystemExit(EXIT_FAILED)

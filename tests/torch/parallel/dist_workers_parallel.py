@@ -6,6 +6,7 @@ correctly reproduces the single-process losses and parameters up to float roundi
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +14,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from trainjob.torch import Checkpointer
+from trainjob.errors import ValidationError
+from trainjob.torch import Checkpointer, prepare_model
 from trainjob.torch.parallel import ParallelDims, PipelineConfig, parallelize
 from trainjob.torch.parallel.gpt import GPT, GPTConfig, lm_loss
 
 CONFIG = GPTConfig(vocab_size=32, max_seq_len=8, dim=16, n_heads=4, n_layers=4)
 BATCH = 8
 SEQ = 8
+MAX_GRAD_NORM = 0.8  # below the first step's gradient norm (about 1.1): clipping changes the result
 
 
 def make_optimizer(name: str, params: Any) -> torch.optim.Optimizer:
@@ -35,51 +38,83 @@ def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(t[:, :-1], t[:, 1:]) for t in tokens]
 
 
-def fresh_model() -> GPT:
+def fresh_model(**sizes: int) -> GPT:
     torch.manual_seed(0)
-    return GPT(CONFIG)
+    return GPT(dataclasses.replace(CONFIG, **sizes))
 
 
 def reference_run(steps: int, optimizer: str = "sgd") -> dict[str, Any]:
-    """One process, no parallelism: the losses and final parameters every layout must reproduce."""
+    """One process, no parallelism: what every layout must reproduce (losses, gradient norms before clipping,
+    final parameters, and the loss on a held-out batch)."""
     model = fresh_model()
     opt = make_optimizer(optimizer, model.parameters())
-    losses = []
-    for inputs, targets in batches(steps):
+    losses, norms = [], []
+    data = batches(steps + 1)
+    for inputs, targets in data[:steps]:
         loss = lm_loss(model(inputs), targets)
         loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM).item())
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return {"losses": losses, "params": {k: v.detach().clone() for k, v in model.named_parameters()}}
+    with torch.no_grad():
+        held_out = lm_loss(model(data[-1][0]), data[-1][1]).item()
+    return {
+        "losses": losses,
+        "grad_norms": norms,
+        "held_out_loss": held_out,
+        "params": {k: v.detach().clone() for k, v in model.named_parameters()},
+    }
 
 
 def _build(layout: dict[str, Any]) -> Any:
+    """``parallelize`` with the layout's settings, or ``prepare_model(parallel=...)`` when ``via`` says so."""
     dims = ParallelDims(**layout["dims"])
+    model = fresh_model(**layout.get("model", {}))
+    options = {k: v for k, v in layout.items() if k not in ("dims", "pipeline", "via", "model")}
+    if layout.get("via") == "prepare_model":
+        return prepare_model(model, parallel=dims, **options)
     pipeline = PipelineConfig(**layout["pipeline"]) if "pipeline" in layout else None
-    options = {k: v for k, v in layout.items() if k not in ("dims", "pipeline")}
-    return parallelize(fresh_model(), dims, pipeline=pipeline, **options)
+    return parallelize(model, dims, pipeline=pipeline, **options)
+
+
+def _rows(model: Any) -> slice:
+    share = BATCH // model.dp_size
+    return slice(model.dp_rank * share, (model.dp_rank + 1) * share)
 
 
 def _train(
-    model: Any, opt: torch.optim.Optimizer, steps: list[tuple[torch.Tensor, torch.Tensor]]
+    model: Any,
+    opt: torch.optim.Optimizer,
+    steps: list[tuple[torch.Tensor, torch.Tensor]],
+    norms: list | None = None,
 ) -> list[float]:
+    """Train on each rank's share of ``steps``; with ``norms``, clip gradients and record their norms."""
     losses = []
-    share = BATCH // model.dp_size
     for inputs, targets in steps:
-        rows = slice(model.dp_rank * share, (model.dp_rank + 1) * share)
-        losses.append(model.train_step(inputs[rows], targets[rows]).item())
+        losses.append(model.train_step(inputs[_rows(model)], targets[_rows(model)]).item())
+        if norms is not None:
+            norms.append(model.clip_grad_norm_(MAX_GRAD_NORM).item())
         opt.step()
         opt.zero_grad()
     return losses
 
 
 def train_layout(layout: dict[str, Any], steps: int) -> dict[str, Any]:
-    """Losses and this rank's gathered (full, unsharded) parameters after ``steps`` SGD steps."""
+    """Losses, gradient norms, held-out loss and this rank's gathered (full) parameters after ``steps`` SGD steps
+    with gradient clipping."""
     model = _build(layout)
-    losses = _train(model, make_optimizer("sgd", model.parameters()), batches(steps))
+    data = batches(steps + 1)
+    norms: list[float] = []
+    losses = _train(model, make_optimizer("sgd", model.parameters()), data[:steps], norms)
+    held_out = model.evaluate(data[-1][0][_rows(model)], data[-1][1][_rows(model)]).item()
     params = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    return {"losses": losses, "params": {name: tensor.clone() for name, tensor in params.items()}}
+    return {
+        "losses": losses,
+        "grad_norms": norms,
+        "held_out_loss": held_out,
+        "params": {name: tensor.clone() for name, tensor in params.items()},
+    }
 
 
 def resume_across_layouts(
@@ -115,6 +150,21 @@ def resume_across_layouts(
     }
 
 
+def refusals(layouts: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """The error message ``parallelize`` (or the first ``train_step``) gives for each layout."""
+    messages = {}
+    for name, layout in layouts.items():
+        try:
+            model = _build(layout)
+            inputs, targets = batches(1)[0]
+            model.train_step(inputs, targets)
+        except ValidationError as err:
+            messages[name] = str(err)
+        else:
+            messages[name] = "accepted"
+    return messages
+
+
 def mesh_groups(dims: dict[str, int]) -> dict[str, list[int]]:
     """The ranks of this rank's TP, PP and DP groups as the real DeviceMesh sees them."""
     parallel = ParallelDims(**dims)
@@ -140,6 +190,8 @@ def run_scenarios(scenarios: list[dict[str, Any]], tmp_dir: str) -> dict[str, An
             )
         elif kind == "mesh":
             results[name] = mesh_groups(scenario["dims"])
+        elif kind == "refusals":
+            results[name] = refusals(scenario["layouts"])
         elif kind == "schedule_rules":
             results[name] = schedule_acceptance(scenario["max_microbatches"])
         else:

@@ -2,9 +2,10 @@
 
 One launch runs every scenario (process start-up costs more than a scenario) and the tests read its results.
 
-Tolerances: losses within 1e-5 relative and parameters within 1e-5 absolute of the single-process run after three
-SGD steps. Float32 reduction order gives differences around 1e-7; a gradient scaled wrongly (a missing
-micro-batch or data-parallel average) moves the parameters by about 1e-2.
+Tolerances: losses and gradient norms within 1e-5 relative, parameters within 1e-5 absolute of the single-process
+run after three SGD steps with gradient clipping. Float32 reduction order gives differences around 1e-7; a
+gradient scaled wrongly (a missing micro-batch or data-parallel average, a norm missing a stage) moves the
+parameters by about 1e-2.
 """
 
 import sys
@@ -42,24 +43,66 @@ LAYOUTS = {
     "tp2_hsdp_replicate2": {"dims": {"dp_replicate": 2, "dp_shard": 1, "tp": 2}},
     "hsdp_2x2": {"dims": {"dp_replicate": 2, "dp_shard": 2}},
     "pp2_ddp2_zero0": {"dims": {"dp_shard": 2, "pp": 2}, "zero_stage": 0, "pipeline": {"schedule": "GPipe"}},
+    "tp2_pp2_through_prepare_model": {
+        "dims": TP_PP,
+        "via": "prepare_model",
+        "activation_checkpointing": True,
+    },
 }
+BF16 = {"dims": {"dp_shard": 2, "pp": 2}, "mixed_precision": "bf16", "pipeline": {"schedule": "1F1B"}}
 RESUME = {
     "save": {"dims": TP_PP, "pipeline": {"schedule": "Interleaved1F1B", "microbatches": 4}},
     "load": {"dims": {"dp_shard": 4}},
     "steps": 4,
 }
 MAX_MICROBATCHES = 9
+REFUSALS = {
+    "ddp_with_tp": (
+        {"dims": {"dp_shard": 2, "tp": 2}, "zero_stage": 0},
+        "zero_stage: DDP (zero_stage=0) cannot wrap tensor-parallel layers (tp=2)",
+    ),
+    "zero_stage_4": (
+        {"dims": {"dp_shard": 4}, "zero_stage": 4},
+        "zero_stage: must be 0 (DDP), 1, 2 or 3 (FSDP), got 4",
+    ),
+    "heads_not_divisible": (
+        {"dims": {"dp_shard": 1, "tp": 4}, "model": {"n_heads": 2}},
+        "parallel.tp: 4 does not divide layers.0.attn.n_heads=2 (the attention head count); tp must be one of [1, 2]",
+    ),
+    "too_few_microbatches": (
+        {"dims": {"dp_shard": 2, "pp": 2}, "pipeline": {"schedule": "1F1B", "microbatches": 1}},
+        "pipeline.microbatches: 1F1B needs at least as many micro-batches as stages (2), got 1",
+    ),
+    "batch_not_divisible": (
+        {"dims": {"dp_shard": 2, "pp": 2}, "pipeline": {"schedule": "GPipe", "microbatches": 3}},
+        "batch: batch size 8 is not divisible by 3 micro-batches",
+    ),
+    "world_size_mismatch": (
+        {"dims": {"tp": 2, "world_size": 8}},
+        "parallel.world_size: is 8 but the process group has 4 ranks",
+    ),
+    "bf16_with_ddp": (
+        {"dims": {"dp_shard": 4}, "zero_stage": 0, "mixed_precision": "bf16"},
+        "mixed_precision and cpu_offload need FSDP: use zero_stage 1, 2 or 3",
+    ),
+}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     scenarios = [
-        {"name": name, "kind": "train", "layout": layout, "steps": STEPS} for name, layout in LAYOUTS.items()
+        {"name": name, "kind": "train", "layout": layout, "steps": STEPS}
+        for name, layout in {**LAYOUTS, "bf16": BF16}.items()
     ]
     scenarios += [
         {"name": "resume", "kind": "resume", **RESUME},
         {"name": "mesh", "kind": "mesh", "dims": TP_PP},
         {"name": "schedule_rules", "kind": "schedule_rules", "max_microbatches": MAX_MICROBATCHES},
+        {
+            "name": "refusals",
+            "kind": "refusals",
+            "layouts": {name: layout for name, (layout, _) in REFUSALS.items()},
+        },
     ]
     tmp_dir = str(tmp_path_factory.mktemp("parallel"))
     return run_distributed(
@@ -80,12 +123,25 @@ def reference() -> dict:
 def test_layout_trains_like_one_process(results, reference, layout):
     for rank, result in enumerate(results):
         assert result[layout]["losses"] == pytest.approx(reference["losses"], rel=1e-5), f"rank {rank}"
+        assert result[layout]["grad_norms"] == pytest.approx(reference["grad_norms"], rel=1e-5), (
+            f"rank {rank}"
+        )
+        assert result[layout]["held_out_loss"] == pytest.approx(reference["held_out_loss"], rel=1e-5)
     gathered = {}
     for result in results:  # with pipeline parallelism each rank holds its stages' parameters
         gathered.update(result[layout]["params"])
     assert sorted(gathered) == sorted(reference["params"])
     for name, expected in reference["params"].items():
         torch.testing.assert_close(gathered[name], expected, rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow
+def test_bf16_pipeline_passes_bf16_activations_between_stages_and_stays_close(results, reference):
+    # bf16 keeps 8 bits of mantissa: the losses agree to about 1e-3, not 1e-7, which shows bf16 compute ran.
+    for result in results:
+        assert result["bf16"]["losses"] == pytest.approx(reference["losses"], abs=2e-3)
+        assert result["bf16"]["losses"] != pytest.approx(reference["losses"], abs=1e-6)
+        assert all(param.dtype == torch.float32 for param in result["bf16"]["params"].values())
 
 
 @pytest.mark.slow
@@ -123,3 +179,9 @@ def test_microbatch_rules_agree_with_what_pytorchs_schedules_accept(results):
                 continue
             ours.append(microbatches)
         assert ours == accepted_by_pytorch[schedule], schedule
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_settings_that_cannot_work_are_refused_with_the_setting_to_change(results, case):
+    assert REFUSALS[case][1] in results[0]["refusals"][case]

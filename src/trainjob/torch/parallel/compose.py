@@ -7,8 +7,8 @@
    stage as a whole.
 
 The result is a :class:`ParallelModel`: an ``nn.Module`` whose parameters are this rank's share under the original
-names (hand it to the optimizer and to DCP checkpointing) and whose :meth:`~ParallelModel.train_step` runs forward
-and backward, pipelined when ``pp > 1``::
+names (hand it to the optimizer and to :class:`trainjob.torch.Checkpointer`, whose DCP checkpoints then load under
+any other layout) and whose :meth:`~ParallelModel.train_step` runs forward and backward, pipelined when ``pp > 1``::
 
     dims = ParallelDims(dp_shard=-1, tp=2, pp=2)
     model = parallelize(GPT(cfg), dims, pipeline=PipelineConfig("Interleaved1F1B", microbatches=4))
@@ -21,7 +21,7 @@ and backward, pipelined when ``pp > 1``::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import math
 
 import torch
 import torch.distributed as dist
@@ -29,24 +29,34 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from trainjob.errors import ValidationError
+from trainjob.torch.clip import grad_norm
 from trainjob.torch.env import init
 from trainjob.torch.parallel.data_parallel import apply_activation_checkpointing, apply_ddp, apply_fsdp
 from trainjob.torch.parallel.dims import ParallelDims
 from trainjob.torch.parallel.gpt import lm_loss
-from trainjob.torch.parallel.pipeline import PipelineConfig, PipelineRunner, build_pipeline_parts, meta_copy
-from trainjob.torch.parallel.tensor import TPPlan, apply_tp, transformer_plan
+from trainjob.torch.parallel.pipeline import (
+    LossFn,
+    PipelineConfig,
+    PipelineRunner,
+    build_pipeline_parts,
+    meta_copy,
+)
+from trainjob.torch.parallel.tensor import TPPlan, apply_tp, check_tp_plan, transformer_plan
 from trainjob.torch.precision import Precision, precision_dtype
 
 __all__ = ["ParallelModel", "parallelize"]
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class ParallelModel(nn.Module):
     """This rank's share of a parallelized model, under the original parameter names.
 
     Its children are the model's top-level pieces this rank holds (``embed``, the ``layers`` of its stages, ...),
-    shared with the stage modules that run them, so ``state_dict`` keys do not depend on the layout.
+    shared with the stage modules in ``parts`` that run them, so ``state_dict`` keys do not depend on the layout.
+    ``dp_rank`` and ``dp_size`` say which share of each global batch this rank feeds to :meth:`train_step`::
+
+        share = global_batch_size // model.dp_size
+        rows = slice(model.dp_rank * share, (model.dp_rank + 1) * share)
+        loss = model.train_step(tokens[rows], targets[rows])
     """
 
     def __init__(
@@ -89,15 +99,10 @@ class ParallelModel(nn.Module):
             part.train(mode)
         return super().train(mode)
 
-    def named_parts(self) -> Iterator[tuple[int, nn.Module]]:
-        """``(stage index, module)`` for each stage this rank runs (stage 0 without pipeline parallelism)."""
-        indices = self.pipeline.stage_indices if self.pipeline else [0]
-        yield from zip(indices, self.parts, strict=True)
-
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         if self.pipeline is not None:
             raise ValidationError(
-                "parallel.pp", f"with pp={self.dims.pp} the model runs through train_step()"
+                "parallel.pp", f"with pp={self.dims.pp} the model runs through train_step(inputs, targets)"
             )
         return self.parts[0](inputs)
 
@@ -108,7 +113,40 @@ class ParallelModel(nn.Module):
         else:
             loss = self.loss_fn(self(inputs), targets)
             loss.backward()
-            loss = loss.detach().float()
+        return self._global_mean(loss.detach().float())
+
+    @torch.no_grad()
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward only (no gradients, no parameter changes); the global batch's mean loss on every rank."""
+        if self.pipeline is not None:
+            loss = self.pipeline.evaluate(inputs, targets)
+        else:
+            loss = self.loss_fn(self(inputs), targets)
+        return self._global_mean(loss.float())
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Scale gradients so the norm over every stage's and shard's gradients is at most ``max_norm``.
+
+        Returns the norm before clipping, the same on every rank. Within a stage the sharded (DTensor) norms are
+        reduced by :func:`trainjob.torch.grad_norm`; the stages' norms are then combined over the pipeline group.
+        """
+        params = [p for p in self.parameters() if p.grad is not None]
+        norm = grad_norm(params, norm_type).to(init().device)
+        if False:
+            group = self.mesh["pp"].get_group()
+            if math.isinf(norm_type):
+                dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=group)
+            else:
+                norm = norm**norm_type
+                dist.all_reduce(norm, group=group)
+                norm = norm ** (1.0 / norm_type)
+        scale = min(1.0, max_norm / (norm.item() + 1e-6))
+        if scale < 1.0:
+            for param in params:  # a float factor works for plain and DTensor gradients alike
+                param.grad.mul_(scale)
+        return norm
+
+    def _global_mean(self, loss: torch.Tensor) -> torch.Tensor:
         for dim in ("dp_replicate", "dp_shard"):
             if self.mesh[dim].size() > 1:
                 dist.all_reduce(loss, group=self.mesh[dim].get_group())
@@ -145,9 +183,11 @@ def parallelize(
             "parallel.world_size",
             f"is {parallel.world_size} but the process group has {dist.get_world_size()} ranks",
         )
+    _check_data_parallel(parallel, zero_stage, dtype, cpu_offload)
+    plan = tp_plan if tp_plan is not None else transformer_plan(sequence_parallel)
+    if parallel.tp > 1:
+        check_tp_plan(model, plan, parallel.tp)  # before anything changes
     mesh = mesh or parallel.build_mesh(device.type)
-    if not any(p.is_meta for p in model.parameters()):
-        model.to(device)
 
     runner: PipelineRunner | None = None
     parts = [model]
@@ -168,9 +208,10 @@ def parallelize(
             activation_dtype=dtype,
             seq_shards=parallel.tp if sequence_parallel else 1,
         )
+    for part in parts:  # only this rank's stages go to its device
+        part.to(device)
 
     if parallel.tp > 1:
-        plan = tp_plan if tp_plan is not None else transformer_plan(sequence_parallel)
         for part in parts:
             apply_tp(part, mesh["tp"], plan)
 
@@ -178,26 +219,29 @@ def parallelize(
     if activation_checkpointing:
         apply_activation_checkpointing(blocks)
 
-    if zero_stage == 0:
-        parts = _apply_ddp(parts, parallel, mesh, dtype, cpu_offload)
+    if zero_stage == 0 and parallel.dp > 1:
+        dim = "dp_replicate" if parallel.dp_replicate > 1 else "dp_shard"
+        parts = [apply_ddp(part, mesh[dim]) for part in parts]
         if runner is not None:
             runner.parts = parts
-    elif parallel.dp > 1 or dtype is not None or cpu_offload:
+    elif zero_stage > 0 and (parallel.dp > 1 or dtype is not None or cpu_offload):
         dp_mesh = mesh["dp_shard"] if parallel.dp_replicate == 1 else parallel.dp_mesh(mesh)
         apply_fsdp(blocks, parts, dp_mesh, zero_stage=zero_stage, param_dtype=dtype, cpu_offload=cpu_offload)
     return ParallelModel(parts, dims=parallel, mesh=mesh, loss_fn=loss_fn, pipeline=runner)
 
 
-def _apply_ddp(
-    parts: list[nn.Module], dims: ParallelDims, mesh: DeviceMesh, dtype: torch.dtype | None, cpu_offload: bool
-) -> list[nn.Module]:
+def _check_data_parallel(
+    dims: ParallelDims, zero_stage: int, dtype: torch.dtype | None, cpu_offload: bool
+) -> None:
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValidationError("zero_stage", f"must be 0 (DDP), 1, 2 or 3 (FSDP), got {zero_stage!r}")
+    if zero_stage > 0:
+        return
     if dtype is not None or cpu_offload:
         raise ValidationError(
             "zero_stage", "mixed_precision and cpu_offload need FSDP: use zero_stage 1, 2 or 3"
         )
-    if dims.dp == 1:
-        return parts
-    if dims.tp > 1:
+    if dims.dp > 1 and dims.tp > 1:
         raise ValidationError(
             "zero_stage", f"DDP (zero_stage=0) cannot wrap tensor-parallel layers (tp={dims.tp})"
         )
@@ -205,8 +249,6 @@ def _apply_ddp(
         raise ValidationError(
             "zero_stage", "DDP runs over one data-parallel dimension: set dp_replicate or dp_shard to 1"
         )
-    dim = "dp_replicate" if dims.dp_replicate > 1 else "dp_shard"
-    return [apply_ddp(part, mesh[dim]) for part in parts]
 
 
 def _blocks(module: nn.Module) -> list[nn.Module]:

@@ -9,7 +9,8 @@ stage  DeepSpeed shards                 here
 1      optimizer state                  as stage 2: ``fully_shard(reshard_after_forward=False)``; FSDP2 always
                                         reduce-scatters gradients, so gradients are sharded too at no extra traffic
 2      optimizer state, gradients       ``fully_shard(reshard_after_forward=False)``: parameters gathered once per
-                                        step and kept through backward (shard-grad-op)
+                                        step and kept through backward (shard-grad-op); between steps they rest
+                                        sharded, which saves more than DeepSpeed's stage 2
 3      ... and parameters               ``fully_shard(reshard_after_forward=True)``: gathered again for backward
 =====  ==============================  ============================================================================
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -55,6 +55,7 @@ from trainjob.errors import ValidationError
 
 __all__ = [
     "SCHEDULES",
+    "LossFn",
     "PipelineConfig",
     "PipelineRunner",
     "ScheduleRule",
@@ -114,8 +115,7 @@ class PipelineConfig:
 
     def resolved_stages_per_rank(self) -> int:
         rule = self.rule()
-        default = 1 if rule.single_stage else 2
-        spr = self.stages_per_rank or default
+        spr = self.stages_per_rank if self.stages_per_rank is not None else 1 if rule.single_stage else 2
         if rule.single_stage and spr != 1:
             raise ValidationError(
                 "pipeline.stages_per_rank", f"{self.schedule} runs 1 stage per rank, got {spr}"
@@ -206,17 +206,24 @@ def stage_view(model: nn.Module, layer_names: Sequence[str], first: bool, last: 
         view.register_buffer(name, buffer)
     for name, keep in _piece_owner(model, first, last).items():
         setattr(view, name, getattr(model, name) if keep else None)
-    layers = model.get_submodule("layers")
+    layers = _layers(model)
     view.layers = nn.ModuleDict({name: layers[name] for name in layer_names})
     return view
 
 
-def _piece_owner(model: nn.Module, first: bool, last: bool) -> dict[str, bool]:
-    names = [name for name, _ in model._modules.items()]
-    if "layers" not in names or not isinstance(model._modules["layers"], nn.ModuleDict):
+def _layers(model: nn.Module) -> nn.ModuleDict:
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, nn.ModuleDict):
         raise ValidationError(
             "model.layers", f"{type(model).__name__} needs its blocks in an nn.ModuleDict 'layers'"
         )
+    return layers
+
+
+def _piece_owner(model: nn.Module, first: bool, last: bool) -> dict[str, bool]:
+    """Which top-level children a stage keeps: those before ``layers`` on the first, after it on the last."""
+    _layers(model)
+    names = [name for name, _ in model.named_children()]
     split = names.index("layers")
     return {name: first for name in names[:split]} | {name: last for name in names[split + 1 :]}
 
@@ -233,7 +240,11 @@ def meta_copy(model: nn.Module) -> nn.Module:
 
 
 class PipelineRunner:
-    """Runs this rank's stages under one schedule; built by :func:`build_pipeline`."""
+    """Runs this rank's stages under one schedule; :func:`~trainjob.torch.parallel.parallelize` builds it.
+
+    PyTorch's stages and schedule are made at the first :meth:`step` for each batch shape, from example tensors
+    of that shape worked out on ``shape_model`` (a meta-device copy of the unsplit model).
+    """
 
     def __init__(
         self,
@@ -258,11 +269,11 @@ class PipelineRunner:
         self.pp_mesh = pp_mesh
         self.loss_fn = loss_fn
         self.device = device
-        self.microbatches = config.microbatches or self.num_stages
+        self.microbatches = config.microbatches if config.microbatches is not None else self.num_stages
         self._shape_model = shape_model
         self._activation_dtype = activation_dtype
         self._seq_shards = seq_shards
-        self._schedules: dict[tuple[tuple[int, ...], torch.dtype], object] = {}
+        self._schedules: dict[tuple[tuple[int, ...], torch.dtype], Any] = {}
         check_microbatches(config.schedule, self.microbatches, pp_mesh.size(), self.num_stages)
         self.last_stage_rank = stage_to_rank(self.num_stages, pp_mesh.size(), self.rule.style)[-1]
 
@@ -276,23 +287,64 @@ class PipelineRunner:
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward and backward over ``microbatches`` slices of the batch; returns the mean loss on every rank."""
-        if inputs.shape[0] % self.microbatches:
-            raise ValidationError(
-                "batch", f"batch size {inputs.shape[0]} is not divisible by {self.microbatches} micro-batches"
-            )
+        self._check_batch(inputs)
         schedule = self._schedule_for(inputs)
         losses: list[torch.Tensor] = []
         args = (inputs.to(self.device),) if self.has_first_stage else ()
         if self.has_last_stage:
             schedule.step(*args, target=targets.to(self.device), losses=losses)
-            loss = torch.stack([item.detach().float() for item in losses]).mean()
         else:
             schedule.step(*args)
+        return self._share_loss(losses)
+
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward only, stage after stage for each micro-batch (the schedules' own ``eval`` cannot run the
+        multi-stage schedules); returns the mean loss on every rank. Call it under ``torch.no_grad()``."""
+        self._check_batch(inputs)
+        examples = self._boundary_examples(inputs)
+        placement = stage_to_rank(self.num_stages, self.pp_mesh.size(), self.rule.style)
+        me, group = self.pp_mesh.get_local_rank(), self.pp_mesh.get_group()
+        parts = dict(zip(self.stage_indices, self.parts, strict=True))
+        losses = []
+        for micro_inputs, micro_targets in zip(
+            inputs.chunk(self.microbatches), targets.chunk(self.microbatches), strict=True
+        ):
+            hidden = micro_inputs.to(self.device)
+            for stage in self.stage_indices:
+                source = placement[stage - 1] if stage > 0 else me
+                if source != me:
+                    hidden = torch.empty(
+                        examples[stage].shape, dtype=examples[stage].dtype, device=self.device
+                    )
+                    dist.recv(hidden, group=group, group_src=source)
+                hidden = parts[stage](hidden)
+                if stage == self.num_stages - 1:
+                    losses.append(self.loss_fn(hidden, micro_targets.to(self.device)))
+                elif placement[stage + 1] != me:
+                    dist.send(hidden.contiguous(), group=group, group_dst=placement[stage + 1])
+        return self._share_loss(losses)
+
+    def _check_batch(self, inputs: torch.Tensor) -> None:
+        if inputs.shape[0] % self.microbatches:
+            raise ValidationError(
+                "batch", f"batch size {inputs.shape[0]} is not divisible by {self.microbatches} micro-batches"
+            )
+        if inputs.shape[1] % self._seq_shards:
+            raise ValidationError(
+                "batch",
+                f"sequence length {inputs.shape[1]} is not divisible by tp={self._seq_shards} (sequence parallel)",
+            )
+
+    def _share_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
+        """The mean of the last stage's micro-batch losses, broadcast to every rank of the pipeline."""
+        if self.has_last_stage:
+            loss = torch.stack([item.detach().float() for item in losses]).mean()
+        else:
             loss = torch.zeros((), device=self.device)
         dist.broadcast(loss, group=self.pp_mesh.get_group(), group_src=self.last_stage_rank)
         return loss
 
-    def _schedule_for(self, inputs: torch.Tensor) -> object:
+    def _schedule_for(self, inputs: torch.Tensor) -> Any:
         key = (tuple(inputs.shape), inputs.dtype)
         if key not in self._schedules:
             boundaries = self._boundary_examples(inputs)
@@ -309,7 +361,7 @@ class PipelineRunner:
                 for part, index in zip(self.parts, self.stage_indices, strict=True)
             ]
             stage_arg = stages[0] if self.rule.single_stage else stages
-            self._schedules[key] = self.rule.cls(stage_arg, self.microbatches, loss_fn=self.loss_fn, scale_grads=False)
+            self._schedules[key] = self.rule.cls(stage_arg, self.microbatches, loss_fn=self.loss_fn)
         return self._schedules[key]
 
     def _boundary_examples(self, inputs: torch.Tensor) -> list[torch.Tensor]:
@@ -351,7 +403,7 @@ def build_pipeline_parts(
     """This rank's stage modules, their stage indices, and the layer names of every stage."""
     spr = config.resolved_stages_per_rank()
     num_stages = pp * spr
-    layer_names = list(model.get_submodule("layers").keys())
+    layer_names = list(_layers(model).keys())
     stage_layers = split_layers(layer_names, num_stages, config.split_points)
     placement = stage_to_rank(num_stages, pp, config.rule().style)
     indices = [stage for stage in range(num_stages) if placement[stage] == pp_rank]

@@ -14,6 +14,7 @@ Everything created (namespaces, veths, the bridge, ``/etc/netns/<ns>``) is remov
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import itertools
 import os
@@ -167,6 +168,8 @@ class PodNetwork:
             subprocess.run(["ip", "netns", "del", netns], capture_output=True)  # also removes its veth pair
             shutil.rmtree(Path("/etc/netns") / netns, ignore_errors=True)
         self.namespaces.clear()
+        with contextlib.suppress(OSError):  # /etc/netns itself goes when nothing else uses it
+            Path("/etc/netns").rmdir()
         if self._bridge_up:
             subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
             self._bridge_up = False

@@ -320,3 +320,28 @@ class StandInServer:
             self.url = str(server.url).rstrip("/")
             self._ready.set()
             await self._stop.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m trainjob.backends.kubernetes.testing.standin [--port N]``: serve until interrupted.
+
+    Prints the URL on the first line of stdout (for benchmarks and manual tries with ``kubectl --server``).
+    """
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port", type=int, default=None)
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with StandInServer(port=args.port) as server:
+        print(server.url, flush=True)
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,9 @@
+"""Tools around a training run: plan its memory and communication, check its script, measure collectives.
+
+* :mod:`trainjob.tools.planner`: ``plan_memory`` / ``plan_communication`` for a :class:`TrainingSetup`
+  (``trainjob plan``);
+* :mod:`trainjob.tools.checker`: ``check_file`` finds the classic distributed-training mistakes
+  (``trainjob check``), with the rules in :mod:`trainjob.tools.check_rules`;
+* :mod:`trainjob.tools.collectives`: nccl-tests-style benchmarks over real process groups
+  (``trainjob bench collectives``), with the cost model and bus-bandwidth factors in :mod:`trainjob.tools.comm`.
+"""

@@ -1,0 +1,136 @@
+"""Print a memory and communication plan as rich tables, or turn it into JSON-ready data.
+
+>>> from trainjob.tools.planner import TrainingSetup, plan_memory, plan_communication
+>>> setup = TrainingSetup(params=7e9, gpus=8, nodes=2, zero=3)
+>>> data = plan_to_dict(plan_memory(setup), plan_communication(setup), gpu_memory=80 * 2**30)
+>>> data["memory"]["model_states"], data["memory"]["fits"]
+(7000000000.0, True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+
+from trainjob.tools.planner import CommunicationPlan, MemoryPlan
+from trainjob.tools.units import format_bytes, format_seconds
+
+__all__ = ["plan_tables", "plan_to_dict"]
+
+
+def _fits(memory: MemoryPlan, gpu_memory: int | None) -> bool | None:
+    return None if gpu_memory is None else memory.total <= gpu_memory
+
+
+def plan_to_dict(
+    memory: MemoryPlan, comm: CommunicationPlan, gpu_memory: int | None = None
+) -> dict[str, Any]:
+    """Everything the tables show, in bytes and seconds, for ``-o json``."""
+    setup = asdict(memory.setup) | {"world_size": memory.setup.world_size, "dp": memory.setup.dp}
+    return {
+        "setup": setup,
+        "memory": {
+            "parameters": memory.parameters,
+            "gradients": memory.gradients,
+            "optimizer_states": memory.optimizer_states,
+            "model_states": memory.model_states,
+            "activations": memory.activations,
+            "activations_checkpointed": memory.activations_checkpointed,
+            "total": memory.total,
+            "offloaded_to_host": memory.offloaded_to_host,
+            "gpu_memory": gpu_memory,
+            "fits": _fits(memory, gpu_memory),
+        },
+        "communication": {
+            "collectives": [asdict(c) for c in comm.collectives],
+            "bytes_sent_per_step": comm.bytes_sent_per_step,
+            "seconds_per_step": comm.seconds_per_step,
+            "pipeline_bubble_fraction": comm.bubble_fraction,
+        },
+    }
+
+
+def _memory_table(memory: MemoryPlan, gpu_memory: int | None) -> Table:
+    s = memory.setup
+    title = (
+        f"Memory per GPU: {s.params / 1e9:.2f}B params, {s.world_size} GPUs "
+        f"(dp {s.dp} × tp {s.tp} × pp {s.pp}), ZeRO-{s.zero}, {s.dtype}, {s.optimizer}"
+    )
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("item")
+    table.add_column("bytes", justify="right")
+    table.add_column("how")
+    n = f"/{s.dp}"
+    table.add_row(
+        "parameters", format_bytes(memory.parameters), f"{s.value_bytes}Ψ" + (n if s.zero >= 3 else "")
+    )
+    table.add_row(
+        "gradients", format_bytes(memory.gradients), f"{s.value_bytes}Ψ" + (n if s.zero >= 2 else "")
+    )
+    how = "offloaded to host" if s.offload else ("KΨ" + (n if s.zero >= 1 else ""))
+    table.add_row("optimizer states", format_bytes(memory.optimizer_states), how)
+    table.add_row("model states", format_bytes(memory.model_states), "", style="bold")
+    if memory.activations is None or memory.activations_checkpointed is None:
+        table.add_row("activations", "n/a", "give --layers --hidden --heads --seq to estimate")
+    else:
+        chosen = "checkpointed" if s.activation_checkpointing else "stored"
+        table.add_row(
+            "activations",
+            format_bytes(memory.activations),
+            "all stored" + (" ✓" if chosen == "stored" else ""),
+        )
+        table.add_row(
+            "activations (checkpointed)",
+            format_bytes(memory.activations_checkpointed),
+            "layer inputs + one layer" + (" ✓" if chosen == "checkpointed" else ""),
+        )
+    table.add_row("total", format_bytes(memory.total), "model states + ✓ activations", style="bold")
+    if memory.offloaded_to_host:
+        table.add_row("host memory (offload)", format_bytes(memory.offloaded_to_host), "per GPU")
+    fits = _fits(memory, gpu_memory)
+    if fits is not None and gpu_memory is not None:
+        verdict = "[green]fits[/]" if fits else "[red]does not fit[/]"
+        table.add_row("GPU memory", f"{gpu_memory / 2**30:.2f} GiB", verdict)
+    return table
+
+
+def _comm_table(comm: CommunicationPlan) -> Table:
+    table = Table(
+        title="Communication per GPU per step",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+    )
+    for name, justify in (("collective", "left"), ("group", "left"), ("message", "right"), ("calls", "right"),
+                          ("sent", "right"), ("time", "right")):  # fmt: skip
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for c in comm.collectives:
+        table.add_row(
+            c.name + (" (tree)" if c.algorithm == "tree" else ""),
+            f"{c.group}={c.group_size} {'inter' if c.inter_node else 'intra'}",
+            format_bytes(c.message_bytes),
+            str(c.calls_per_step),
+            format_bytes(c.bytes_sent_per_step),
+            format_seconds(c.seconds_per_step),
+        )
+    if not comm.collectives:
+        table.add_row("none", "single GPU", "", "", "", "")
+    total = format_seconds(comm.seconds_per_step)
+    table.add_row(
+        "total (no overlap)", "", "", "", format_bytes(comm.bytes_sent_per_step), total, "", style="bold"
+    )
+    s = comm.setup
+    bubble = f"{comm.bubble_fraction:.1%} = (p-1)/(m+p-1) with p={s.pp}, m={s.micro_batches}"
+    table.caption = f"pipeline bubble: {bubble}" if s.pp > 1 else f"micro-batches per step: {s.micro_batches}"
+    table.caption_justify = "left"
+    return table
+
+
+def plan_tables(memory: MemoryPlan, comm: CommunicationPlan, gpu_memory: int | None = None) -> Group:
+    """Both tables, ready for ``rich.print``."""
+    return Group(_memory_table(memory, gpu_memory), "", _comm_table(comm))

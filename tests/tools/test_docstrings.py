@@ -1,0 +1,24 @@
+"""The calls shown in the tools' docstrings run and print what they say."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "trainjob.tools.units",
+    "trainjob.tools.setup",
+    "trainjob.tools.comm",
+    "trainjob.tools.planner",
+    "trainjob.tools.plan_report",
+    "trainjob.tools.checker",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0
+    assert result.failed == 0

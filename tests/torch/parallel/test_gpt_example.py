@@ -1,0 +1,31 @@
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gpt_3d.py"
+
+
+@pytest.mark.slow
+def test_gpt_example_trains_under_torchrun_with_tensor_and_pipeline_parallelism():
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        str(EXAMPLE),
+    ]
+    command += ["--tp", "2", "--pp", "2", "--schedule", "ZBVZeroBubble", "--steps", "6", "--log-every", "3"]
+    command += ["--dim", "32", "--batch-size", "8", "--seq-len", "32"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "TP groups: [0, 1] [2, 3]" in done.stdout
+    losses = [float(loss) for loss in re.findall(r"^step [36]/6 loss=([\d.]+)$", done.stdout, re.MULTILINE)]
+    assert len(losses) == 2 and losses[1] < losses[0] < 5.6  # ln(256) = 5.55 at the start
+    assert re.search(r"^[\d,]+ tokens/s over \d+ steps on 4 cpu ranks$", done.stdout, re.MULTILINE)
