@@ -47,6 +47,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping threshold")
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--checkpoint-dir", default=None, help="resume from and save to this directory")
     parser.add_argument("--save-every", type=int, default=20)
@@ -123,6 +124,7 @@ def main() -> None:
         inputs, targets = global_batch(text, step, args.batch_size, args.seq_len)
         rows = slice(model.dp_rank * share, (model.dp_rank + 1) * share)
         loss = model.train_step(inputs[rows], targets[rows])
+        model.clip_grad_norm_(args.clip)
         optimizer.step()
         optimizer.zero_grad()
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
@@ -130,6 +132,8 @@ def main() -> None:
         if checkpointer and (step + 1) % args.save_every == 0:
             checkpointer.save(step + 1, model, optimizer)
 
+    inputs, targets = global_batch(text, -1, args.batch_size, args.seq_len)  # a batch training never draws
+    tt.print0(f"held-out loss {model.evaluate(inputs[rows], targets[rows]).item():.4f}")
     if started is not None:
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()

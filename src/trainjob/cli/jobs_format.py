@@ -14,15 +14,10 @@ from trainjob import types
 
 def table(header: list[str], rows: list[list[str]]) -> str:
     """Left-aligned columns separated by three spaces, the last column unpadded."""
-    widths = [len(h) for h in header]
-    for row in rows:
-        for i, cell in enumerate(row):
-            if len(cell) > widths[i]:
-                widths[i] = len(cell)
-    last = len(header) - 1
-    formats = [f"{{:<{w}}}   " for w in widths[:last]] + ["{}"]
-    pattern = "".join(formats)
-    return "\n".join(pattern.format(*row).rstrip() for row in [header, *rows])
+    all_rows = [header, *rows]
+    widths = [max(map(len, column)) for column in zip(*all_rows, strict=True)]
+    pattern = "   ".join(f"{{:<{w}}}" for w in widths[:-1]) + "   {}"
+    return "\n".join([pattern.format(*row).rstrip() for row in all_rows])
 
 
 def human_duration(seconds: float | None) -> str:
@@ -49,16 +44,19 @@ def progress_text(progress: types.Progress | None) -> str:
     """``37% 120/320 loss=0.412 eta 1m5s`` from whatever the job reported; ``-`` when nothing was."""
     if progress is None:
         return "-"
+    return progress_summary(progress.step, progress.total_steps, progress.metrics.get("loss"), progress.eta_seconds)
+
+
+def progress_summary(step: int | None, total: int | None, loss: float | None, eta: float | None) -> str:
     parts = []
-    if progress.fraction is not None:
-        parts.append(f"{progress.fraction:.0%} {progress.step}/{progress.total_steps}")
-    elif progress.step is not None:
-        parts.append(f"step {progress.step}")
-    loss = progress.metrics.get("loss")
+    if step is not None and total:
+        parts.append(f"{min(1.0, step / total):.0%} {step}/{total}")
+    elif step is not None:
+        parts.append(f"step {step}")
     if loss is not None:
         parts.append(f"loss={loss:.4g}")
-    if progress.eta_seconds is not None:
-        parts.append(f"eta {human_duration(progress.eta_seconds)}")
+    if eta is not None:
+        parts.append(f"eta {human_duration(eta)}")
     return " ".join(parts) or "-"
 
 
@@ -79,6 +77,23 @@ def list_rows(jobs: list[types.TrainJob], now: datetime | None = None) -> list[l
         ]
         for job in jobs
     ]
+
+
+def summary_rows(summaries: list[tuple], now: float) -> list[list[str]]:
+    """Table rows from the local backend's summary tuples (``Store.list_summaries``), ``now`` a Unix time."""
+    from trainjob.backends.local.views import eta_seconds
+
+    rows = []
+    for (name, status, nodes, procs, runtime, created, started, finished, step, total, loss, last_time,
+         first_step, first_time, _pid, _pid_started) in summaries:
+        progress = "-"
+        if last_time is not None:
+            eta = eta_seconds(status, step, total, first_step, first_time, last_time)
+            progress = progress_summary(step, total, loss, eta)
+        duration = None if started is None else (finished or now) - started
+        rows.append([name, status, f"{nodes}x{procs}", runtime, progress, human_duration(now - created),
+                     human_duration(duration)])
+    return rows
 
 
 def describe(job: types.TrainJob, now: datetime | None = None) -> str:

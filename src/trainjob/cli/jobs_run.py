@@ -125,7 +125,7 @@ def _report_final(job: types.TrainJob) -> None:
 
 
 @click.command("apply")
-@click.option("-f", "--filename", "files", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("-f", "--filename", "files", multiple=True, required=True, type=click.Path(dir_okay=False),
               help="YAML with TrainJobs and (Cluster)TrainingRuntimes; repeatable.")
 @backend_option
 @handle_errors
@@ -134,6 +134,9 @@ def apply_command(files: tuple[str, ...], backend: str) -> None:
     from trainjob.api import TrainJob, load_resources
     from trainjob.runtime import find_runtime, resolve
 
+    for file in files:
+        if not Path(file).is_file():
+            raise ValidationError("-f", f"no such file: {file}")
     resources = [resource for file in files for resource in load_resources(Path(file))]
     jobs = [r for r in resources if isinstance(r, TrainJob)]
     runtimes = [r for r in resources if not isinstance(r, TrainJob)]

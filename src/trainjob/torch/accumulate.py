@@ -21,6 +21,7 @@ import contextlib
 from collections.abc import Iterator
 
 from torch import nn
+
 from trainjob.errors import ValidationError
 
 __all__ = ["GradientAccumulation"]

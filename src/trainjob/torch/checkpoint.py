@@ -38,6 +38,7 @@ from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -47,7 +48,6 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.optim import Optimizer
 
-from torch import nn
 from trainjob.errors import NotFoundError, ValidationError
 from trainjob.torch import env
 from trainjob.torch.seed import capture_rng_state, restore_rng_state
@@ -238,10 +238,8 @@ class Checkpointer:
         ctx = env.init()
         chosen = self._agreed_step(step)
         if chosen is None:
-            wanted = "any checkpoint" if step is None else f"a checkpoint of step {step}"
-            raise NotFoundError(
-                f"{self.directory}: no {wanted}; committed steps: {self.steps() or 'none'}"
-            )
+            wanted = "checkpoint" if step is None else f"checkpoint of step {step}"
+            raise NotFoundError(f"{self.directory}: no {wanted}; committed steps: {self.steps() or 'none'}")
         path = self.path(chosen)
         saved_keys = dcp.FileSystemReader(path).read_metadata().state_dict_metadata.keys()
         state: dict[str, Any] = {"model": get_model_state_dict(model), "trainer": {"step": -1}, **others}

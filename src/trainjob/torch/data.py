@@ -29,9 +29,9 @@ import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, Sampler
 
-import torch
 from trainjob.errors import ValidationError
 from trainjob.torch.env import init
 from trainjob.torch.seed import rank_seed

@@ -27,9 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
-import torch
 from trainjob.errors import ValidationError
 
 __all__ = ["DistContext", "context", "global_rank", "init", "on_shutdown", "shutdown"]

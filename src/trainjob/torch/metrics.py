@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping
 
 import torch
+
 from trainjob.errors import ValidationError
 from trainjob.torch.env import global_rank
 

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
+
 from trainjob.errors import ValidationError
 
 __all__ = ["Precision", "autocast", "autocast_forward", "grad_scaler", "precision_dtype"]

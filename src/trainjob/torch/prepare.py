@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
+
 from trainjob.errors import ValidationError
 from trainjob.torch.env import init
 from trainjob.torch.precision import Precision, autocast_forward, precision_dtype

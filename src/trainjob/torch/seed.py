@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 
 import torch
+
 from trainjob.torch.env import global_rank
 
 __all__ = ["capture_rng_state", "rank_seed", "restore_rng_state", "seed_everything"]

@@ -28,4 +28,6 @@ def test_gpt_example_trains_under_torchrun_with_tensor_and_pipeline_parallelism(
     assert "TP groups: [0, 1] [2, 3]" in done.stdout
     losses = [float(loss) for loss in re.findall(r"^step [36]/6 loss=([\d.]+)$", done.stdout, re.MULTILINE)]
     assert len(losses) == 2 and losses[1] < losses[0] < 5.6  # ln(256) = 5.55 at the start
+    held_out = float(re.search(r"^held-out loss ([\d.]+)$", done.stdout, re.MULTILINE).group(1))
+    assert held_out < 5.6
     assert re.search(r"^[\d,]+ tokens/s over \d+ steps on 4 cpu ranks$", done.stdout, re.MULTILINE)

@@ -48,6 +48,13 @@ LAYOUTS = {
         "via": "prepare_model",
         "activation_checkpointing": True,
     },
+    "tp2_dp2_cpu_offload": {"dims": {"dp_shard": 2, "tp": 2}, "cpu_offload": True},
+    "pp2_dp2_zero_bubble_checkpointed_zero1": {
+        "dims": {"dp_shard": 2, "pp": 2},
+        "zero_stage": 1,
+        "activation_checkpointing": True,
+        "pipeline": {"schedule": "ZBVZeroBubble", "microbatches": 2},
+    },
 }
 BF16 = {"dims": {"dp_shard": 2, "pp": 2}, "mixed_precision": "bf16", "pipeline": {"schedule": "1F1B"}}
 RESUME = {

@@ -6,7 +6,7 @@ import torch
 from trainjob.errors import ValidationError
 from trainjob.torch.parallel import SCHEDULES, PipelineConfig, check_microbatches, split_layers
 from trainjob.torch.parallel.gpt import GPT, GPTConfig
-from trainjob.torch.parallel.pipeline import meta_copy, stage_to_rank, stage_view
+from trainjob.torch.parallel.stages import build_stage_modules, meta_copy, stage_to_rank, stage_view
 
 
 def test_every_schedule_pytorch_ships_is_offered():
@@ -126,3 +126,23 @@ def test_the_shape_copy_lives_on_the_meta_device_and_leaves_the_model_alone():
     assert all(p.is_meta for p in shadow.parameters())
     assert not any(p.is_meta for p in model.parameters())
     assert shadow(torch.zeros(3, 5, dtype=torch.long, device="meta")).shape == (3, 5, 256)
+
+
+@pytest.mark.parametrize(
+    ("pp_rank", "style", "indices", "layers"),
+    [
+        (0, "loop", [0, 2], ["0", "1", "4"]),
+        (1, "loop", [1, 3], ["2", "3", "5"]),
+        (0, "v", [0, 3], ["0", "1", "5"]),
+    ],
+)
+def test_each_rank_builds_only_its_own_stages(pp_rank, style, indices, layers):
+    model = GPT(GPTConfig(n_layers=6))
+    parts, got, stage_layers = build_stage_modules(
+        model, pp=2, pp_rank=pp_rank, stages_per_rank=2, style=style
+    )
+    assert got == indices
+    assert stage_layers == [["0", "1"], ["2", "3"], ["4"], ["5"]]
+    assert [name for part in parts for name in part.layers] == layers
+    assert (parts[0].embed is not None) == (0 in indices)
+    assert (parts[-1].head is not None) == (3 in indices)

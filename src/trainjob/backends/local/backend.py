@@ -155,9 +155,17 @@ class LocalBackend:
             rows = [row for row in rows if row["runtime"] == runtime.name]
         return [views.sdk_job(row) for row in rows]
 
-    def list_rows(self) -> list[dict[str, Any]]:
-        """The narrow store rows of every job, supervisors checked; what ``trainjob list`` prints."""
-        return self._checked(self.store.list_jobs())
+    def list_summaries(self) -> list[tuple[Any, ...]]:
+        """One tuple per job (:data:`~trainjob.backends.local.store.SUMMARY_COLUMNS`), supervisors checked.
+
+        The fast path of ``trainjob list``: no per-job objects, so thousands of jobs list in milliseconds.
+        """
+        summaries = self.store.list_summaries()
+        stale = [s[0] for s in summaries if s[1] in ACTIVE_STATUSES and s[14] and not processes.is_alive(s[14], s[15])]
+        if stale:
+            self._checked(self.store.list_jobs(stale))
+            summaries = self.store.list_summaries()
+        return summaries
 
     def get_job(self, name: str) -> types.TrainJob:
         row = self._checked([self.store.get_job(name)])[0]

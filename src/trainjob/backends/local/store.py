@@ -94,6 +94,12 @@ LIST_COLUMNS = (
     "finished, restarts, supervisor_pid, supervisor_started, step, total_steps, metrics, metrics_time, "
     "first_step, first_metrics_time"
 )
+#: Columns of :meth:`Store.list_summaries`, in order.
+SUMMARY_COLUMNS = (
+    "name, status, num_nodes, num_proc_per_node, runtime, created, started, finished, step, total_steps, "
+    "json_extract(metrics, '$.loss'), metrics_time, first_step, first_metrics_time, supervisor_pid, "
+    "supervisor_started"
+)
 
 
 def default_home() -> Path:
@@ -176,6 +182,15 @@ class Store:
             marks = ", ".join("?" * len(names))
             cursor = self._db.execute(f"SELECT {LIST_COLUMNS} FROM jobs WHERE name IN ({marks})", tuple(names))
         return [dict(row) for row in cursor]
+
+    def list_summaries(self) -> list[tuple[Any, ...]]:
+        """One tuple per job, oldest first, with only what a listing shows (see :data:`SUMMARY_COLUMNS`).
+
+        Plain tuples and ``json_extract`` in SQL keep this to a few microseconds per job.
+        """
+        cursor = self._db.cursor()
+        cursor.row_factory = None
+        return cursor.execute(f"SELECT {SUMMARY_COLUMNS} FROM jobs ORDER BY created").fetchall()
 
     def update_job(self, name: str, **fields: Any) -> None:
         assignments = ", ".join(f"{key} = :{key}" for key in fields)

@@ -17,19 +17,23 @@ def rfc3339(seconds: float | None) -> str | None:
     return None if seconds is None else timestamp(seconds).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def eta_seconds(
+    status: str, step: int | None, total: int | None, first_step: int | None, first_time: float | None, last_time: float | None
+) -> float | None:
+    """Seconds left for an active job at the step rate seen between its first and last metrics records."""
+    if status not in (types.CREATED, types.RUNNING) or step is None or not total or first_step is None:
+        return None
+    if step <= first_step or last_time is None or first_time is None or last_time <= first_time:
+        return None
+    return max(0.0, (total - step) * (last_time - first_time) / (step - first_step))
+
+
 def progress(row: dict[str, Any]) -> types.Progress | None:
     """Progress from the job's last metrics record; the ETA extrapolates the step rate seen so far."""
     if row.get("metrics_time") is None:
         return None
     step, total = row["step"], row["total_steps"]
-    eta = None
-    first_step, first_time = row["first_step"], row["first_metrics_time"]
-    if step is not None and total and first_step is not None and step > first_step:
-        elapsed = row["metrics_time"] - first_time
-        if elapsed > 0:
-            eta = max(0.0, (total - step) * elapsed / (step - first_step))
-    if row["status"] in types.TERMINAL_STATUSES or row["status"] == types.SUSPENDED:
-        eta = None
+    eta = eta_seconds(row["status"], step, total, row["first_step"], row["first_metrics_time"], row["metrics_time"])
     return types.Progress(
         step=step,
         total_steps=total,

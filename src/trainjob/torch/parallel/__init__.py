@@ -19,7 +19,8 @@ from trainjob.torch.parallel.data_parallel import (
     apply_fsdp,
 )
 from trainjob.torch.parallel.dims import MESH_DIM_NAMES, ParallelDims
-from trainjob.torch.parallel.pipeline import SCHEDULES, PipelineConfig, check_microbatches, split_layers
+from trainjob.torch.parallel.pipeline import SCHEDULES, PipelineConfig, check_microbatches
+from trainjob.torch.parallel.stages import split_layers
 from trainjob.torch.parallel.tensor import apply_tp, check_tp_plan, transformer_plan
 
 __all__ = [

@@ -34,13 +34,8 @@ from trainjob.torch.env import init
 from trainjob.torch.parallel.data_parallel import apply_activation_checkpointing, apply_ddp, apply_fsdp
 from trainjob.torch.parallel.dims import ParallelDims
 from trainjob.torch.parallel.gpt import lm_loss
-from trainjob.torch.parallel.pipeline import (
-    LossFn,
-    PipelineConfig,
-    PipelineRunner,
-    build_pipeline_parts,
-    meta_copy,
-)
+from trainjob.torch.parallel.pipeline import LossFn, PipelineConfig, PipelineRunner
+from trainjob.torch.parallel.stages import build_stage_modules, meta_copy
 from trainjob.torch.parallel.tensor import TPPlan, apply_tp, check_tp_plan, transformer_plan
 from trainjob.torch.precision import Precision, precision_dtype
 
@@ -80,7 +75,11 @@ class ParallelModel(nn.Module):
             for name, child in inner.named_children():
                 if name == "layers":
                     layers.update(child.named_children())
-                elif getattr(self, name, None) is None:
+                elif name in vars(self) or hasattr(ParallelModel, name):
+                    raise ValidationError(
+                        f"model.{name}", "is a name ParallelModel uses itself; rename the module"
+                    )
+                elif name not in self._modules:
                     setattr(self, name, child)
         if layers:
             self.layers = nn.ModuleDict(layers)
@@ -132,7 +131,7 @@ class ParallelModel(nn.Module):
         """
         params = [p for p in self.parameters() if p.grad is not None]
         norm = grad_norm(params, norm_type).to(init().device)
-        if False:
+        if self.pipeline is not None:
             group = self.mesh["pp"].get_group()
             if math.isinf(norm_type):
                 dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=group)
@@ -195,7 +194,14 @@ def parallelize(
         config = pipeline or PipelineConfig()
         shape_model = meta_copy(model)
         pp_rank = parallel.coordinates(dist.get_rank())["pp"]
-        parts, indices, stage_layers = build_pipeline_parts(model, config, parallel.pp, pp_rank)
+        parts, indices, stage_layers = build_stage_modules(
+            model,
+            pp=parallel.pp,
+            pp_rank=pp_rank,
+            stages_per_rank=config.resolved_stages_per_rank(),
+            style=config.rule().style,
+            split_points=config.split_points,
+        )
         runner = PipelineRunner(
             parts=parts,
             stage_indices=indices,

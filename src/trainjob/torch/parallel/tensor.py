@@ -44,8 +44,9 @@ def transformer_plan(sequence_parallel: bool = False, layers: str = "layers") ->
     """The plan for :class:`~trainjob.torch.parallel.gpt.GPT` and models named like it.
 
     ``{layers}.*.attn.{wq,wk,wv}`` and ``{layers}.*.ffn.up`` column parallel, ``attn.wo`` and ``ffn.down`` row
-    parallel, the output head column parallel with its logits gathered. With ``sequence_parallel`` the norms run
-    on sequence shards (``SequenceParallel``) and the embedding's output is split along the sequence.
+    parallel, the output head column parallel with its logits gathered; embeddings and norms stay replicated.
+    With ``sequence_parallel`` the norms run on sequence shards (``SequenceParallel``), the embedding's output is
+    split along the sequence, and each block gathers the sequence before attention and the MLP.
     """
     seq = Shard(1)
     block: dict[str, ParallelStyle] = {
@@ -58,9 +59,12 @@ def transformer_plan(sequence_parallel: bool = False, layers: str = "layers") ->
     }
     root: dict[str, ParallelStyle] = {"head": ColwiseParallel(output_layouts=Replicate())}
     if sequence_parallel:
-        to_replicated = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
-        block |= {"attn_norm": SequenceParallel(), "attn": to_replicated, "ffn_norm": SequenceParallel()}
-        block["ffn"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+        block |= {
+            "attn_norm": SequenceParallel(),
+            "attn": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+            "ffn_norm": SequenceParallel(),
+            "ffn": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+        }
         root = {
             "embed": PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(seq,)),
             "norm": SequenceParallel(),

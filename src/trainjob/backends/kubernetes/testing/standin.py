@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import itertools
 import re
 import threading
@@ -111,19 +112,73 @@ class ApiStandIn(kmock.KubernetesEmulator):
         return aiohttp.web.json_response(self.namespaces[name])
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        """Object requests are served here by key; the rest (discovery) goes through kmock's reactions."""
         if request.subresource == "log" and request.action == enums.action.FETCH:
             return await self._serve_log(request)
-        writes_object = request.subresource in (None, "status") and isinstance(request.data, dict)
-        if request.resource is not None and writes_object:
-            if request.action == enums.action.CREATE:
-                self._admit(request, self._complete_new_object(request))
-            elif request.action == enums.action.UPDATE:
-                self._admit(request, self._patched(request))
-        response = await super()._handle(request)
-        if request.action == enums.action.CREATE and response.status == 200:
-            response.set_status(201)
-        if request.action == enums.action.DELETE and request.name and response.status == 200:
+        is_object_request = request.resource is not None and bool(request.resource.plural)
+        if not is_object_request or request.action is None or request.subresource not in (None, "status"):
+            return await super()._handle(request)  # discovery: /api, /apis/<group>/<version> ...
+        if request.action == enums.action.WATCH:
+            return await self._stream_watch(request)
+        if request.action == enums.action.LIST:
+            return aiohttp.web.json_response(await self._serve_list(request))
+        status, obj = await self._write(request) if request.action != enums.action.FETCH else (200, None)
+        if request.action == enums.action.FETCH:
+            obj = self._live_object(request)
+            if obj is None:
+                raise kmock.KubernetesObjectNotFoundError()
+        if request.action == enums.action.DELETE:
             await self._collect_garbage()
+        return aiohttp.web.json_response(obj, status=status)
+
+    async def _write(self, request: rendering.Request) -> tuple[int, dict[str, Any]]:
+        """Create, merge-patch or delete one object (with admission), publishing the watch event."""
+        assert request.resource is not None
+        if not isinstance(request.data, dict) and request.action != enums.action.DELETE:
+            raise kmock.KubernetesError(status=415, reason="UnsupportedMediaType", message="only merge patches")
+        async with self._lock:
+            if request.action == enums.action.CREATE:
+                obj = self._complete_new_object(request)
+                self._admit(request, obj)
+                key = (request.resource, obj["metadata"].get("namespace"), obj["metadata"]["name"])
+                if key in self._objects and not self._objects[key].deleted:
+                    raise KubernetesObjectConflictError()
+                if key in self._objects:
+                    self._objects[key].create(obj)
+                else:
+                    self._objects[key] = obj
+                return 201, await self._publish(key, "ADDED")
+            key = (request.resource, request.namespace, request.name)
+            if key not in self._objects or self._objects[key].deleted:
+                raise kmock.KubernetesObjectNotFoundError()
+            stored = self._objects[key]
+            if request.action == enums.action.UPDATE:
+                self._admit(request, self._patched(request))
+                stored.patch(request.data)
+                meta = stored.raw.get("metadata", {})
+                if not (meta.get("deletionTimestamp") and not meta.get("finalizers")):
+                    return 200, await self._publish(key, "MODIFIED")
+            elif stored.raw.get("metadata", {}).get("finalizers"):  # DELETE waits for the finalizers
+                if not stored.raw["metadata"].get("deletionTimestamp"):
+                    stored.patch({"metadata": {"deletionTimestamp": _now()}})
+                return 200, await self._publish(key, "MODIFIED")
+            raw = stored.raw
+            stored.delete()
+            await self._buses[request.resource].put({"type": "DELETED", "object": raw})
+            return 200, raw
+
+    async def _publish(self, key: Any, event_type: str) -> dict[str, Any]:
+        raw = self._objects[key].raw
+        await self._buses[key[0]].put({"type": event_type, "object": raw})
+        return raw
+
+    async def _stream_watch(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        assert request._raw_request is not None
+        await response.prepare(request._raw_request)  # type: ignore[arg-type]
+        async for event in self._serve_watch(request):
+            if isinstance(event, dict):
+                await response.write(json.dumps(event).encode() + b"\n")
         return response
 
     def _complete_new_object(self, request: rendering.Request) -> dict[str, Any]:

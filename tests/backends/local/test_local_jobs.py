@@ -1,0 +1,171 @@
+"""End-to-end behaviour of local jobs with real supervisor, torchrun and worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from trainjob.api import load_resources
+from trainjob.backends.local import processes
+from trainjob.backends.local.testing import processes_under, trainjob_resource, wait_until
+from trainjob.errors import JobFailedError, NotFoundError
+
+SLEEPER = """
+    import os, sys, time
+    with open(os.path.join(os.environ["TRAINJOB_JOB_DIR"], f"pid-{os.environ.get('RANK', 'node')}"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+"""
+
+
+def test_two_jobs_run_at_once_and_every_rank_knows_its_place(backend, probe):
+    env = [{"name": "GREETING", "value": "hello $HOME"}]
+    backend.apply(trainjob_resource("big", ["torchrun", probe], num_nodes=2, num_proc_per_node=2, env=env))
+    backend.apply(trainjob_resource("small", ["torchrun", probe], num_nodes=2, num_proc_per_node=1))
+
+    rank0_lines = [line.text for line in backend.logs("big", rank=0, follow=True)]
+
+    for name in ("big", "small"):
+        assert backend.wait_for_job_status(name, timeout=120).status == "Complete"
+    big_dir, small_dir = backend.store.job_dir("big"), backend.store.job_dir("small")
+    seen = [json.loads((big_dir / f"rank-{rank}.json").read_text()) for rank in range(4)]
+    assert sorted(int(s["RANK"]) for s in seen) == [0, 1, 2, 3]
+    for rank, s in enumerate(seen):
+        node = rank // 2
+        assert s["WORLD_SIZE"] == "4"
+        assert (s["GROUP_RANK"], s["PET_NODE_RANK"], s["PET_NNODES"]) == (str(node), str(node), "2")
+        assert s["MASTER_ADDR"] == s["PET_MASTER_ADDR"] == "127.0.0.1"
+        assert s["GREETING"] == "hello $HOME"  # the pod's env as written, no shell in between
+        assert s["TRAINJOB_JOB_NAME"] == "big" and s["TRAINJOB_JOB_DIR"] == str(big_dir)
+        assert s["OMP_NUM_THREADS"] == str(max(1, len(s["cpus"]) // 2))
+        assert s["CUDA_VISIBLE_DEVICES"] is None
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert not set(seen[0]["cpus"]) & set(seen[2]["cpus"]), "nodes get disjoint CPU shares"
+    small_port = json.loads((small_dir / "rank-0.json").read_text())["MASTER_PORT"]
+    assert seen[0]["MASTER_PORT"] != small_port
+
+    assert rank0_lines == [f"line {i}" for i in range(40)]
+    job = backend.get_job("big")
+    assert (job.progress.step, job.progress.total_steps, job.progress.metrics) == (20, 40, {"loss": 0.05})
+    assert [s.status for s in job.steps] == ["Succeeded", "Succeeded"]
+    assert [e.reason for e in backend.get_job_events("big")].count("ImageNotUsed") == 1
+
+
+def test_failed_rank_is_named_and_waiting_stops_at_once(backend, script, trainjob_home):
+    failing = script("fail.py", """
+        import os, time
+        if os.environ["RANK"] == "3":
+            raise ValueError("boom on rank 3")
+        time.sleep(60)
+    """)
+    started = time.monotonic()
+    backend.apply(trainjob_resource("fails", ["torchrun", failing], num_nodes=2, num_proc_per_node=2))
+
+    with pytest.raises(JobFailedError, match=r"node-1 rank 3 \(local rank 1\) exited with code 1: ValueError: boom on rank 3"):
+        backend.wait_for_job_status("fails", timeout=600)
+
+    assert time.monotonic() - started < 45, "the other ranks sleep 60 s; the failure must end the job first"
+    job = backend.get_job("fails")
+    assert (job.status, job.reason) == ("Failed", "NodeFailed")
+    assert [s.status for s in job.steps] == ["Stopped", "Failed"]
+    wait_until(lambda: processes_under(trainjob_home) == [], timeout=15)
+
+
+def test_delete_stops_every_process_of_a_running_job(backend, script, trainjob_home):
+    sleeper = script("sleeper.py", SLEEPER)
+    backend.apply(trainjob_resource("doomed", ["torchrun", sleeper], num_nodes=1, num_proc_per_node=2))
+    job_dir = backend.store.job_dir("doomed")
+    wait_until(lambda: (job_dir / "pid-0").exists() and (job_dir / "pid-1").exists(), timeout=60)
+    row = backend.store.get_job("doomed")
+    pids = [row["supervisor_pid"], backend.store.nodes("doomed")[0]["pid"]]
+    pids += [int((job_dir / f"pid-{rank}").read_text()) for rank in (0, 1)]
+    started = {pid: psutil.Process(pid).create_time() for pid in pids}
+
+    backend.delete_job("doomed")
+
+    assert [pid for pid in pids if processes.is_alive(pid, started[pid])] == []
+    assert processes_under(trainjob_home) == []
+    assert not job_dir.exists()
+    with pytest.raises(NotFoundError):
+        backend.get_job("doomed")
+
+
+def test_killed_supervisor_is_detected_by_the_next_reader(backend, script, trainjob_home):
+    sleeper = script("sleeper.py", SLEEPER)
+    backend.apply(trainjob_resource("orphan", ["python", sleeper]))
+    wait_until(lambda: (backend.store.job_dir("orphan") / "pid-node").exists(), timeout=30)
+
+    os.kill(backend.store.get_job("orphan")["supervisor_pid"], signal.SIGKILL)
+
+    job = wait_until(lambda: (j := backend.get_job("orphan")).status == "Failed" and j, timeout=10)
+    assert job.reason == "SupervisorLost" and "killed" in job.message
+    assert [j.status for j in backend.list_jobs()] == ["Failed"]
+    wait_until(lambda: processes_under(trainjob_home) == [], timeout=10)
+
+
+def test_suspend_stops_the_nodes_and_resume_starts_them_again(backend, script, trainjob_home):
+    sleeper = script("sleeper.py", SLEEPER)
+    backend.apply(trainjob_resource("pausable", ["python", sleeper]))
+    pid_file = backend.store.job_dir("pausable") / "pid-node"
+    first_pid = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), timeout=30))
+
+    backend.suspend_job("pausable")
+    assert backend.get_job("pausable").status == "Suspended"
+    assert processes_under(trainjob_home) == []
+
+    pid_file.unlink()
+    backend.resume_job("pausable")
+    second_pid = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), timeout=30))
+    assert backend.get_job("pausable").status == "Running" and second_pid != first_pid
+    reasons = [e.reason for e in backend.get_job_events("pausable")]
+    assert reasons.index("Suspended") < reasons.index("Resumed")
+
+
+def test_active_deadline_fails_a_job_that_runs_too_long(backend, script):
+    sleeper = script("sleeper.py", SLEEPER)
+    backend.apply(trainjob_resource("slow", ["python", sleeper], spec={"activeDeadlineSeconds": 1}))
+
+    with pytest.raises(JobFailedError, match="DeadlineExceeded"):
+        backend.wait_for_job_status("slow", timeout=30)
+
+
+def test_elastic_job_restarts_its_node_group_up_to_max_restarts(backend, script, tmp_path: Path):
+    flaky = script("flaky.py", """
+        import os, sys
+        print("restart", os.environ["TRAINJOB_RESTART_COUNT"], flush=True)
+        if os.environ["TRAINJOB_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
+            sys.exit(3)
+    """)
+    runtime_yaml = tmp_path / "elastic.yaml"
+    runtime_yaml.write_text("""
+apiVersion: trainer.kubeflow.org/v1alpha1
+kind: ClusterTrainingRuntime
+metadata: {name: torch-elastic}
+spec:
+  mlPolicy:
+    torch:
+      numProcPerNode: 1
+      elasticPolicy: {minNodes: 1, maxNodes: 2, maxRestarts: 1}
+  template:
+    spec:
+      replicatedJobs:
+        - name: node
+          template:
+            metadata: {labels: {trainer.kubeflow.org/trainjob-ancestor-step: trainer}}
+            spec: {template: {spec: {containers: [{name: node, image: local}]}}}
+""")
+    runtimes = load_resources(runtime_yaml)
+    backend.apply(trainjob_resource("elastic", ["torchrun", flaky], runtime="torch-elastic"), runtimes)
+
+    job = backend.wait_for_job_status("elastic", timeout=120)
+
+    assert (job.status, job.restarts, job.num_nodes) == ("Complete", 1, 2)
+    restarting = [e for e in backend.get_job_events("elastic") if e.reason == "Restarting"]
+    assert len(restarting) == 1 and "node-1 rank 1" in restarting[0].message
+    assert [line.text for line in backend.logs("elastic", rank=1)] == ["restart 0", "restart 1"]

@@ -1,0 +1,152 @@
+"""The SDK: Kubeflow-style code runs with only its import changed; functions are shipped as source."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.testing import delete_all_jobs, make_wheel, processes_under
+from trainjob.client import CustomTrainer, TrainerClient
+from trainjob.errors import JobFailedError, NotFoundError, ValidationError
+
+# The seeds' SDK example, word for word except for its first import line.
+SEED_EXAMPLE = '''
+from trainjob.client import TrainerClient, CustomTrainer
+
+# 定义训练函数
+def train_pytorch():
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    # 初始化分布式环境（Kubeflow Trainer自动配置）
+    device, backend = ("cuda", "nccl") if torch.cuda.is_available() else ("cpu", "gloo")
+    dist.init_process_group(backend=backend)
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+
+    # 创建模型
+    model = torch.nn.Linear(10, 10).to(device)
+    model = DDP(model)
+
+    # 训练逻辑...
+    print(f"Training on rank {dist.get_rank()}/{dist.get_world_size()}")
+    dist.destroy_process_group()
+
+# 创建训练任务
+client = TrainerClient()
+job_id = client.train(
+    trainer=CustomTrainer(
+        func=train_pytorch,
+        num_nodes=4,  # 4个训练节点
+        resources_per_node={
+            "cpu": 8,
+            "memory": "32Gi",
+            "gpu": 2,  # 每节点2个GPU
+        },
+        packages_to_install=["transformers>=4.53.0"],  # 额外依赖
+    )
+)
+
+# 等待任务完成
+client.wait_for_job_status(job_id)
+
+# 查看日志
+for log in client.get_job_logs(job_id, follow=True):
+    print(log)
+'''
+
+
+@pytest.fixture
+def client(trainjob_home: Path) -> Iterator[TrainerClient]:
+    yield TrainerClient(LocalProcessBackendConfig(home=trainjob_home))
+    delete_all_jobs(LocalBackend(LocalProcessBackendConfig(home=trainjob_home)))
+    assert processes_under(trainjob_home) == []
+
+
+@pytest.fixture
+def offline_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """pip finds packages only in a local folder (holding a small ``transformers`` 4.53.0 wheel)."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    make_wheel(wheels, "transformers", "4.53.0")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    return wheels
+
+
+def test_the_seeds_sdk_example_runs_with_only_its_import_changed(client, offline_index, tmp_path):
+    example = tmp_path / "example.py"
+    example.write_text(SEED_EXAMPLE, encoding="utf-8")
+
+    result = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=240)
+
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sorted(result.stdout.splitlines()) == ["[rank0]: Training on rank 0/8", "[rank1]: Training on rank 1/8"]
+    (job,) = client.list_jobs()
+    assert (job.status, job.num_nodes, job.num_proc_per_node) == ("Complete", 4, 2)
+    reasons = {e.reason: e.message for e in client.get_job_events(job.name)}
+    assert "transformers>=4.53.0" in reasons["PackagesInstalled"]
+
+
+def show_arguments(text: str, count: int) -> None:
+    import torch  # noqa: F401  (the job's environment sees the installed torch)
+    import transformers
+
+    print(repr(text), count * 2, transformers.__version__, sep="|")
+
+
+def test_function_arguments_reach_the_function_verbatim(client, offline_index):
+    text = "$HOME `id`; rm -rf / && echo \"quoted\" 'single'"
+    name = client.train(trainer=CustomTrainer(
+        func=show_arguments, func_args={"text": text, "count": 21}, packages_to_install=["transformers"],
+        resources_per_node={"cpu": 1},
+    ))
+
+    assert client.wait_for_job_status(name, timeout=120).status == "Complete"
+    assert list(client.get_job_logs(name)) == [f"[rank0]: {text!r}|42|4.53.0"]
+
+
+def test_a_failed_package_install_fails_the_job_with_pips_message(client, offline_index):
+    name = client.train(trainer=CustomTrainer(func=show_arguments, func_args={"text": "", "count": 1},
+                                              packages_to_install=["no-such-package-anywhere==1.0"]))
+    started = time.monotonic()
+    with pytest.raises(JobFailedError, match="PackageInstallFailed.*No matching distribution found for no-such-package-anywhere"):
+        client.wait_for_job_status(name, timeout=120)
+    assert time.monotonic() - started < 60
+    assert client.get_job(name).steps == []
+
+
+@pytest.mark.parametrize(
+    ("trainer", "match"),
+    [
+        (CustomTrainer(func=lambda: None), "trainer.func: must be a function defined with def"),
+        (CustomTrainer(func=show_arguments, func_args={"text": "x"}), "trainer.func_args: do not match show_arguments"),
+        (CustomTrainer(func=show_arguments, func_args={"text": object(), "count": 1}), "JSON-serializable"),
+        (CustomTrainer(func=show_arguments, func_args={"text": "", "count": 1}, num_nodes=0), "numNodes"),
+    ],
+)
+def test_bad_trainers_are_refused_before_anything_starts(client, trainer, match):
+    with pytest.raises(ValidationError, match=match):
+        client.train(trainer=trainer)
+    assert client.list_jobs() == []
+
+
+def test_the_backend_follows_the_config_type(trainjob_home):
+    assert isinstance(TrainerClient().backend, LocalBackend)
+    with pytest.raises(ValidationError, match="backend_config: must be one of LocalProcessBackendConfig"):
+        TrainerClient(backend_config={"namespace": "x"})
+
+
+def test_runtimes_and_unknown_names(client):
+    assert "torch-distributed" in [r.name for r in client.list_runtimes()]
+    assert client.get_runtime("torch-distributed").trainer.framework == "torch"
+    with pytest.raises(NotFoundError, match="known ClusterTrainingRuntimes: .*torch-distributed"):
+        client.get_runtime("no-such-runtime")
+    with pytest.raises(NotFoundError, match="'missing' not found"):
+        client.get_job("missing")
