@@ -2,7 +2,7 @@
 
 1. Wall time from ``trainjob run`` to ``Complete`` for a trivial 2 nodes x 2 processes job (gloo process group,
    one barrier), against plain ``torchrun`` doing the same (two node launchers started side by side), median of
-   ``--runs`` interleaved runs each, as a ratio (target: at most 1.15).
+   ``--runs`` interleaved runs each, as a ratio (target: at most 1.15); also the ratio of the fastest runs.
 2. ``trainjob list`` over a store holding 10,000 jobs: the listing itself (store query, table) in this process,
    the whole command as a user runs it (target: under 0.2 s) and, for scale, the interpreter and CLI start-up
    alone (``trainjob --version``) and the SDK's ``list_jobs()``.
@@ -45,7 +45,8 @@ def time_plain_torchrun(script: Path, env: dict[str, str], cwd: Path) -> float:
     nodes = [
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
-             "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port, str(script)],
+             "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port,
+             "--log-dir", str(cwd / "torchrun-logs"), str(script)],
             env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         for rank in (0, 1)
@@ -69,6 +70,8 @@ def launch_overhead(runs: int, workdir: Path) -> dict[str, float]:
         "trainjob_run_median_s": statistics.median(ours),
         "plain_torchrun_median_s": statistics.median(plain),
         "ratio": statistics.median(ours) / statistics.median(plain),
+        # On a shared machine the fastest runs are the ones least disturbed by other load.
+        "ratio_of_fastest": min(ours) / min(plain),
     }
 
 

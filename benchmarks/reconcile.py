@@ -50,7 +50,9 @@ def job_body(name: str, namespace: str) -> dict:
 
 def start_standin() -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trainjob.backends.kubernetes.testing.standin"], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "trainjob.backends.kubernetes.testing.server"],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     return proc, proc.stdout.readline().strip()
@@ -96,7 +98,10 @@ def run_operator(kubeconfig: Path, api: KubeApi, jobs: int, workers: int) -> tup
         f"run_operator(KubernetesBackendConfig(config_file={str(kubeconfig)!r}), workers={workers})\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-c", program], env=env, stdout=subprocess.DEVNULL, stderr=None if os.environ.get("BENCH_DEBUG") else subprocess.DEVNULL
+        [sys.executable, "-c", program],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=None if os.environ.get("BENCH_DEBUG") else subprocess.DEVNULL,
     )
     peak = 0
     done = threading.Event()
@@ -135,7 +140,9 @@ def run_operator(kubeconfig: Path, api: KubeApi, jobs: int, workers: int) -> tup
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=4)
     args = parser.parse_args()
@@ -162,8 +169,10 @@ def main() -> None:
     print(f"baseline (render + create, one client):  {base:7.2f} s  {args.jobs / base:7.1f} jobs/s")
     steady = (args.jobs - 1) / max(elapsed - first, 1e-9)
     print(f"operator start to first JobSet: {first:7.2f} s")
-    print(f"operator (snapshot, render, create, status): {elapsed:7.2f} s in all, {steady:7.1f} jobs/s after the"
-          f" first  ({args.jobs / base / steady:.1f}x the baseline's time per job)")
+    print(
+        f"operator (snapshot, render, create, status): {elapsed:7.2f} s in all, {steady:7.1f} jobs/s after the"
+        f" first  ({args.jobs / base / steady:.1f}x the baseline's time per job)"
+    )
     print(f"operator peak RSS: {peak / 2**20:.0f} MiB; jobs with a runtime snapshot: {complete}")
 
 

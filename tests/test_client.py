@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from trainjob.backends.base import Backend
 from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
 from trainjob.backends.local.testing import delete_all_jobs, make_wheel, processes_under
 from trainjob.client import CustomTrainer, TrainerClient
@@ -138,7 +139,9 @@ def test_bad_trainers_are_refused_before_anything_starts(client, trainer, match)
 
 
 def test_the_backend_follows_the_config_type(trainjob_home):
-    assert isinstance(TrainerClient().backend, LocalBackend)
+    backend = TrainerClient().backend
+    assert isinstance(backend, LocalBackend) and isinstance(backend, Backend)
+    assert backend.store.home == trainjob_home
     with pytest.raises(ValidationError, match="backend_config: must be one of LocalProcessBackendConfig"):
         TrainerClient(backend_config={"namespace": "x"})
 

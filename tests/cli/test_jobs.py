@@ -113,6 +113,8 @@ def test_detached_run_then_wait_list_get_logs_events_delete(capsys, trainjob_hom
     assert "Status:      Complete" in run(capsys, "get", "greet")[1]
     assert run(capsys, "logs", "greet", "--rank", "0")[1] == "node-0/rank-0 | hello from 0 ['--flag', '$HOME']\n"
     assert "ImageNotUsed" in run(capsys, "events", "greet")[1]
+    code, _, err = run(capsys, "logs", "greet", "--node", "3")
+    assert code == 2 and "node: must be 0..0 for TrainJob greet, got 3" in err
     assert run(capsys, "wait", "greet", "--for", "Failed")[0] == 1
 
     assert run(capsys, "delete", "greet")[:2] == (0, "trainjob/greet deleted\n")

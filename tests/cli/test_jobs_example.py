@@ -32,7 +32,8 @@ def test_digits_example_reaches_95_percent_on_2_nodes_x_2_processes(capsys, trai
 
 def test_digits_example_runs_under_plain_torchrun(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", str(EXAMPLE),
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+         "--log-dir", str(tmp_path / "torchrun-logs"), str(EXAMPLE),
          "--epochs", "2", "--checkpoint-dir", str(tmp_path / "ckpt")],
         capture_output=True, text=True, timeout=180, cwd=tmp_path,
     )

@@ -71,6 +71,8 @@ def test_every_epoch_is_split_across_ranks_and_reshuffled_without_set_epoch(resu
         loader = got["loader"]
         assert loader["sampler"] == "DistributedSampler"
         assert loader["epoch_sizes"] == [per_epoch, per_epoch], f"rank {rank}"
-        assert loader["disjoint"] and loader["same_samples"]
+        assert loader["disjoint"]
+        if per_epoch == 20:  # nothing dropped: every epoch is the whole dataset
+            assert loader["same_samples"]
         assert loader["orders_differ"], "the second epoch repeated the first epoch's order"
         assert loader["epoch_after"] == 2

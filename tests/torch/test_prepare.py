@@ -79,10 +79,11 @@ def test_ddp_in_a_job_of_one_process_leaves_the_model_unwrapped(single_process):
     assert tt.prepare_model(model, "ddp") is model
 
 
-def test_fsdp_in_a_group_of_one_trains_like_the_plain_model(single_process):
+@pytest.mark.parametrize("cpu_offload", [False, True], ids=["on_device", "cpu_offload"])
+def test_fsdp_in_a_group_of_one_trains_like_the_plain_model(single_process, cpu_offload):
     torch.manual_seed(0)
     plain = Net()
-    sharded = tt.prepare_model(copy.deepcopy(plain), "fsdp")
+    sharded = tt.prepare_model(copy.deepcopy(plain), "fsdp", cpu_offload=cpu_offload)
     assert isinstance(sharded, torch.distributed.fsdp.FSDPModule)
     x, y = torch.randn(6, 4), torch.tensor([0, 1, 0, 1, 1, 0])
     for model in (plain, sharded):
@@ -166,3 +167,11 @@ def test_clipping_a_plain_model_matches_torch():
     torch.testing.assert_close(norm, expected)
     for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_parallel_hands_the_model_to_the_parallel_package(single_process):
+    from trainjob.torch.parallel import ParallelDims, ParallelModel
+    from trainjob.torch.parallel.gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=32, max_seq_len=8, dim=16, n_heads=2, n_layers=2))
+    assert isinstance(tt.prepare_model(model, parallel=ParallelDims(dp_shard=1)), ParallelModel)

@@ -145,7 +145,7 @@ def delete_command(names: tuple[str, ...], backend: str) -> None:
 @backend_option
 @handle_errors
 def suspend_command(name: str, backend: str) -> None:
-    """Stop a job's processes but keep the job; ``resume`` starts them again."""
+    """Stop a job's processes but keep the job; resume starts them again."""
     make_backend(backend).suspend_job(name)
     click.echo(f"trainjob/{name} suspended")
 

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from trainjob import types
-from trainjob.cli.jobs import EXIT_FAILED, backend_option, handle_errors, make_backend
+from trainjob.cli.jobs import EXIT_FAILED, EXIT_INTERRUPTED, backend_option, handle_errors, make_backend
 from trainjob.errors import AlreadyExistsError, NotFoundError, ValidationError
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -107,7 +107,12 @@ def run_command(script: str, script_args: tuple[str, ...], nodes: int | None, np
         return
     click.echo(f"trainjob/{job.name} created ({job.num_nodes} node(s) x {job.num_proc_per_node} process(es)); "
                "Ctrl-C stops following, not the job", err=True)
-    final = follow(lambda: make_backend(backend), job.name)
+    try:
+        final = follow(lambda: make_backend(backend), job.name)
+    except KeyboardInterrupt:
+        click.echo(f"stopped following; trainjob/{job.name} keeps running (`trainjob delete {job.name}` stops it)",
+                   err=True)
+        sys.exit(EXIT_INTERRUPTED)
     _report_final(final)
 
 

@@ -1,9 +1,9 @@
 """``trainjob install`` and ``trainjob operator``: put the Kubernetes backend on a cluster and run its operator.
 
-    trainjob install --dry-run | kubectl apply --server-side -f -
-    trainjob install --context prod                 # applies it directly
-    trainjob install --write deploy/                # regenerates the kustomization in deploy/
-    trainjob operator --kubeconfig ~/.kube/config   # runs the operator outside the cluster
+trainjob install --dry-run | kubectl apply --server-side -f -
+trainjob install --context prod                 # applies it directly
+trainjob install --write deploy/                # regenerates the kustomization in deploy/
+trainjob operator --kubeconfig ~/.kube/config   # runs the operator outside the cluster
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import click
 
 from trainjob.errors import TrainJobError
 
-_kubeconfig = click.option("--kubeconfig", "config_file", type=click.Path(dir_okay=False), help="kubeconfig file.")
+_kubeconfig = click.option(
+    "--kubeconfig", "config_file", type=click.Path(dir_okay=False), help="kubeconfig file."
+)
 _context = click.option("--context", help="kubeconfig context (default: the current one).")
 
 
@@ -30,7 +32,9 @@ _context = click.option("--context", help="kubeconfig context (default: the curr
 )
 @_kubeconfig
 @_context
-def install(dry_run: bool, image: str | None, write_dir: Path | None, config_file: str | None, context: str | None) -> None:
+def install(
+    dry_run: bool, image: str | None, write_dir: Path | None, config_file: str | None, context: str | None
+) -> None:
     """Install the CRDs, RBAC, the operator Deployment and the built-in runtimes (JobSet must be installed)."""
     from trainjob.backends.kubernetes import manifests
 
@@ -60,8 +64,12 @@ def install(dry_run: bool, image: str | None, write_dir: Path | None, config_fil
 @click.command("operator")
 @_kubeconfig
 @_context
-@click.option("--namespace", "namespaces", multiple=True, help="Watch only this namespace (repeatable; default: all).")
-@click.option("--workers", default=4, show_default=True, type=click.IntRange(1, 64), help="Concurrent reconciles.")
+@click.option(
+    "--namespace", "namespaces", multiple=True, help="Watch only this namespace (repeatable; default: all)."
+)
+@click.option(
+    "--workers", default=4, show_default=True, type=click.IntRange(1, 64), help="Concurrent reconciles."
+)
 @click.option("--liveness", default=None, help="Serve health probes here, e.g. http://0.0.0.0:8080/healthz.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every reconcile.")
 def operator(
@@ -77,7 +85,8 @@ def operator(
     from trainjob.backends.kubernetes.operator import run_operator
 
     logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if not verbose:  # kopf logs every handled watch event at INFO
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)

@@ -29,16 +29,33 @@
 Tensor, pipeline and 3-D parallelism live in :mod:`trainjob.torch.parallel` (``prepare_model(parallel=...)``).
 """
 
-from trainjob.torch.accumulate import GradientAccumulation
-from trainjob.torch.checkpoint import Checkpointer
-from trainjob.torch.clip import clip_grad_norm_, grad_norm
-from trainjob.torch.data import DistributedDataLoader, move_to_device, prepare_data_loader
-from trainjob.torch.env import DistContext, context, init, shutdown
-from trainjob.torch.log import get_logger, print0
-from trainjob.torch.metrics import report
-from trainjob.torch.precision import autocast, grad_scaler
-from trainjob.torch.prepare import prepare_model, select_blocks
-from trainjob.torch.seed import seed_everything
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Submodules load on first use: importing trainjob.torch costs little more than importing torch.
+_EXPORTS = {
+    "Checkpointer": "checkpoint",
+    "DistContext": "env",
+    "DistributedDataLoader": "data",
+    "GradientAccumulation": "accumulate",
+    "autocast": "precision",
+    "clip_grad_norm_": "clip",
+    "context": "env",
+    "get_logger": "log",
+    "grad_norm": "clip",
+    "grad_scaler": "precision",
+    "init": "env",
+    "move_to_device": "data",
+    "prepare_data_loader": "data",
+    "prepare_model": "prepare",
+    "print0": "log",
+    "report": "metrics",
+    "seed_everything": "seed",
+    "select_blocks": "prepare",
+    "shutdown": "env",
+}
 
 __all__ = [
     "Checkpointer",
@@ -61,3 +78,28 @@ __all__ = [
     "select_blocks",
     "shutdown",
 ]
+
+if TYPE_CHECKING:
+    from trainjob.torch.accumulate import GradientAccumulation
+    from trainjob.torch.checkpoint import Checkpointer
+    from trainjob.torch.clip import clip_grad_norm_, grad_norm
+    from trainjob.torch.data import DistributedDataLoader, move_to_device, prepare_data_loader
+    from trainjob.torch.env import DistContext, context, init, shutdown
+    from trainjob.torch.log import get_logger, print0
+    from trainjob.torch.metrics import report
+    from trainjob.torch.precision import autocast, grad_scaler
+    from trainjob.torch.prepare import prepare_model, select_blocks
+    from trainjob.torch.seed import seed_everything
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trainjob.torch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"trainjob.torch.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -14,7 +14,8 @@ On disk::
 
 Shards go to a ``.partial-`` directory; rank 0 renames it to ``step-NNNNNNNN`` only after DCP wrote the metadata,
 which it does once every rank's shards are on disk. A crash at any point before the rename leaves the previous
-checkpoint the newest one. ::
+checkpoint the newest one. Every rank writes into ``directory``, so across nodes it must be shared storage.
+At another world size, ranks the checkpoint has no random-generator state for keep their own seeding. ::
 
     ckpt = Checkpointer("checkpoints", keep_last=3)
     start = ckpt.resume(model, optimizer, loader=loader)        # 0 on a fresh start

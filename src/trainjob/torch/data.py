@@ -189,8 +189,9 @@ def prepare_data_loader(
     settings = {name: getattr(loader, name) for name in _LOADER_SETTINGS if hasattr(loader, name)}
     if settings.get("num_workers", 0) == 0:
         settings.pop("prefetch_factor", None)
-    # Per-rank generator: workers' augmentation seeds differ across ranks, and the global RNG is not consumed.
-    generator = torch.Generator().manual_seed(rank_seed(seed, rank))
+    # Unless the loader brought its own, a per-rank generator: workers' augmentation seeds differ across ranks,
+    # and iterating does not draw from the global generator (which model init and dropout use).
+    generator = loader.generator or torch.Generator().manual_seed(rank_seed(seed, rank))
     if not shard:
         return DistributedDataLoader(loader, device, world_size=1)
     if isinstance(loader.dataset, IterableDataset):

@@ -142,7 +142,9 @@ def prepare_model(
     """Return ``model`` ready for training under ``strategy`` (``"ddp"`` unless ``parallel`` is given).
 
     ``mixed_precision`` (``"bf16"`` or ``"fp16"``) runs compute in that dtype and returns float32 outputs:
-    FSDP through ``MixedPrecisionPolicy`` (gradients reduced in float32), DDP and ``none`` through autocast.
+    FSDP through ``MixedPrecisionPolicy`` (gradients reduced in float32), DDP and ``none`` through autocast;
+    ``"fp16"`` also needs loss scaling (:func:`trainjob.torch.grad_scaler`). In a job of one process ``"ddp"``
+    leaves the model unwrapped: there is nothing to synchronise.
     ``cpu_offload`` (FSDP only) keeps sharded parameters, gradients and optimizer state in host memory.
     ``parallel`` (a :class:`trainjob.torch.parallel.ParallelDims`) hands the model to
     :func:`trainjob.torch.parallel.parallelize` for tensor, pipeline and 3-D parallelism.

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trainjob.backends.kubernetes.testing.harness import Cluster, write_kubeconfig
-from trainjob.backends.kubernetes.testing.standin import StandInServer
+from trainjob.backends.kubernetes.testing.server import StandInServer
 from trainjob.backends.kubernetes.testing.validators import reference_validators
 
 REFERENCE = Path(__file__).resolve().parents[3].parent / "shared" / "reference"
@@ -37,3 +37,5 @@ def cluster(standin: StandInServer, tmp_path: Path) -> Iterator[Cluster]:
         assert not standin.call(lambda api: [e for e in api.errors if getattr(e, "status", 500) >= 500]), (
             "the stand-in hit internal errors"
         )
+        refused = standin.call(lambda api: [r for r in api.rejections if "trainjob-operator" in r[0]])
+        assert not refused, f"the API refused objects the operator sent: {refused}"

@@ -15,7 +15,7 @@ from trainjob.api import TrainJob
 from trainjob.backends.kubernetes import KubernetesBackendConfig, create_backend
 from trainjob.backends.kubernetes.backend import KubernetesBackend, trainer_spec
 from trainjob.backends.kubernetes.resources import TRAINJOBS
-from trainjob.backends.kubernetes.testing.harness import Cluster, wait_for
+from trainjob.backends.kubernetes.testing.harness import Cluster, jobset_condition, wait_for
 from trainjob.errors import AlreadyExistsError, JobFailedError, NotFoundError, ValidationError
 
 READY = [{"name": "node", "ready": 1, "succeeded": 0, "failed": 0, "active": 1, "suspended": 0}]
@@ -25,7 +25,10 @@ def manifest(name: str = "mnist", **trainer: object) -> TrainJob:
     return TrainJob.from_dict(
         {
             "metadata": {"name": name},
-            "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": {"numNodes": 2, "numProcPerNode": 1, **trainer}},
+            "spec": {
+                "runtimeRef": {"name": "torch-distributed"},
+                "trainer": {"numNodes": 2, "numProcPerNode": 1, **trainer},
+            },
         }
     )
 
@@ -44,8 +47,7 @@ def test_apply_then_follow_the_job_to_completion(cluster: Cluster, backend: Kube
     running = backend.wait_for_job_status("mnist", {types.RUNNING}, timeout=10, polling_interval=0.05)
     cluster.set_jobset_status(
         "mnist",
-        {"conditions": [{"type": "Completed", "status": "True", "reason": "AllJobsCompleted", "message": "done",
-                         "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+        {"conditions": [jobset_condition("Completed", "AllJobsCompleted", "done")]},
     )
     done = backend.wait_for_job_status("mnist", timeout=10, polling_interval=0.05)
 
@@ -60,19 +62,24 @@ def test_waiting_on_a_failed_job_raises_with_its_reason(cluster: Cluster, backen
     wait_for(lambda: cluster.jobset("mnist"), what="the JobSet")
     cluster.set_jobset_status(
         "mnist",
-        {"conditions": [{"type": "Failed", "status": "True", "reason": "FailedJobs", "message": "node 1 crashed",
-                         "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+        {"conditions": [jobset_condition("Failed", "FailedJobs", "node 1 crashed")]},
     )
 
     with pytest.raises(JobFailedError, match="FailedJobs: node 1 crashed"):
         backend.wait_for_job_status("mnist", timeout=10, polling_interval=0.05)
 
 
-def test_apply_rejects_what_the_operator_would_reject_before_sending(cluster: Cluster, backend: KubernetesBackend) -> None:
+def test_apply_rejects_what_the_operator_would_reject_before_sending(
+    cluster: Cluster, backend: KubernetesBackend
+) -> None:
     with pytest.raises(ValidationError, match="spec.trainer.numProcPerNode"):
         backend.apply(manifest(numProcPerNode="gpu"))
-    with pytest.raises(NotFoundError, match="'nope' not found; known: torch-distributed, torch-distributed-volcano"):
-        backend.apply(TrainJob.from_dict({"metadata": {"name": "x"}, "spec": {"runtimeRef": {"name": "nope"}}}))
+    with pytest.raises(
+        NotFoundError, match="'nope' not found; known: torch-distributed, torch-distributed-volcano"
+    ):
+        backend.apply(
+            TrainJob.from_dict({"metadata": {"name": "x"}, "spec": {"runtimeRef": {"name": "nope"}}})
+        )
 
     assert cluster.api.list(TRAINJOBS, "default") == []
 
@@ -88,7 +95,9 @@ def test_suspend_resume_and_delete(cluster: Cluster, backend: KubernetesBackend)
     backend.suspend_job("mnist")
     assert backend.wait_for_job_status("mnist", {types.SUSPENDED}, timeout=10, polling_interval=0.05)
     backend.resume_job("mnist")
-    wait_for(lambda: cluster.jobset("mnist") and cluster.jobset("mnist")["spec"]["suspend"] is False, what="resume")
+    wait_for(
+        lambda: cluster.jobset("mnist") and cluster.jobset("mnist")["spec"]["suspend"] is False, what="resume"
+    )
 
     backend.delete_job("mnist")
 
@@ -102,7 +111,9 @@ def test_logs_per_node_and_follow_waits_for_the_pod(cluster: Cluster, backend: K
     backend.apply(manifest())
     pods = [cluster.start_pod("mnist", index) for index in range(2)]
     followed: list[str] = []
-    follower = threading.Thread(target=lambda: followed.extend(backend.get_job_logs("mnist", "node-1", follow=True)))
+    follower = threading.Thread(
+        target=lambda: followed.extend(backend.get_job_logs("mnist", "node-1", follow=True))
+    )
     follower.start()
 
     for index, pod in enumerate(pods):
@@ -132,10 +143,13 @@ def record_call(path: str, value: int) -> None:
         fh.write(f"called with {value}")
 
 
-def test_train_ships_the_function_as_a_torchrun_program(cluster: Cluster, backend: KubernetesBackend, tmp_path: Path) -> None:
+def test_train_ships_the_function_as_a_torchrun_program(
+    cluster: Cluster, backend: KubernetesBackend, tmp_path: Path
+) -> None:
     out = tmp_path / "out.txt"
-    trainer = types.CustomTrainer(func=record_call, func_args={"path": str(out), "value": 7}, num_nodes=2,
-                                  resources_per_node={"cpu": 1})
+    trainer = types.CustomTrainer(
+        func=record_call, func_args={"path": str(out), "value": 7}, num_nodes=2, resources_per_node={"cpu": 1}
+    )
 
     name = backend.train(trainer=trainer)
 
@@ -153,3 +167,16 @@ def test_config_file_and_namespace_come_from_the_config(cluster: Cluster) -> Non
     backend = KubernetesBackend(KubernetesBackendConfig(config_file=str(cluster.kubeconfig)))
     assert backend.namespace == "default"
     assert [r.name for r in backend.list_runtimes()] == ["torch-distributed", "torch-distributed-volcano"]
+
+
+def test_trainer_client_picks_this_backend_from_the_config(cluster: Cluster) -> None:
+    from trainjob.client import TrainerClient
+
+    client = TrainerClient(KubernetesBackendConfig(namespace="team-a", config_file=str(cluster.kubeconfig)))
+    name = client.train(
+        runtime=client.get_runtime("torch-distributed"),
+        trainer=types.CustomTrainer(func=record_call, num_nodes=2),
+    )
+
+    wait_for(lambda: cluster.jobset(name, "team-a"), what="the JobSet of the SDK's job")
+    assert [job.name for job in client.list_jobs()] == [name]

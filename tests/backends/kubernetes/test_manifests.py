@@ -33,9 +33,13 @@ def seed_documents() -> list[tuple[str, dict[str, Any]]]:
     for path in sorted(SEEDS.glob("*.txt")):
         for index, block in enumerate(re.findall(r"```yaml\n(.*?)```", path.read_text(), re.S)):
             for doc in yaml.safe_load_all(block):
-                if isinstance(doc, dict) and str(doc.get("apiVersion", "")).startswith("trainer.kubeflow.org/"):
+                if isinstance(doc, dict) and str(doc.get("apiVersion", "")).startswith(
+                    "trainer.kubeflow.org/"
+                ):
                     docs.append((f"{path.name}#{index}:{doc['metadata']['name']}", doc))
-    docs.append(("torch_distributed.yaml", yaml.safe_load((REFERENCE / "torch_distributed.yaml").read_text())))
+    docs.append(
+        ("torch_distributed.yaml", yaml.safe_load((REFERENCE / "torch_distributed.yaml").read_text()))
+    )
     return docs
 
 
@@ -68,11 +72,25 @@ GOOD_SPEC = {"runtimeRef": {"name": "torch-distributed"}, "trainer": {"numNodes"
         ({**GOOD_SPEC, "suspend": "yes"}, "spec.suspend"),
         ({**GOOD_SPEC, "trainer": {"env": [{"value": "x"}]}}, "spec.trainer.env.0"),
     ],
-    ids=["no-runtime-ref", "zero-nodes", "nodes-as-string", "unknown-field", "bad-kind", "empty-runtime-name",
-         "zero-deadline", "suspend-not-bool", "env-without-name"],
+    ids=[
+        "no-runtime-ref",
+        "zero-nodes",
+        "nodes-as-string",
+        "unknown-field",
+        "bad-kind",
+        "empty-runtime-name",
+        "zero-deadline",
+        "suspend-not-bool",
+        "env-without-name",
+    ],
 )
 def test_shipped_crd_rejects_what_the_api_rejects(spec: dict[str, Any], path: str) -> None:
-    doc = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": "j"}, "spec": spec}
+    doc = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "j"},
+        "spec": spec,
+    }
 
     problems = schema_problems(VALIDATORS["TrainJob"], doc)
 
@@ -95,7 +113,11 @@ def test_rules_json_schema_cannot_state_are_cel_validations() -> None:
 def structural_problems(node: dict[str, Any], path: str = "") -> list[str]:
     """Violations of the apiextensions v1 structural schema rules this generator could make."""
     problems = [f"{path}: {key}" for key in ("$ref", "$defs", "const", "title", "oneOf") if key in node]
-    typed = node.get("type") or node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields")
+    typed = (
+        node.get("type")
+        or node.get("x-kubernetes-int-or-string")
+        or node.get("x-kubernetes-preserve-unknown-fields")
+    )
     if not typed:
         problems.append(f"{path}: no type")
     if "anyOf" in node and not node.get("x-kubernetes-int-or-string"):
@@ -134,14 +156,16 @@ def test_rbac_grants_only_what_the_operator_uses() -> None:
     grants = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
     assert ("trainjobs", "delete") not in grants and ("trainjobs", "create") not in grants
     assert ("pods", "list") not in grants and ("secrets", "get") not in grants
-    assert {("jobsets", "create"), ("jobsets", "delete"), ("trainjobs/status", "patch"), ("events", "create")} <= grants
+    assert {
+        ("jobsets", "create"),
+        ("jobsets", "delete"),
+        ("trainjobs/status", "patch"),
+        ("events", "create"),
+    } <= grants
 
 
 def test_deploy_directory_is_what_the_code_generates() -> None:
-    on_disk = {
-        str(p.relative_to(REPO / "deploy")): p.read_text()
-        for p in (REPO / "deploy").rglob("*.yaml")
-    }
+    on_disk = {str(p.relative_to(REPO / "deploy")): p.read_text() for p in (REPO / "deploy").rglob("*.yaml")}
     assert on_disk == deploy_files(), "deploy/ is stale: run `trainjob install --write deploy/`"
 
 
@@ -151,7 +175,9 @@ def test_install_dry_run_prints_every_manifest(capsys: pytest.CaptureFixture[str
     assert printed == install_manifests()
 
 
-def test_install_applies_to_a_cluster_and_is_repeatable(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+def test_install_applies_to_a_cluster_and_is_repeatable(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = ["install", "--kubeconfig", str(cluster.kubeconfig)]
     assert main(args) == 0
     first = capsys.readouterr().out

@@ -7,7 +7,14 @@ only valid objects.
 
 from __future__ import annotations
 
+import json
+import signal
+import socket
+import subprocess
+import sys
 import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -22,17 +29,26 @@ from trainjob.backends.kubernetes.testing.harness import (
     Cluster,
     condition,
     has_condition,
+    jobset_condition,
     wait_for,
     wait_for_condition,
+    write_kubeconfig,
 )
+from trainjob.backends.kubernetes.testing.server import StandInServer
 from trainjob.errors import BackendError
 
 TWO_NODES = {"numNodes": 2, "numProcPerNode": 1, "command": ["torchrun", "train.py"]}
 
 
+def trainer_container(template_owner: dict) -> dict:
+    """The trainer container of a JobSet or a runtime (its first replicated job)."""
+    spec = template_owner["spec"]
+    jobset_spec = spec["template"]["spec"] if "template" in spec else spec
+    return jobset_spec["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+
+
 def trainer_env(jobset: dict) -> dict:
-    container = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in trainer_container(jobset)["env"]}
 
 
 def events(cluster: Cluster, name: str) -> list[tuple[str, str]]:
@@ -81,13 +97,7 @@ STARTING = [{"name": "node", "ready": 0, "succeeded": 0, "failed": 0, "active": 
             {
                 "replicatedJobsStatus": READY,
                 "conditions": [
-                    {
-                        "type": "Completed",
-                        "status": "True",
-                        "reason": "AllJobsCompleted",
-                        "message": "jobset completed successfully",
-                        "lastTransitionTime": "2026-01-01T00:00:00Z",
-                    }
+                    jobset_condition("Completed", "AllJobsCompleted", "jobset completed successfully")
                 ],
             },
             "Complete",
@@ -98,13 +108,7 @@ STARTING = [{"name": "node", "ready": 0, "succeeded": 0, "failed": 0, "active": 
             {
                 "replicatedJobsStatus": READY,
                 "conditions": [
-                    {
-                        "type": "Failed",
-                        "status": "True",
-                        "reason": "FailedJobs",
-                        "message": "jobset failed due to reaching max restarts",
-                        "lastTransitionTime": "2026-01-01T00:00:00Z",
-                    }
+                    jobset_condition("Failed", "FailedJobs", "jobset failed due to reaching max restarts")
                 ],
             },
             "Failed",
@@ -151,7 +155,9 @@ def test_suspend_is_mirrored_and_resume_keeps_the_template(cluster: Cluster) -> 
     resumed = cluster.jobset("mnist")
     assert resumed["spec"]["suspend"] is False
     assert resumed["spec"]["replicatedJobs"] == created["spec"]["replicatedJobs"]
-    jobset_writes = [r for r in cluster.operator_requests() if r.method == "PATCH" and "jobsets" in str(r.url)]
+    jobset_writes = [
+        r for r in cluster.operator_requests() if r.method == "PATCH" and "jobsets" in str(r.url)
+    ]
     assert [r.data["spec"] for r in jobset_writes] == [{"suspend": False}]
 
 
@@ -164,16 +170,14 @@ def test_deadline_fails_the_job_and_deletes_the_jobset(cluster: Cluster) -> None
     assert condition(job, "Failed")["reason"] == "DeadlineExceeded"
     assert "activeDeadlineSeconds=1" in condition(job, "Failed")["message"]
     wait_for(lambda: cluster.jobset("mnist") is None, what="the JobSet to be deleted")
-    assert ("Warning", "DeadlineExceeded") in events(cluster, "mnist")
+    wait_for(lambda: ("Warning", "DeadlineExceeded") in events(cluster, "mnist"), what="the DeadlineExceeded event")
 
 
 def test_editing_the_runtime_does_not_change_a_started_job(cluster: Cluster) -> None:
     cluster.create_job("mnist", trainer={"numNodes": 2, "numProcPerNode": 1})
     first = wait_for(lambda: cluster.jobset("mnist"), what="the JobSet")
     runtime = cluster.api.get(CLUSTER_TRAINING_RUNTIMES, None, "torch-distributed")
-    runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0][
-        "image"
-    ] = "registry.example.com/edited:2"
+    trainer_container(runtime)["image"] = "registry.example.com/edited:2"
     cluster.api.patch(CLUSTER_TRAINING_RUNTIMES, None, "torch-distributed", {"spec": runtime["spec"]})
 
     cluster.api.delete(JOBSETS, "default", "mnist")  # the JobSet must be built again, from the snapshot
@@ -182,8 +186,10 @@ def test_editing_the_runtime_does_not_change_a_started_job(cluster: Cluster) -> 
         what="the rebuilt JobSet",
     )
 
-    image = lambda js: js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["image"]  # noqa: E731
-    assert image(rebuilt) == image(first) == "pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime"
+    images = {trainer_container(js)["image"] for js in (first, rebuilt)}
+    assert images == {"pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime"}
+    edited = cluster.api.get(CLUSTER_TRAINING_RUNTIMES, None, "torch-distributed")
+    assert trainer_container(edited)["image"] == "registry.example.com/edited:2"  # the edit did land
     assert RUNTIME_SNAPSHOT_ANNOTATION in cluster.job("mnist")["metadata"]["annotations"]
 
 
@@ -214,7 +220,10 @@ def test_jobs_managed_elsewhere_are_left_alone(cluster: Cluster) -> None:
     cluster.create_job("ours", trainer=TWO_NODES)
     wait_for(lambda: cluster.jobset("ours"), what="our JobSet")
     wait_for(
-        lambda: any(r.method == "GET" and str(r.url).endswith("/trainjobs/queued") for r in cluster.operator_requests()),
+        lambda: any(
+            r.method == "GET" and str(r.url).endswith("/trainjobs/queued")
+            for r in cluster.operator_requests()
+        ),
         what="the operator to look at the job",
     )
     time.sleep(0.3)
@@ -227,8 +236,16 @@ def test_jobs_managed_elsewhere_are_left_alone(cluster: Cluster) -> None:
 @pytest.mark.parametrize(
     ("spec", "reason", "message_part"),
     [
-        ({"runtimeRef": {"name": "no-such-runtime"}}, "RuntimeNotFound", "available: torch-distributed, torch-distributed-volcano"),
-        ({"runtimeRef": {"name": "x", "apiGroup": "example.com"}}, "InvalidRuntimeRef", "apiGroup='example.com'"),
+        (
+            {"runtimeRef": {"name": "no-such-runtime"}},
+            "RuntimeNotFound",
+            "available: torch-distributed, torch-distributed-volcano",
+        ),
+        (
+            {"runtimeRef": {"name": "x", "apiGroup": "example.com"}},
+            "InvalidRuntimeRef",
+            "apiGroup='example.com'",
+        ),
         ({"trainer": {"numProcPerNode": "gpu"}}, "InvalidTrainJob", "spec.trainer.numProcPerNode"),
         (
             {"podTemplateOverrides": [{"targetJobs": [{"name": "launcher"}]}]},
@@ -238,7 +255,9 @@ def test_jobs_managed_elsewhere_are_left_alone(cluster: Cluster) -> None:
     ],
     ids=["unknown-runtime", "foreign-api-group", "gpu-without-gpus", "override-unknown-job"],
 )
-def test_invalid_jobs_fail_with_a_message_and_an_event(cluster: Cluster, spec: dict, reason: str, message_part: str) -> None:
+def test_invalid_jobs_fail_with_a_message_and_an_event(
+    cluster: Cluster, spec: dict, reason: str, message_part: str
+) -> None:
     cluster.create_job("bad", **spec)
 
     job = wait_for_condition(cluster, "bad", "Failed")
@@ -247,7 +266,9 @@ def test_invalid_jobs_fail_with_a_message_and_an_event(cluster: Cluster, spec: d
     assert failed["reason"] == reason
     assert message_part in failed["message"]
     assert cluster.jobset("bad") is None
-    warnings = wait_for(lambda: [e for e in cluster.api.list_events("default", "bad") if e["type"] == "Warning"], what="event")
+    warnings = wait_for(
+        lambda: [e for e in cluster.api.list_events("default", "bad") if e["type"] == "Warning"], what="event"
+    )
     assert warnings[0]["reason"] == reason and message_part in warnings[0]["message"]
 
 
@@ -263,7 +284,9 @@ def test_operator_restart_mid_job_picks_up_where_it_left(cluster: Cluster) -> No
     cluster.operator.start()
 
     wait_for(lambda: has_condition(cluster.job("mnist"), "Running"), what="Running after the restart")
-    wait_for(lambda: cluster.jobset("later"), what="the JobSet of the job created while the operator was down")
+    wait_for(
+        lambda: cluster.jobset("later"), what="the JobSet of the job created while the operator was down"
+    )
     creates = [r for r in cluster.operator_requests() if r.method == "POST" and "jobsets" in str(r.url)]
     assert sorted(r.data["metadata"]["name"] for r in creates) == ["later", "mnist"]
 
@@ -273,7 +296,68 @@ def test_standin_rejects_a_jobset_the_jobset_schema_rejects(cluster: Cluster) ->
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
         "metadata": {"name": "broken", "namespace": "default"},
-        "spec": {"replicatedJobs": [{"name": "node", "replicas": "two", "template": {"spec": {"template": {}}}}]},
+        "spec": {
+            "replicatedJobs": [{"name": "node", "replicas": "two", "template": {"spec": {"template": {}}}}]
+        },
     }
     with pytest.raises(BackendError, match="422.*replicas"):
         cluster.api.create(bad)
+
+
+def test_trainjob_operator_command_serves_probes_reconciles_and_stops_on_sigint(
+    standin: StandInServer, tmp_path: Path
+) -> None:
+    """The Deployment's command, as a process: liveness probe answers, jobs get JobSets, SIGINT stops it."""
+    cluster = Cluster(standin, write_kubeconfig(tmp_path / "kubeconfig", standin.url))
+    cluster.install_builtin_runtimes()
+    with socket.socket() as probe_socket:
+        probe_socket.bind(("127.0.0.1", 0))
+        port = probe_socket.getsockname()[1]
+    command = [
+        sys.executable,
+        "-m",
+        "trainjob.cli.main",
+        "operator",
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+        "--liveness",
+        f"http://127.0.0.1:{port}/healthz",
+    ]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        cluster.create_job("mnist", trainer=TWO_NODES)
+        wait_for(lambda: cluster.jobset("mnist"), 30, "the JobSet from `trainjob operator`")
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            assert response.status == 200 and "queue" in json.loads(response.read())
+    finally:
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, output
+
+
+def test_a_missing_podgroup_crd_fails_the_job_with_what_to_install(cluster: Cluster) -> None:
+    cluster.server.remove_resource("scheduling.volcano.sh/v1beta1/podgroups")
+
+    cluster.create_job("gang", runtimeRef={"name": "torch-distributed-volcano"}, trainer=TWO_NODES)
+
+    failed = condition(wait_for_condition(cluster, "gang", "Failed"), "Failed")
+    assert failed["reason"] == "CRDNotInstalled"
+    assert "does not serve PodGroup (scheduling.volcano.sh/v1beta1): install Volcano" in failed["message"]
+    assert cluster.jobset("gang") is None
+
+
+def test_a_jobset_the_job_did_not_create_is_not_adopted(cluster: Cluster) -> None:
+    cluster.create_job("other", trainer=TWO_NODES)
+    foreign = wait_for(lambda: cluster.jobset("other"), what="a JobSet to copy")
+    foreign["metadata"] = {"name": "mnist", "namespace": "default"}
+    cluster.api.create(foreign)
+
+    cluster.create_job("mnist", trainer=TWO_NODES)
+
+    failed = condition(wait_for_condition(cluster, "mnist", "Failed"), "Failed")
+    assert (
+        failed["reason"] == "JobSetConflict"
+        and "delete it or give the TrainJob another name" in failed["message"]
+    )
+    assert "ownerReferences" not in cluster.jobset("mnist")["metadata"]

@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 
 from trainjob.backends.local import launcher
-from trainjob.backends.local.environment import index_options, pip_error
-from trainjob.backends.local.logs import NodeFailure, parse_line, pick_root_cause
 from trainjob.backends.local.testing import trainjob_resource
 from trainjob.errors import ValidationError
 from trainjob.runtime import find_runtime, resolve
@@ -86,39 +84,3 @@ def test_a_trainer_without_command_is_refused(tmp_path):
     plan = resolve(trainjob_resource("nocmd", []), find_runtime("torch-distributed"))
     with pytest.raises(ValidationError, match="spec.trainer.command"):
         launcher.build_launch_spec(plan, tmp_path, "/work")
-
-
-@pytest.mark.parametrize(
-    ("failures", "chosen"),
-    [
-        ([NodeFailure(0, 1, 0, 0, "2026-01-01_10:00:05"), NodeFailure(1, 1, 3, 1, "2026-01-01_10:00:01")], 1),
-        ([NodeFailure(0, -15, 0, 0, "2026-01-01_10:00:01"), NodeFailure(1, 1, 2, 0, "2026-01-01_10:00:09")], 1),
-        ([NodeFailure(1, 2), NodeFailure(0, 2)], 1),
-    ],
-)
-def test_root_cause_prefers_real_errors_then_the_earliest(failures, chosen):
-    assert pick_root_cause(failures).node == chosen
-
-
-def test_rank_prefixes_are_parsed_from_node_logs():
-    assert (parse_line(1, "[rank3]: loss 0.4").rank, parse_line(1, "[rank3]: loss 0.4").text) == (3, "loss 0.4")
-    assert parse_line(0, "W1121 agent warning").rank is None
-
-
-@pytest.mark.parametrize(
-    ("urls", "options"),
-    [
-        (None, []),
-        (["https://pypi.org/simple"], []),
-        (["https://mirror/simple", "https://extra/simple"], ["--index-url", "https://mirror/simple", "--extra-index-url", "https://extra/simple"]),
-    ],
-)
-def test_pip_index_urls_become_pip_options(urls, options):
-    assert index_options(urls) == options
-
-
-def test_pip_errors_are_reported_in_pips_words():
-    output = "Looking in links: /x\nERROR: Could not find a version that satisfies the requirement nope\nERROR: No matching distribution found for nope\n"
-    assert pip_error(output) == (
-        "ERROR: Could not find a version that satisfies the requirement nope ERROR: No matching distribution found for nope"
-    )

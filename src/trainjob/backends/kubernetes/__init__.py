@@ -28,7 +28,9 @@ def create_backend(
     """A :class:`KubernetesBackend` from CLI-style options (``--namespace``, ``--kubeconfig``, ``--context``)."""
     from trainjob.backends.kubernetes.backend import KubernetesBackend
 
-    return KubernetesBackend(KubernetesBackendConfig(namespace=namespace, config_file=config_file, context=context))
+    return KubernetesBackend(
+        KubernetesBackendConfig(namespace=namespace, config_file=config_file, context=context)
+    )
 
 
 def __getattr__(name: str) -> Any:

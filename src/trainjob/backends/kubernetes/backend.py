@@ -48,7 +48,9 @@ _FINISHED_PHASES = ("Succeeded", "Failed")
 class KubernetesBackend:
     """Jobs as TrainJob objects on a cluster (see :class:`trainjob.backends.base.Backend`)."""
 
-    def __init__(self, config: KubernetesBackendConfig | None = None, *, pod_start_timeout: float = 600.0) -> None:
+    def __init__(
+        self, config: KubernetesBackendConfig | None = None, *, pod_start_timeout: float = 600.0
+    ) -> None:
         self.config = config or KubernetesBackendConfig()
         self.namespace = resolve_namespace(self.config)
         self.api = KubeApi(load_api_client(self.config))
@@ -102,7 +104,9 @@ class KubernetesBackend:
     # -- reading ----------------------------------------------------------------------------------------------------
 
     def get_job(self, name: str) -> types.TrainJob:
-        return views.trainjob_view(self._job(name), self.api.list_pods(self.namespace, f"{JOB_NAME_LABEL}={name}"))
+        return views.trainjob_view(
+            self._job(name), self.api.list_pods(self.namespace, f"{JOB_NAME_LABEL}={name}")
+        )
 
     def list_jobs(self, runtime: types.Runtime | None = None) -> list[types.TrainJob]:
         jobs = self.api.list(TRAINJOBS, self.namespace)
@@ -141,7 +145,9 @@ class KubernetesBackend:
             if (obj := self.api.get(ref, namespace, name)) is not None:
                 return views.runtime_view(name, obj.get("spec") or {})
         known = ", ".join(r.name for r in self.list_runtimes()) or "none"
-        raise NotFoundError(f"runtime {name!r} not found in namespace {self.namespace!r} or the cluster; known: {known}")
+        raise NotFoundError(
+            f"runtime {name!r} not found in namespace {self.namespace!r} or the cluster; known: {known}"
+        )
 
     # -- logs -------------------------------------------------------------------------------------------------------
 
@@ -203,7 +209,9 @@ class KubernetesBackend:
             if views.job_status(self._job(name))[0] in types.TERMINAL_STATUSES and pod is None:
                 raise NotFoundError(f"TrainJob {name} finished without a pod for node {index}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the pod of node {index} of TrainJob {name} did not start in {self.pod_start_timeout:g} s")
+                raise TimeoutError(
+                    f"the pod of node {index} of TrainJob {name} did not start in {self.pod_start_timeout:g} s"
+                )
             time.sleep(_POD_WAIT_POLL)
 
     def _trainer_pods(self, name: str) -> dict[int, dict[str, Any]]:
@@ -243,7 +251,9 @@ class KubernetesBackend:
             where = f" in namespace {namespace!r}" if ref.namespaced else ""
             known = ", ".join(sorted(r["metadata"]["name"] for r in self.api.list(ref, namespace))) or "none"
             raise NotFoundError(f"spec.runtimeRef: {kind} {name!r} not found{where}; known: {known}")
-        meta = {k: v for k, v in obj["metadata"].items() if k in ("name", "namespace", "labels", "annotations")}
+        meta = {
+            k: v for k, v in obj["metadata"].items() if k in ("name", "namespace", "labels", "annotations")
+        }
         return resource_from_dict({**obj, "metadata": meta})  # type: ignore[return-value]
 
     def _apply_runtime(self, obj: dict[str, Any], namespace: str) -> None:
@@ -253,7 +263,9 @@ class KubernetesBackend:
         try:
             self.api.create(obj, ref)
         except AlreadyExistsError:
-            self.api.patch(ref, obj["metadata"].get("namespace"), obj["metadata"]["name"], {"spec": obj["spec"]})
+            self.api.patch(
+                ref, obj["metadata"].get("namespace"), obj["metadata"]["name"], {"spec": obj["spec"]}
+            )
 
 
 def trainer_spec(trainer: types.CustomTrainer) -> dict[str, Any]:
@@ -272,7 +284,9 @@ def trainer_spec(trainer: types.CustomTrainer) -> dict[str, Any]:
     if trainer.num_nodes is not None:
         spec["numNodes"] = trainer.num_nodes
     if trainer.resources_per_node:
-        resources = {("nvidia.com/gpu" if k == "gpu" else k): v for k, v in trainer.resources_per_node.items()}
+        resources = {
+            ("nvidia.com/gpu" if k == "gpu" else k): v for k, v in trainer.resources_per_node.items()
+        }
         spec["resourcesPerNode"] = {"requests": resources, "limits": dict(resources)}
     if trainer.env:
         spec["env"] = [{"name": k, "value": v} for k, v in trainer.env.items()]

@@ -31,7 +31,9 @@ class KubernetesBackendConfig:
     context: str | None = None
 
 
-def load_api_client(config: KubernetesBackendConfig, user_agent: str | None = None) -> kubernetes.client.ApiClient:
+def load_api_client(
+    config: KubernetesBackendConfig, user_agent: str | None = None
+) -> kubernetes.client.ApiClient:
     """An API client for ``config`` (kubeconfig file and context, or the in-cluster service account)."""
     import kubernetes.client
     import kubernetes.config
@@ -71,7 +73,9 @@ def resolve_namespace(config: KubernetesBackendConfig) -> str:
         import kubernetes.config
 
         contexts, current = kubernetes.config.list_kube_config_contexts(config_file=config.config_file)
-        chosen = next((c for c in contexts if c["name"] == config.context), current) if config.context else current
+        chosen = (
+            next((c for c in contexts if c["name"] == config.context), current) if config.context else current
+        )
         return (chosen or {}).get("context", {}).get("namespace") or "default"
     except Exception:  # no kubeconfig: the client reports it when it connects
         return "default"

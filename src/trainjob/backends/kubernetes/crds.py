@@ -22,11 +22,22 @@ from trainjob.backends.kubernetes.resources import (
     ResourceRef,
 )
 
-_KEEP = ("type", "enum", "minimum", "maximum", "minLength", "maxLength", "pattern", "minItems", "maxItems", "format")
+_KEEP = (
+    "type",
+    "enum",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "format",
+)
 
 #: CEL rules for what the JSON schema part cannot say; messages follow ``field: must ..., got ...``.
 _NUM_PROC_RULE = {
-    "rule": "type(self) == int ? self >= 1 : self in ['auto', 'cpu', 'gpu']",
+    "rule": "type(self) == int ? self >= 1 : (self in ['auto', 'cpu', 'gpu'] || self.matches('^[1-9][0-9]*$'))",
     "message": "numProcPerNode: must be auto, cpu, gpu or an integer >= 1",
 }
 _NAME_RULES = [
@@ -109,7 +120,9 @@ def _resource_schema(model: type) -> dict[str, Any]:
     props["apiVersion"] = {"type": "string"}
     props["kind"] = {"type": "string"}
     props["metadata"] = {"type": "object"}  # the API server owns ObjectMeta's schema
-    schema["required"] = [r for r in schema.get("required", []) if r not in ("apiVersion", "kind", "metadata")]
+    schema["required"] = [
+        r for r in schema.get("required", []) if r not in ("apiVersion", "kind", "metadata")
+    ]
     return schema
 
 
@@ -133,7 +146,12 @@ def _crd(ref: ResourceRef, model: type, columns: list[dict[str, Any]], status: b
         "metadata": {"name": f"{ref.plural}.{TRAINER_GROUP}"},
         "spec": {
             "group": TRAINER_GROUP,
-            "names": {"kind": ref.kind, "listKind": f"{ref.kind}List", "plural": ref.plural, "singular": singular},
+            "names": {
+                "kind": ref.kind,
+                "listKind": f"{ref.kind}List",
+                "plural": ref.plural,
+                "singular": singular,
+            },
             "scope": "Namespaced" if ref.namespaced else "Cluster",
             "versions": [version],
         },
@@ -148,7 +166,7 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
     job_columns = [
         {"name": "Runtime", "type": "string", "jsonPath": ".spec.runtimeRef.name"},
         {"name": "Nodes", "type": "integer", "jsonPath": ".spec.trainer.numNodes"},
-        {"name": "State", "type": "string", "jsonPath": ".status.conditions[?(@.status==\"True\")].type"},
+        {"name": "State", "type": "string", "jsonPath": '.status.conditions[?(@.status=="True")].type'},
         age,
     ]
     runtime_columns = [

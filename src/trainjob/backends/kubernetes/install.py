@@ -1,8 +1,8 @@
 """Apply the install manifests to a cluster: create each object, or merge-patch it when it exists.
 
-    api_client = load_api_client(KubernetesBackendConfig(context="prod"))
-    for line in apply_manifests(api_client, install_manifests()):
-        print(line)                      # "created CustomResourceDefinition trainjobs.trainer.kubeflow.org"
+api_client = load_api_client(KubernetesBackendConfig(context="prod"))
+for line in apply_manifests(api_client, install_manifests()):
+    print(line)                      # "created CustomResourceDefinition trainjobs.trainer.kubeflow.org"
 """
 
 from __future__ import annotations

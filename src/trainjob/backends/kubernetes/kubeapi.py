@@ -35,7 +35,9 @@ class KubeApi:
     def get(self, ref: ResourceRef, namespace: str | None, name: str) -> dict[str, Any] | None:
         try:
             if ref.namespaced:
-                return self.custom.get_namespaced_custom_object(ref.group, ref.version, namespace, ref.plural, name)
+                return self.custom.get_namespaced_custom_object(
+                    ref.group, ref.version, namespace, ref.plural, name
+                )
             return self.custom.get_cluster_custom_object(ref.group, ref.version, ref.plural, name)
         except Exception as exc:
             if _status(exc) == 404:
@@ -63,7 +65,9 @@ class KubeApi:
         namespace = obj["metadata"].get("namespace")
         try:
             if ref.namespaced:
-                return self.custom.create_namespaced_custom_object(ref.group, ref.version, namespace, ref.plural, obj)
+                return self.custom.create_namespaced_custom_object(
+                    ref.group, ref.version, namespace, ref.plural, obj
+                )
             return self.custom.create_cluster_custom_object(ref.group, ref.version, ref.plural, obj)
         except Exception as exc:
             name = obj["metadata"].get("name")
@@ -71,12 +75,18 @@ class KubeApi:
                 raise AlreadyExistsError(f"{ref.kind} {namespace}/{name} exists already") from exc
             raise _backend_error(exc, f"create {ref.kind} {name}") from exc
 
-    def patch(self, ref: ResourceRef, namespace: str | None, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+    def patch(
+        self, ref: ResourceRef, namespace: str | None, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any] | None:
         """Merge-patch the object; ``None`` when it is gone."""
         try:
             if not ref.namespaced:
-                return self.custom.patch_cluster_custom_object(ref.group, ref.version, ref.plural, name, patch)
-            return self.custom.patch_namespaced_custom_object(ref.group, ref.version, namespace, ref.plural, name, patch)
+                return self.custom.patch_cluster_custom_object(
+                    ref.group, ref.version, ref.plural, name, patch
+                )
+            return self.custom.patch_namespaced_custom_object(
+                ref.group, ref.version, namespace, ref.plural, name, patch
+            )
         except Exception as exc:
             if _status(exc) == 404:
                 return None
@@ -112,18 +122,25 @@ class KubeApi:
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         try:
-            listing = self.core.list_namespaced_pod(namespace, label_selector=label_selector, _preload_content=False)
+            listing = self.core.list_namespaced_pod(
+                namespace, label_selector=label_selector, _preload_content=False
+            )
         except Exception as exc:
             raise _backend_error(exc, f"list pods {label_selector}") from exc
         return list(json.loads(listing.data).get("items", []))
 
-    def list_events(self, namespace: str, involved_name: str, include_children: bool = False) -> list[dict[str, Any]]:
+    def list_events(
+        self, namespace: str, involved_name: str, include_children: bool = False
+    ) -> list[dict[str, Any]]:
         """Events about ``involved_name`` (and, with ``include_children``, objects named ``{name}-...``), oldest first."""
         selector = None if include_children else f"involvedObject.name={involved_name}"
         try:
-            listing = self.core.list_namespaced_event(namespace, field_selector=selector, _preload_content=False)
+            listing = self.core.list_namespaced_event(
+                namespace, field_selector=selector, _preload_content=False
+            )
         except Exception as exc:
             raise _backend_error(exc, f"list events of {involved_name}") from exc
+
         def wanted(name: str) -> bool:
             return name == involved_name or (include_children and name.startswith(f"{involved_name}-"))
 

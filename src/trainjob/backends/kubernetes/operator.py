@@ -56,7 +56,9 @@ async def start_workers(memo: OperatorState, **_: Any) -> None:
         namespace, name = key
         return await asyncio.to_thread(memo.reconciler.reconcile, namespace, name)
 
-    memo.tasks.append(asyncio.create_task(memo.queue.run_workers(handle, memo.workers), name="trainjob-workers"))
+    memo.tasks.append(
+        asyncio.create_task(memo.queue.run_workers(handle, memo.workers), name="trainjob-workers")
+    )
 
 
 async def stop_workers(memo: OperatorState, **_: Any) -> None:
@@ -118,7 +120,11 @@ def make_registry() -> kopf.OperatorRegistry:
     kopf.on.probe(id="queue", registry=registry)(queue_depth)
     kopf.on.event(TRAINJOBS.group, TRAINJOBS.version, TRAINJOBS.plural, registry=registry)(enqueue_trainjob)
     kopf.on.event(
-        JOBSETS.group, JOBSETS.version, JOBSETS.plural, labels={JOB_NAME_LABEL: kopf.PRESENT}, registry=registry
+        JOBSETS.group,
+        JOBSETS.version,
+        JOBSETS.plural,
+        labels={JOB_NAME_LABEL: kopf.PRESENT},
+        registry=registry,
     )(enqueue_jobset_owner)
     return registry
 

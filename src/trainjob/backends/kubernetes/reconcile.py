@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainjob.backends.kubernetes import status as st
-from trainjob.backends.kubernetes.kubeapi import KubeApi
+from trainjob.backends.kubernetes.kubeapi import ApiError, KubeApi
 from trainjob.backends.kubernetes.resources import (
     ANCESTOR_STEP_LABEL,
     CLUSTER_TRAINING_RUNTIMES,
@@ -99,35 +99,35 @@ class Reconciler:
 
         suspend = bool(spec.get("suspend"))
         jobset = self.api.get(JOBSETS, namespace, name)
+        if jobset is not None and not _owned_by(jobset, job):
+            if _left_by_a_namesake(jobset):
+                return 1.0  # a deleted TrainJob of the same name: the API server's GC removes its JobSet
+            message = (
+                f"a JobSet {name!r} that this TrainJob did not create exists in namespace {namespace!r}; "
+                "delete it or give the TrainJob another name"
+            )
+            self._fail(job, status, "JobSetConflict", message, now)
+            return None
         if jobset is None:
-            try:
-                objects = self.render(job, snapshot)
-            except ValidationError as exc:
-                self._fail(job, status, "InvalidTrainJob", f"{exc} (fix the TrainJob and create it again)", now)
+            jobset = self._build(job, status, snapshot, now)
+            if jobset is None:
                 return None
-            jobset = self._create(objects)
-            self.api.post_event(job, "Normal", "JobSetCreated", f"created JobSet {name}")
         elif bool((jobset.get("spec") or {}).get("suspend")) != suspend:
             jobset = self.api.patch(JOBSETS, namespace, name, {"spec": {"suspend": suspend}}) or jobset
 
         new = st.derive_status(status, suspend, jobset, trainer_name(jobset), now)
         remaining = st.deadline_remaining(new, suspend, jobset, spec.get("activeDeadlineSeconds"), now)
         if remaining is not None and remaining <= 0 and st.finished_condition(new) is None:
-            message = (
-                f"the job ran longer than spec.activeDeadlineSeconds={spec['activeDeadlineSeconds']}s; "
-                "its JobSet was deleted (raise the deadline to let it run longer)"
-            )
-            new = st.failed(new, "DeadlineExceeded", message, now)
-            self._write_status(namespace, name, status, new)
-            self._delete_children(namespace, name)
-            self.api.post_event(job, "Warning", "DeadlineExceeded", message)
+            self._fail_past_deadline(job, status, new, now)
             return None
         self._write_status(namespace, name, status, new)
         return remaining if st.finished_condition(new) is None else None
 
     # -- steps ----------------------------------------------------------------------------------------------------
 
-    def _snapshot_runtime(self, job: dict[str, Any], status: dict[str, Any], now: float) -> dict[str, Any] | None:
+    def _snapshot_runtime(
+        self, job: dict[str, Any], status: dict[str, Any], now: float
+    ) -> dict[str, Any] | None:
         namespace = job["metadata"]["namespace"]
         ref = (job.get("spec") or {}).get("runtimeRef") or {}
         kind = ref.get("kind") or CLUSTER_TRAINING_RUNTIMES.kind
@@ -143,11 +143,14 @@ class Reconciler:
                 now,
             )
             return None
-        runtime = self.api.get(runtime_ref, namespace if runtime_ref.namespaced else None, ref.get("name", ""))
+        runtime = self.api.get(
+            runtime_ref, namespace if runtime_ref.namespaced else None, ref.get("name", "")
+        )
         if runtime is None:
             where = f" in namespace {namespace!r}" if runtime_ref.namespaced else ""
             known = sorted(
-                r["metadata"]["name"] for r in self.api.list(runtime_ref, namespace if runtime_ref.namespaced else None)
+                r["metadata"]["name"]
+                for r in self.api.list(runtime_ref, namespace if runtime_ref.namespaced else None)
             )
             self._fail(
                 job,
@@ -177,7 +180,9 @@ class Reconciler:
             {
                 "apiVersion": TRAINJOBS.api_version,
                 "kind": TRAINJOBS.kind,
-                "metadata": {k: meta[k] for k in ("name", "namespace", "labels", "annotations") if meta.get(k)},
+                "metadata": {
+                    k: meta[k] for k in ("name", "namespace", "labels", "annotations") if meta.get(k)
+                },
                 "spec": job.get("spec") or {},
             }
         )
@@ -200,14 +205,41 @@ class Reconciler:
                 obj.setdefault("spec", {})["suspend"] = bool((job.get("spec") or {}).get("suspend"))
         return sorted(objects, key=lambda o: o["kind"] == JOBSETS.kind)
 
-    def _create(self, objects: list[dict[str, Any]]) -> dict[str, Any]:
+    def _build(
+        self, job: dict[str, Any], status: dict[str, Any], snapshot: dict[str, Any], now: float
+    ) -> dict[str, Any] | None:
+        """Render and create the job's objects; ``None`` when the job cannot run (it is failed then)."""
+        try:
+            objects = self.render(job, snapshot)
+        except ValidationError as exc:
+            self._fail(job, status, "InvalidTrainJob", f"{exc} (fix the TrainJob and create it again)", now)
+            return None
         created: dict[str, Any] = {}
         for obj in objects:
             try:
                 created = self.api.create(obj)
             except AlreadyExistsError:  # a previous pass got this far
                 created = obj
+            except ApiError as exc:
+                if exc.status != 404:  # 404: the kind is not served; anything else is retried
+                    raise
+                self._fail(job, status, "CRDNotInstalled", _not_installed(obj), now)
+                return None
+        self.api.post_event(job, "Normal", "JobSetCreated", f"created JobSet {job['metadata']['name']}")
+        log.info("created JobSet %s/%s", job["metadata"]["namespace"], job["metadata"]["name"])
         return created
+
+    def _fail_past_deadline(
+        self, job: dict[str, Any], old: dict[str, Any], new: dict[str, Any], now: float
+    ) -> None:
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        message = (
+            f"the job ran longer than spec.activeDeadlineSeconds={job['spec']['activeDeadlineSeconds']}s; "
+            "its JobSet was deleted (raise the deadline to let it run longer)"
+        )
+        self._write_status(namespace, name, old, st.failed(new, "DeadlineExceeded", message, now))
+        self._delete_children(namespace, name)
+        self.api.post_event(job, "Warning", "DeadlineExceeded", message)
 
     def _delete_children(self, namespace: str, name: str) -> None:
         for ref in (JOBSETS, COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS):
@@ -218,7 +250,9 @@ class Reconciler:
                     raise
                 log.debug("not deleting %s %s/%s: %s", ref.kind, namespace, name, exc)
 
-    def _fail(self, job: dict[str, Any], status: dict[str, Any], reason: str, message: str, now: float) -> None:
+    def _fail(
+        self, job: dict[str, Any], status: dict[str, Any], reason: str, message: str, now: float
+    ) -> None:
         meta = job["metadata"]
         self._write_status(meta["namespace"], meta["name"], status, st.failed(status, reason, message, now))
         self.api.post_event(job, "Warning", reason, message)
@@ -230,6 +264,36 @@ class Reconciler:
         patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
         patch.update({k: None for k in old if k not in new})  # merge-patch deletes with null
         self.api.patch_status(TRAINJOBS, namespace, name, patch)
+
+
+def _not_installed(obj: dict[str, Any]) -> str:
+    api_version, kind = obj["apiVersion"], obj["kind"]
+    if api_version == VOLCANO_PODGROUPS.api_version:
+        hint = "install Volcano, or use a runtime without podGroupPolicy.volcano"
+    elif api_version == COSCHEDULING_PODGROUPS.api_version:
+        hint = (
+            "install the scheduler-plugins coscheduling PodGroup CRD, or use a runtime without podGroupPolicy"
+        )
+    elif kind == JOBSETS.kind:
+        hint = "install JobSet (https://jobset.sigs.k8s.io/docs/installation/)"
+    else:
+        hint = f"install the CRD that serves {api_version}"
+    return f"the cluster does not serve {kind} ({api_version}): {hint}, then create the TrainJob again"
+
+
+def _owned_by(child: dict[str, Any], job: dict[str, Any]) -> bool:
+    return any(
+        ref.get("uid") == job["metadata"]["uid"] for ref in child["metadata"].get("ownerReferences") or []
+    )
+
+
+def _left_by_a_namesake(child: dict[str, Any]) -> bool:
+    """Owned by a TrainJob of the same name (so by one that was deleted: ours has another uid)."""
+    name = child["metadata"]["name"]
+    return any(
+        ref.get("kind") == TRAINJOBS.kind and ref.get("name") == name
+        for ref in child["metadata"].get("ownerReferences") or []
+    )
 
 
 def runtime_snapshot(job: dict[str, Any]) -> dict[str, Any] | None:

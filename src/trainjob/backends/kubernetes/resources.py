@@ -32,7 +32,9 @@ COSCHEDULING_PODGROUPS = ResourceRef("scheduling.x-k8s.io", "v1alpha1", "podgrou
 VOLCANO_PODGROUPS = ResourceRef("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup")
 
 #: Every resource the operator creates from a plan, by (apiVersion, kind).
-RENDERED_RESOURCES = {(ref.api_version, ref.kind): ref for ref in (JOBSETS, COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS)}
+RENDERED_RESOURCES = {
+    (ref.api_version, ref.kind): ref for ref in (JOBSETS, COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS)
+}
 RUNTIME_KINDS = {ref.kind: ref for ref in (TRAINING_RUNTIMES, CLUSTER_TRAINING_RUNTIMES)}
 
 #: ``spec.managedBy`` of the jobs this operator reconciles (also when the field is absent).

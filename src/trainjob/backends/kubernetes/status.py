@@ -52,7 +52,9 @@ def is_true(status: dict[str, Any], type_: str) -> bool:
 
 def finished_condition(status: dict[str, Any]) -> dict[str, Any] | None:
     """The ``Complete`` or ``Failed`` condition when the job has finished, else ``None``."""
-    return next((c for t in FINISHED_CONDITIONS if (c := find_condition(status, t)) and c["status"] == "True"), None)
+    return next(
+        (c for t in FINISHED_CONDITIONS if (c := find_condition(status, t)) and c["status"] == "True"), None
+    )
 
 
 def set_condition(
@@ -88,12 +90,17 @@ def derive_status(
     """
     out = dict(status)
     js_status = jobset.get("status") or {}
-    jobs = [{k: entry[k] for k in _JOBS_STATUS_FIELDS if k in entry} for entry in js_status.get("replicatedJobsStatus") or []]
+    jobs = [
+        {k: entry[k] for k in _JOBS_STATUS_FIELDS if k in entry}
+        for entry in js_status.get("replicatedJobsStatus") or []
+    ]
     if jobs:
         out["jobsStatus"] = jobs
 
     if suspend:
-        out = set_condition(out, SUSPENDED, True, "Suspended", "the TrainJob is suspended (spec.suspend: true)", now)
+        out = set_condition(
+            out, SUSPENDED, True, "Suspended", "the TrainJob is suspended (spec.suspend: true)", now
+        )
     elif find_condition(out, SUSPENDED):
         out = set_condition(out, SUSPENDED, False, "Resumed", "the TrainJob was resumed", now)
 
@@ -107,7 +114,9 @@ def derive_status(
     done = finished_condition(out)
     if done is not None:
         if find_condition(out, RUNNING):
-            out = set_condition(out, RUNNING, False, done["reason"], f"the job is {done['type'].lower()}", now)
+            out = set_condition(
+                out, RUNNING, False, done["reason"], f"the job is {done['type'].lower()}", now
+            )
     elif suspend:
         if find_condition(out, RUNNING):
             out = set_condition(out, RUNNING, False, "Suspended", "the TrainJob is suspended", now)
@@ -116,7 +125,9 @@ def derive_status(
         ready = next((j.get("ready", 0) for j in jobs if j["name"] == trainer), 0)
         pods = trainer_pods(jobset, trainer)
         if expected and ready >= expected:
-            out = set_condition(out, RUNNING, True, "AllTrainerPodsRunning", f"all {pods} trainer pods run", now)
+            out = set_condition(
+                out, RUNNING, True, "AllTrainerPodsRunning", f"all {pods} trainer pods run", now
+            )
         elif find_condition(out, RUNNING):
             message = "not every trainer pod runs (a pod restarts or was evicted)"
             out = set_condition(out, RUNNING, False, "TrainerPodsNotReady", message, now)

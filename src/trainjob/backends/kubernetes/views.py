@@ -73,7 +73,9 @@ def runtime_view(name: str, spec: dict[str, Any]) -> types.Runtime:
     image, command = types.UNKNOWN, ()
     for rj in ((spec.get("template") or {}).get("spec") or {}).get("replicatedJobs") or []:
         if rj.get("name") == "node":
-            containers = ((rj.get("template") or {}).get("spec") or {}).get("template", {}).get("spec", {}).get("containers") or []
+            containers = ((rj.get("template") or {}).get("spec") or {}).get("template", {}).get(
+                "spec", {}
+            ).get("containers") or []
             if containers:
                 image = containers[0].get("image", types.UNKNOWN)
                 command = tuple(containers[0].get("command") or ())
@@ -101,7 +103,11 @@ def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]]) -> types.Trai
     running = _condition(job, RUNNING)
     finished = _condition(job, COMPLETE) or _condition(job, FAILED)
     steps = [
-        types.Step(name=f"node-{index}", status=(pod.get("status") or {}).get("phase"), pod_name=pod["metadata"]["name"])
+        types.Step(
+            name=f"node-{index}",
+            status=(pod.get("status") or {}).get("phase"),
+            pod_name=pod["metadata"]["name"],
+        )
         for index, pod in sorted(trainer_pods(pods).items())
     ]
     return types.TrainJob(

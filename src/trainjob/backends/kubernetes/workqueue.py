@@ -86,7 +86,9 @@ class WorkQueue:
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
                 again = min(0.5 * 2 ** (failures - 1), self.max_backoff)
-                log.warning("reconciling %s failed (attempt %d, retrying in %.1fs): %s", key, failures, again, exc)
+                log.warning(
+                    "reconciling %s failed (attempt %d, retrying in %.1fs): %s", key, failures, again, exc
+                )
             finally:
                 self._busy.discard(key)
             if key in self._requeue_when_done:

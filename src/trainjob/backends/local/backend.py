@@ -161,7 +161,11 @@ class LocalBackend:
         The fast path of ``trainjob list``: no per-job objects, so thousands of jobs list in milliseconds.
         """
         summaries = self.store.list_summaries()
-        stale = [s[0] for s in summaries if s[1] in ACTIVE_STATUSES and s[14] and not processes.is_alive(s[14], s[15])]
+        stale = [
+            name
+            for name, status, *_, pid, pid_started in summaries
+            if status in ACTIVE_STATUSES and pid and not processes.is_alive(pid, pid_started)
+        ]
         if stale:
             self._checked(self.store.list_jobs(stale))
             summaries = self.store.list_summaries()
@@ -183,8 +187,8 @@ class LocalBackend:
         steps = [f"node-{i}" for i in range(row["num_nodes"])]
         if step not in steps:
             raise ValidationError("step", f"must be one of {', '.join(steps)}, got {step!r}")
-        for line in self.logs(name, node=int(step.removeprefix("node-")), follow=follow):
-            yield line.text if line.rank is None else f"[rank{line.rank}]: {line.text}"
+        lines = self.logs(name, node=int(step.removeprefix("node-")), follow=follow)
+        return (line.text if line.rank is None else f"[rank{line.rank}]: {line.text}" for line in lines)
 
     def logs(self, name: str, node: int | None = None, rank: int | None = None, follow: bool = False) -> Iterator[types.LogLine]:
         """Lines of every node (or one ``node``, or one global ``rank``); ``follow`` streams until the job ends."""

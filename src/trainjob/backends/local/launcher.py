@@ -12,6 +12,9 @@ A node process gets its pod's command, args and environment, with these local ch
 ``TRAINJOB_JOB_NAME/_JOB_DIR``     the job's name and directory
 ``TRAINJOB_METRICS_FILE``          where ``trainjob.torch.report`` appends metrics (JSON lines)
 ``PET_LOG_DIR``, ``PET_TEE``       torchrun writes one log per rank and tees it, lines prefixed by rank
+``TORCHELASTIC_ERROR_FILE``        where torchrun records the error of a failed node
+``PET_MAX_RESTARTS``               ``0`` for elastic jobs: the supervisor restarts the whole node group
+``TRAINJOB_RESTART_COUNT``         how many times the supervisor restarted the node group so far
 =================================  ====================================================================
 
 The node also gets a CPU affinity: its share of this machine's cores. ``torchrun`` and ``python`` at the start of
@@ -195,7 +198,9 @@ def node_argv(command: list[str], python: str) -> list[str]:
     return list(command)
 
 
-def node_environment(node: NodeLaunch, port: int, python: str) -> dict[str, str]:
+def node_environment(
+    node: NodeLaunch, port: int, python: str, restarts: int = 0, elastic: bool = False
+) -> dict[str, str]:
     """The full environment of a node process: inherited, minus stray launcher variables, plus the node's."""
     env = {
         key: value
@@ -206,6 +211,10 @@ def node_environment(node: NodeLaunch, port: int, python: str) -> dict[str, str]
     env.update(PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port))
     if "PET_RDZV_ENDPOINT" in node.env:
         env["PET_RDZV_ENDPOINT"] = f"127.0.0.1:{port}"
+    if elastic:
+        # The supervisor restarts the whole node group from a fresh rendezvous; torchrun must not restart alone.
+        env["PET_MAX_RESTARTS"] = "0"
+    env["TRAINJOB_RESTART_COUNT"] = str(restarts)
     env["PATH"] = os.pathsep.join([os.path.dirname(python), env.get("PATH", "")])
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env

@@ -10,7 +10,6 @@ reader that finds the supervisor gone while the job is still active knows it was
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -30,6 +29,8 @@ NODE_STOP_GRACE_SECONDS = 3.0
 
 
 class Supervisor:
+    """Runs one job to its end: ``Supervisor(Store.open(home), "mnist").run()``."""
+
     def __init__(self, store: Store, name: str) -> None:
         self.store = store
         self.name = name
@@ -77,11 +78,7 @@ class Supervisor:
         port = launcher.free_port()
         self.nodes = []
         for node in self.spec.nodes:
-            env = launcher.node_environment(node, port, python)
-            if self.spec.elastic:
-                # The supervisor restarts the whole node group itself, from a fresh rendezvous.
-                env["PET_MAX_RESTARTS"] = "0"
-            env["TRAINJOB_RESTART_COUNT"] = str(restarts)
+            env = launcher.node_environment(node, port, python, restarts=restarts, elastic=self.spec.elastic)
             log = launcher_log(self.log_dir, node.index)
             process = subprocess.Popen(
                 launcher.node_argv(node.command, python),
@@ -102,6 +99,7 @@ class Supervisor:
     def _watch(self, started: float) -> str | None:
         """Wait for the nodes; a failure description when one failed, else ``None`` once the job is settled."""
         deadline = started + self.spec.active_deadline_seconds if self.spec.active_deadline_seconds else None
+        recorded: set[int] = set()
         while True:
             self._ingest_metrics()
             if self.terminating:
@@ -109,8 +107,9 @@ class Supervisor:
                 return None
             codes = [node.poll() for node in self.nodes]
             for index, code in enumerate(codes):
-                if code is not None:
+                if code is not None and index not in recorded:
                     self._record_exit(index, code)
+                    recorded.add(index)
             failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
             if failed:
                 return self._settle_failure(failed)
@@ -137,6 +136,8 @@ class Supervisor:
             time.sleep(POLL_SECONDS)
         codes = [node.poll() for node in self.nodes]
         failed = failed + [i for i, code in enumerate(codes) if code not in (None, 0) and i not in failed]
+        for index in failed:
+            self._record_exit(index, codes[index])
         self._stop_nodes()
         failures = [logs.diagnose_node_failure(self.job_dir, i, codes[i]) for i in failed]
         return logs.pick_root_cause(failures).describe()
@@ -149,8 +150,8 @@ class Supervisor:
         running = [node for node in self.nodes if node.poll() is None]
         for node in running:
             processes.signal_group(node.pid, signal.SIGTERM)
-        leftovers = [p for p in processes.job_processes(str(self.job_dir), self.row["created"]) if p.pid != os.getpid()]
-        processes.stop_processes(leftovers, grace=NODE_STOP_GRACE_SECONDS)
+        # torchrun starts training processes in sessions of their own: sweep for anything left of this job.
+        processes.stop_processes(processes.job_processes(str(self.job_dir), self.row["created"]), grace=NODE_STOP_GRACE_SECONDS)
         for node in self.nodes:
             node.wait()
         for index, node in enumerate(self.nodes):

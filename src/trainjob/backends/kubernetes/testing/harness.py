@@ -27,7 +27,7 @@ from trainjob.backends.kubernetes.kubeapi import KubeApi
 from trainjob.backends.kubernetes.manifests import builtin_runtimes
 from trainjob.backends.kubernetes.operator import operate
 from trainjob.backends.kubernetes.resources import CLUSTER_TRAINING_RUNTIMES, JOBSETS, TRAINJOBS
-from trainjob.backends.kubernetes.testing.standin import StandInServer
+from trainjob.backends.kubernetes.testing.server import StandInServer
 
 
 def write_kubeconfig(path: Path, url: str, namespace: str = "default") -> Path:
@@ -36,7 +36,9 @@ def write_kubeconfig(path: Path, url: str, namespace: str = "default") -> Path:
         "kind": "Config",
         "clusters": [{"name": "standin", "cluster": {"server": url, "insecure-skip-tls-verify": True}}],
         "users": [{"name": "tester", "user": {"token": "not-checked"}}],
-        "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "tester", "namespace": namespace}}],
+        "contexts": [
+            {"name": "standin", "context": {"cluster": "standin", "user": "tester", "namespace": namespace}}
+        ],
         "current-context": "standin",
     }
     path.write_text(yaml.safe_dump(config))
@@ -141,7 +143,11 @@ class Cluster:
 
     def operator_requests(self) -> list[Any]:
         """Every request the operator's own client sent (kopf's watch traffic excluded)."""
-        return [r for r in self.server.call(lambda api: list(api)) if "trainjob-operator" in r.headers.get("User-Agent", "")]
+        return [
+            r
+            for r in self.server.call(lambda api: list(api))
+            if "trainjob-operator" in r.headers.get("User-Agent", "")
+        ]
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "the condition") -> Any:
@@ -166,7 +172,12 @@ def has_condition(job: dict[str, Any], type_: str, value: str = "True") -> bool:
 
 
 def wait_for_condition(
-    cluster: Cluster, name: str, type_: str, value: str = "True", namespace: str = "default", timeout: float = 10.0
+    cluster: Cluster,
+    name: str,
+    type_: str,
+    value: str = "True",
+    namespace: str = "default",
+    timeout: float = 10.0,
 ) -> dict[str, Any]:
     """Wait until TrainJob ``name`` has condition ``type_`` with ``value``; returns the job."""
 
@@ -194,6 +205,21 @@ def trainer_pod(job: str, index: int, namespace: str = "default") -> dict[str, A
             "labels": {JOB_NAME_LABEL: job, REPLICATED_JOB_LABEL: "node", COMPLETION_INDEX_LABEL: str(index)},
             "annotations": {COMPLETION_INDEX_LABEL: str(index)},
         },
-        "spec": {"hostname": f"{job}-node-0-{index}", "subdomain": job, "containers": [{"name": "node", "image": "x"}]},
+        "spec": {
+            "hostname": f"{job}-node-0-{index}",
+            "subdomain": job,
+            "containers": [{"name": "node", "image": "x"}],
+        },
         "status": {"phase": "Pending"},
+    }
+
+
+def jobset_condition(type_: str, reason: str, message: str) -> dict[str, Any]:
+    """A JobSet status condition as the JobSet controller writes it (``Completed``, ``Failed`` ...)."""
+    return {
+        "type": type_,
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
     }

@@ -81,7 +81,9 @@ def container_env(container: dict[str, Any], completion_index: int) -> dict[str,
         elif (var.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == COMPLETION_INDEX_FIELD_PATH:
             env[var["name"]] = str(completion_index)
         else:
-            raise ValueError(f"env {var['name']}: only literal values and the completion index can be emulated, got {var}")
+            raise ValueError(
+                f"env {var['name']}: only literal values and the completion index can be emulated, got {var}"
+            )
     return env
 
 
@@ -190,8 +192,20 @@ def run_jobset(
         for pod, netns in zip(pods, network.namespaces, strict=True):
             log = workdir / f"{pod.hostname}.log"
             # The pod's own UTS namespace carries its host name, as in a real pod.
-            argv = ["ip", "netns", "exec", netns, "unshare", "--uts", "--", "sh", "-c",
-                    'hostname "$0" && exec "$@"', pod.hostname, *pod.command]
+            argv = [
+                "ip",
+                "netns",
+                "exec",
+                netns,
+                "unshare",
+                "--uts",
+                "--",
+                "sh",
+                "-c",
+                'hostname "$0" && exec "$@"',
+                pod.hostname,
+                *pod.command,
+            ]
             with log.open("wb") as out:
                 proc = subprocess.Popen(
                     argv,
@@ -203,8 +217,16 @@ def run_jobset(
                 )
             procs.append((pod, proc, log))
         deadline = time.monotonic() + timeout
-        for _, proc, _ in procs:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        for pod, proc, _ in procs:
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                tails = "\n".join(
+                    f"--- {p.hostname}\n{log.read_text(errors='replace')[-2000:]}" for p, _, log in procs
+                )
+                raise TimeoutError(
+                    f"pod {pod.hostname} still runs after {timeout:g} s; logs:\n{tails}"
+                ) from None
     finally:
         for _, proc, _ in procs:
             if proc.poll() is None:

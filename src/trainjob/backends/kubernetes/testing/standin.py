@@ -10,20 +10,16 @@ delete) from memory. :class:`ApiStandIn` adds what the operator and the client r
 - pod logs (``pods/<name>/log``, with ``follow=true``) from :attr:`ApiStandIn.pod_logs`.
 
 It is not a Kubernetes: no controllers run (no JobSet controller, no kubelet); tests play those parts by patching
-status. :class:`StandInServer` runs it in a background thread so that synchronous clients can talk to it::
-
-    with StandInServer() as server:
-        kubernetes.client.Configuration().host = server.url
+status. :mod:`.server` runs it on a port, in a thread or as a process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
-import json
 import itertools
+import json
 import re
-import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
@@ -69,6 +65,10 @@ class ApiStandIn(kmock.KubernetesEmulator):
     validators: dict[str, Validator] = attrs.field(factory=dict)
     #: ``(namespace, pod name) -> log text``; tests append to it to play the container runtime.
     pod_logs: dict[tuple[str, str], str] = attrs.field(factory=dict)
+    #: Resources that accept objects (``group/version/plural``); drop one to play a cluster without that CRD.
+    served: set[str] = attrs.field(factory=lambda: {key for key, *_ in RESOURCES})
+    #: Every write admission refused: (user agent, "Kind name", problems).
+    rejections: list[tuple[str, str, list[str]]] = attrs.field(factory=list)
     #: Namespace objects by name.
     namespaces: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     _versions: Iterable[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
@@ -92,10 +92,14 @@ class ApiStandIn(kmock.KubernetesEmulator):
             return await super().__call__(raw_request)
         return await self._serve_namespace(raw_request, match.group(1))
 
-    async def _serve_namespace(self, raw: aiohttp.web.BaseRequest, name: str | None) -> aiohttp.web.StreamResponse:
+    async def _serve_namespace(
+        self, raw: aiohttp.web.BaseRequest, name: str | None
+    ) -> aiohttp.web.StreamResponse:
         body = await raw.json() if raw.can_read_body else None
         if raw.method == "GET" and name is None:
-            return aiohttp.web.json_response({"kind": "NamespaceList", "apiVersion": "v1", "items": list(self.namespaces.values())})
+            return aiohttp.web.json_response(
+                {"kind": "NamespaceList", "apiVersion": "v1", "items": list(self.namespaces.values())}
+            )
         if raw.method == "POST" and name is None and isinstance(body, dict):
             name = body.get("metadata", {}).get("name", "")
             if name in self.namespaces:
@@ -118,6 +122,9 @@ class ApiStandIn(kmock.KubernetesEmulator):
         is_object_request = request.resource is not None and bool(request.resource.plural)
         if not is_object_request or request.action is None or request.subresource not in (None, "status"):
             return await super()._handle(request)  # discovery: /api, /apis/<group>/<version> ...
+        assert request.resource is not None
+        if _resource_key(request.resource) not in self.served:
+            raise kmock.KubernetesResourceNotFoundError()
         if request.action == enums.action.WATCH:
             return await self._stream_watch(request)
         if request.action == enums.action.LIST:
@@ -135,7 +142,9 @@ class ApiStandIn(kmock.KubernetesEmulator):
         """Create, merge-patch or delete one object (with admission), publishing the watch event."""
         assert request.resource is not None
         if not isinstance(request.data, dict) and request.action != enums.action.DELETE:
-            raise kmock.KubernetesError(status=415, reason="UnsupportedMediaType", message="only merge patches")
+            raise kmock.KubernetesError(
+                status=415, reason="UnsupportedMediaType", message="only merge patches"
+            )
         async with self._lock:
             if request.action == enums.action.CREATE:
                 obj = self._complete_new_object(request)
@@ -211,10 +220,14 @@ class ApiStandIn(kmock.KubernetesEmulator):
         problems = validator(obj) if validator else []
         if problems:
             name = obj.get("metadata", {}).get("name")
+            self.rejections.append(
+                (request.headers.get("User-Agent", ""), f"{obj.get('kind')} {name}", problems)
+            )
             raise kmock.KubernetesError(
                 status=422,
                 reason="Invalid",
-                message=f"{obj.get('kind')}.{request.resource.group} {name!r} is invalid: " + "; ".join(problems),
+                message=f"{obj.get('kind')}.{request.resource.group} {name!r} is invalid: "
+                + "; ".join(problems),
                 details={"name": name, "causes": [{"message": p} for p in problems]},
             )
 
@@ -223,7 +236,9 @@ class ApiStandIn(kmock.KubernetesEmulator):
         while True:
             async with self._lock:
                 live_uids = {
-                    obj.raw.get("metadata", {}).get("uid") for obj in self._objects.values() if not obj.deleted
+                    obj.raw.get("metadata", {}).get("uid")
+                    for obj in self._objects.values()
+                    if not obj.deleted
                 }
                 orphans = [
                     (key, obj)
@@ -315,88 +330,3 @@ def _selected(obj: dict[str, Any], params: dict[str, str] | Any) -> bool:
         if str(field if field is not None else "") != value.strip():
             return False
     return True
-
-
-class StandInServer:
-    """Runs an :class:`ApiStandIn` on ``127.0.0.1`` in a background thread; ``url`` is its address.
-
-    Use it as a context manager; ``validators`` are passed to the stand-in. The stand-in's own objects are
-    reachable as :attr:`api` for assertions, but tests should prefer the HTTP API like any client.
-    """
-
-    def __init__(self, validators: dict[str, Validator] | None = None, port: int | None = None) -> None:
-        self._validators = validators or {}
-        self._port = port
-        self._ready = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._failure: BaseException | None = None
-        self.api: ApiStandIn | None = None
-        self.url = ""
-
-    def __enter__(self) -> StandInServer:
-        self._thread = threading.Thread(target=self._run, name="kube-api-standin", daemon=True)
-        self._thread.start()
-        self._ready.wait(30)
-        if self._failure is not None or not self.url:
-            raise RuntimeError(f"the Kubernetes API stand-in did not start: {self._failure!r}")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        if self._thread is not None:
-            self._thread.join(30)
-
-    def call(self, fn: Callable[[ApiStandIn], Any]) -> Any:
-        """Run ``fn(api)`` on the server's event loop (safe against concurrent requests) and return its result."""
-        assert self._loop is not None and self.api is not None
-        api = self.api
-
-        async def in_loop() -> Any:
-            async with api._lock:
-                return fn(api)
-
-        return asyncio.run_coroutine_threadsafe(in_loop(), self._loop).result(30)
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._serve())
-        except BaseException as exc:  # reported by __enter__
-            self._failure = exc
-            self._ready.set()
-
-    async def _serve(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        async with ApiStandIn(validators=self._validators) as api, kmock.Server(api, port=self._port) as server:
-            self.api = api
-            self.url = str(server.url).rstrip("/")
-            self._ready.set()
-            await self._stop.wait()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m trainjob.backends.kubernetes.testing.standin [--port N]``: serve until interrupted.
-
-    Prints the URL on the first line of stdout (for benchmarks and manual tries with ``kubectl --server``).
-    """
-    import argparse
-    import signal
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--port", type=int, default=None)
-    args = parser.parse_args(argv)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with StandInServer(port=args.port) as server:
-        print(server.url, flush=True)
-        try:
-            stop.wait()
-        except KeyboardInterrupt:
-            pass
-
-
-if __name__ == "__main__":
-    main()
