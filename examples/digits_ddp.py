@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -128,4 +129,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: on CPU, gloo's background threads can abort the process (SIGABRT) while Python
+    # finalizes, after all work is done and saved, which would turn a finished run into a failed one.
+    os._exit(code)

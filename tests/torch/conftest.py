@@ -12,8 +12,6 @@ import pytest
 
 from trainjob.torch.testing import free_port
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture
 def single_process() -> Iterator[object]:

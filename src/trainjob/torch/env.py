@@ -2,14 +2,14 @@
 
 torchrun sets, per process:
 
-=================  ==============================================
-``RANK``           global rank, ``0 .. WORLD_SIZE-1``
-``LOCAL_RANK``     rank on this node; picks the GPU
-``WORLD_SIZE``     number of processes in the job
-``LOCAL_WORLD_SIZE`` processes on this node
-``MASTER_ADDR``    host of the rendezvous store (rank 0's node)
-``MASTER_PORT``    its port
-=================  ==============================================
+====================  ==============================================
+``RANK``              global rank, ``0 .. WORLD_SIZE-1``
+``LOCAL_RANK``        rank on this node; picks the GPU
+``WORLD_SIZE``        number of processes in the job
+``LOCAL_WORLD_SIZE``  processes on this node
+``MASTER_ADDR``       host of the rendezvous store (rank 0's node)
+``MASTER_PORT``       its port
+====================  ==============================================
 
 Without them the script runs as one process, in a process group of size one, so the same script works under
 ``python train.py`` and under ``torchrun``::

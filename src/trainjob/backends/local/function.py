@@ -1,7 +1,8 @@
 """An SDK ``CustomTrainer`` as a TrainJob: the function's source in a generated script, run by torchrun.
 
 The script holds the function's source and calls it with ``**func_args`` decoded from a JSON literal; nothing
-passes through a shell. It imports ``os`` and ``sys`` first, as training functions often use them unimported::
+passes through a shell. It imports ``os`` and ``sys`` first, as training functions often use them unimported,
+and ends the process without interpreter teardown once the function returned::
 
     script = function_script(train, {"epochs": 2})
     job = function_trainjob("a1b2c3d4e5f6", trainer, "torch-distributed", "/path/to/train_function.py")
@@ -48,10 +49,16 @@ def function_script(func: Any, func_args: dict[str, Any] | None) -> str:
     body = "\n".join(lines)
     return (
         f'"""Runs {name}(**func_args) in every training process of the job."""\n\n'
-        "import json\nimport os  # noqa: F401\nimport sys  # noqa: F401\n\n"
+        "import atexit\nimport json\nimport os\nimport sys\n\n"
         f"{body}\n\n\n"
         'if __name__ == "__main__":\n'
         f"    {name}(**json.loads({encoded!r}))\n"
+        "    # Exit handlers run, interpreter teardown does not: on CPU, gloo's background threads can abort a\n"
+        "    # process (SIGABRT) while Python finalizes after the work is done, failing a finished job.\n"
+        "    atexit._run_exitfuncs()\n"
+        "    sys.stdout.flush()\n"
+        "    sys.stderr.flush()\n"
+        "    os._exit(0)\n"
     )
 
 
