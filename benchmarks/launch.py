@@ -61,18 +61,37 @@ def launch_overhead(runs: int, workdir: Path) -> dict[str, float]:
     script.write_text(TRIVIAL)
     env = {**os.environ, "TRAINJOB_HOME": str(workdir / "home"), "OMP_NUM_THREADS": "1"}
     trainjob = str(Path(sys.executable).with_name("trainjob"))
-    ours, plain = [], []
+    ours, plain, before_nodes, after_nodes = [], [], [], []
     for run in range(runs):
         plain.append(time_plain_torchrun(script, env, workdir))
+        started = time.time()
         ours.append(time_command([trainjob, "run", str(script), "--nodes", "2", "--nproc-per-node", "2",
                                   "--name", f"trivial-{run}"], env, workdir))
+        nodes_started, nodes_exited = node_times(workdir / "home", f"trivial-{run}")
+        before_nodes.append(nodes_started - started)
+        after_nodes.append(started + ours[-1] - nodes_exited)
     return {
         "trainjob_run_median_s": statistics.median(ours),
         "plain_torchrun_median_s": statistics.median(plain),
         "ratio": statistics.median(ours) / statistics.median(plain),
         # On a shared machine the fastest runs are the ones least disturbed by other load.
         "ratio_of_fastest": min(ours) / min(plain),
+        # Where trainjob's extra time goes: command start to node processes started, last node exit to exit.
+        "command_to_nodes_started_median_s": statistics.median(before_nodes),
+        "nodes_exited_to_command_exit_median_s": statistics.median(after_nodes),
     }
+
+
+def node_times(home: Path, name: str) -> tuple[float, float]:
+    """When the job's node processes were started and when the last one exited, from the store."""
+    from trainjob.backends.local.store import Store
+
+    store = Store.open(home)
+    nodes = store.nodes(name)
+    started = min(node["started"] for node in nodes)
+    exited = max(node["finished"] for node in nodes)
+    store.close()
+    return started, exited
 
 
 def fill_store(home: Path, count: int) -> None:

@@ -90,6 +90,8 @@ def test_bad_input_exits_2_with_one_clear_line_and_creates_nothing(capsys, tmp_p
 def test_a_duplicate_name_is_refused_and_the_first_job_kept(capsys, tmp_path, trainjob_home):
     first = write(tmp_path, "first.yaml", JOB_YAML.format(name="twin", runtime="torch-distributed", suspend="true"))
     assert run(capsys, "apply", "-f", first)[0] == 0
+    assert "Status:      Suspended" in run(capsys, "get", "twin")[1]  # spec.suspend: nothing starts
+    assert processes_under(trainjob_home) == []
     uid = json.loads(run(capsys, "get", "twin", "-o", "json")[1])["metadata"]["uid"]
 
     code, _, err = run(capsys, "apply", "-f", first)

@@ -81,3 +81,8 @@ def run_training(
         "last_lr": scheduler.get_last_lr()[0],
         "world_size": ctx.world_size,
     }
+
+
+def run_each(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Several :func:`run_training` calls in turn, in the same processes (one launch instead of several)."""
+    return [run_training(**kwargs) for kwargs in runs]

@@ -56,19 +56,17 @@ def test_a_crash_between_shards_and_commit_leaves_the_previous_checkpoint_loadab
     assert (partial / ".metadata").is_file(), "the crash was meant to come after every shard was written"
     assert Checkpointer(directory).steps() == [2]
 
-    # One process, no sharding: loads the step-2 checkpoint written by 2 FSDP ranks and trains on to step 4 ...
-    resumed = run_distributed(
-        "dist_workers_checkpoint:run_training",
-        nproc=1,
-        kwargs={"directory": str(directory), "total_steps": 4, "strategy": "none", "save_steps": (3,)},
+    # One process, no sharding: loads the step-2 checkpoint written by 2 FSDP ranks and trains on to step 4,
+    # then, in the same process, an uninterrupted run without checkpoints.
+    resume = {"directory": str(directory), "total_steps": 4, "strategy": "none", "save_steps": (3,)}
+    uninterrupted = {"directory": None, "total_steps": 4, "strategy": "none"}
+    resumed, fresh = run_distributed(
+        "dist_workers_checkpoint:run_each", nproc=1, kwargs={"runs": [resume, uninterrupted]}
     )[0]
     assert resumed["start"] == 2
     assert resumed["committed"] == [2, 3]
     assert not partial.exists(), "the next save removes what the crash left behind"
-    # ... and ends where an uninterrupted single-process run ends.
-    fresh = run_distributed(
-        "dist_workers_checkpoint:run_training", nproc=1, kwargs={"directory": None, "total_steps": 4, "strategy": "none"}
-    )[0]
+    # ... and ends where the uninterrupted run ends.
     assert _max_diff(resumed["params"], fresh["params"]) < RESHARD_TOLERANCE
 
 

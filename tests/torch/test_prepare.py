@@ -67,6 +67,9 @@ def test_blocks_are_chosen_by_wrap(wrap, expected):
         ({"wrap": "Block"}, r"wrap: must be a module class, a parameter count, a predicate or None, got 'Block'"),
         ({"strategy": "fsdp", "parallel": object()}, r"strategy: leave it out when parallel= is given, got 'fsdp'"),
         ({"activation_checkpointing": True, "wrap": lambda m: False}, r"activation_checkpointing: no block to checkpoint"),
+        ({"parallel": object(), "wrap": Block}, r"wrap: parallelize shards the blocks in model.layers"),
+        ({"zero_stage": 2}, r"zero_stage: is an option of parallelize: it needs parallel=ParallelDims\(...\)"),
+        ({"pipelines": None}, r"pipelines: is not an option of prepare_model; with parallel= it also accepts .*pipeline, "),
     ],
 )
 def test_bad_arguments_name_the_setting_and_what_is_accepted(single_process, kwargs, message):
@@ -169,9 +172,25 @@ def test_clipping_a_plain_model_matches_torch():
         torch.testing.assert_close(a.grad, b.grad)
 
 
-def test_parallel_hands_the_model_to_the_parallel_package(single_process):
-    from trainjob.torch.parallel import ParallelDims, ParallelModel
+def _gpt() -> nn.Module:
     from trainjob.torch.parallel.gpt import GPT, GPTConfig
 
-    model = GPT(GPTConfig(vocab_size=32, max_seq_len=8, dim=16, n_heads=2, n_layers=2))
-    assert isinstance(tt.prepare_model(model, parallel=ParallelDims(dp_shard=1)), ParallelModel)
+    return GPT(GPTConfig(vocab_size=32, max_seq_len=8, dim=16, n_heads=2, n_layers=2))
+
+
+def test_parallel_hands_the_model_to_the_parallel_package(single_process):
+    from trainjob.torch.parallel import ParallelDims, ParallelModel
+
+    assert isinstance(tt.prepare_model(_gpt(), parallel=ParallelDims(dp_shard=1)), ParallelModel)
+
+
+def test_parallel_options_reach_parallelize(single_process):
+    from trainjob.torch.parallel import ParallelDims
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(outputs.flatten(0, 1), targets.flatten())
+
+    model = tt.prepare_model(_gpt(), parallel=ParallelDims(dp_shard=1), zero_stage=2, loss_fn=loss_fn)
+    assert model.loss_fn is loss_fn
+    with pytest.raises(ValidationError, match=r"zero_stage: mixed_precision and cpu_offload need FSDP"):
+        tt.prepare_model(_gpt(), parallel=ParallelDims(dp_shard=1), zero_stage=0, mixed_precision="bf16")

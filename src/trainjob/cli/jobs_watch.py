@@ -3,7 +3,7 @@
 Logs are read on a thread with its own backend (its own database connection); the main thread prints them and
 refreshes the status line. Without a terminal the status line is left out and only the logs are printed::
 
-    status = follow(backend_factory, "mnist", show_logs=True)
+    job = follow(lambda: LocalBackend(), "mnist")
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from trainjob import types
 from trainjob.backends.base import Backend
 from trainjob.cli.jobs_format import human_duration, progress_text
+from trainjob.errors import TrainJobError
 
 _END = object()
 REFRESH_SECONDS = 0.5
@@ -31,12 +33,8 @@ def status_line(job: types.TrainJob) -> str:
     return f"{job.name} {job.status}{elapsed}  {job.num_nodes}x{job.num_proc_per_node}  {progress_text(job.progress)}"
 
 
-def follow(
-    backend_factory: Callable[[], Backend],
-    name: str,
-    show_logs: bool = True,
-) -> types.TrainJob:
-    """Print the job's logs (if ``show_logs``) until it is no longer Created or Running; returns the job then."""
+def follow(backend_factory: Callable[[], Backend], name: str) -> types.TrainJob:
+    """Print the job's logs until it is no longer Created or Running; returns the job then."""
     backend = backend_factory()
     lines: queue.Queue[object] = queue.Queue()
 
@@ -44,14 +42,15 @@ def follow(
         try:
             for line in backend_factory().logs(name, follow=True):
                 lines.put(line)
+        except TrainJobError:
+            pass  # the job went away (deleted); the main loop reports it
         finally:
             lines.put(_END)
 
-    if show_logs:
-        threading.Thread(target=read, daemon=True).start()
+    threading.Thread(target=read, daemon=True).start()
     live = _live_display() if sys.stdout.isatty() else None
     job = backend.get_job(name)
-    logs_done = not show_logs
+    logs_done = False
     last = 0.0
     try:
         if live:
@@ -79,14 +78,14 @@ def follow(
             live.stop()
 
 
-def _print(live: object | None, text: str) -> None:
+def _print(live: Any, text: str) -> None:
     if live is None:
         print(text, flush=True)
     else:
         live.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
-def _live_display():  # noqa: ANN202 - rich is imported only for terminals
-    from rich.live import Live
+def _live_display() -> Any:
+    from rich.live import Live  # only terminals pay for importing rich
 
     return Live("", refresh_per_second=4, transient=True)

@@ -40,6 +40,9 @@ _EXPORTS = {
     "DistContext": "env",
     "DistributedDataLoader": "data",
     "GradientAccumulation": "accumulate",
+    "apply_activation_checkpointing": "wrap",
+    "apply_ddp": "wrap",
+    "apply_fsdp": "wrap",
     "autocast": "precision",
     "clip_grad_norm_": "clip",
     "context": "env",
@@ -53,7 +56,7 @@ _EXPORTS = {
     "print0": "log",
     "report": "metrics",
     "seed_everything": "seed",
-    "select_blocks": "prepare",
+    "select_blocks": "wrap",
     "shutdown": "env",
 }
 
@@ -62,6 +65,9 @@ __all__ = [
     "DistContext",
     "DistributedDataLoader",
     "GradientAccumulation",
+    "apply_activation_checkpointing",
+    "apply_ddp",
+    "apply_fsdp",
     "autocast",
     "clip_grad_norm_",
     "context",
@@ -88,8 +94,9 @@ if TYPE_CHECKING:
     from trainjob.torch.log import get_logger, print0
     from trainjob.torch.metrics import report
     from trainjob.torch.precision import autocast, grad_scaler
-    from trainjob.torch.prepare import prepare_model, select_blocks
+    from trainjob.torch.prepare import prepare_model
     from trainjob.torch.seed import seed_everything
+    from trainjob.torch.wrap import apply_activation_checkpointing, apply_ddp, apply_fsdp, select_blocks
 
 
 def __getattr__(name: str) -> Any:

@@ -1,58 +1,93 @@
-"""Gradient-norm clipping that measures the global norm when gradients are sharded (FSDP2, tensor parallel).
+"""Gradient-norm clipping that measures the global norm when gradients are sharded or split into pipeline stages.
 
-Under FSDP each rank holds a shard of every gradient; the norm of the local shards is not the model's gradient
-norm. Gradients that are DTensors are grouped by device mesh; each group's norm is reduced over its mesh once,
-then the groups are combined, so every rank scales by the same, true, global norm::
+Under FSDP each rank holds a shard of every gradient and under tensor parallelism a slice of some; the norm of
+the local pieces is not the model's gradient norm. Gradients that are DTensors are grouped by device mesh and each
+group's norm is reduced over its mesh once; on a model that holds one pipeline stage (a model from
+``parallelize`` with ``pp > 1`` names the other stages' ranks in ``pipeline_group``) the stages' norms are
+combined too. Every rank then scales by the same, true, global norm, for any model ``prepare_model`` returns::
 
     total_norm = clip_grad_norm_(model, max_norm=1.0)
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 __all__ = ["clip_grad_norm_", "grad_norm"]
 
-
-def _grads(parameters: nn.Module | Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    params = parameters.parameters() if isinstance(parameters, nn.Module) else parameters
-    return [p.grad for p in params if p.grad is not None]
+Parameters = nn.Module | Iterable[torch.Tensor]
 
 
-def grad_norm(parameters: nn.Module | Iterable[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
-    """The global ``norm_type``-norm of all gradients, identical on every rank (a float32 scalar tensor)."""
+def _mesh_of(tensor: torch.Tensor) -> object:
     from torch.distributed.tensor import DTensor
 
-    grads = _grads(parameters)
-    if not grads:
-        return torch.tensor(0.0)
+    return tensor.device_mesh if isinstance(tensor, DTensor) else None
+
+
+def _with_grads(parameters: Parameters) -> list[torch.Tensor]:
+    params = parameters.parameters() if isinstance(parameters, nn.Module) else parameters
+    return [p for p in params if p.grad is not None]
+
+
+def _pipeline_group(parameters: Parameters) -> dist.ProcessGroup | None:
+    return getattr(parameters, "pipeline_group", None) if isinstance(parameters, nn.Module) else None
+
+
+def _norm_of(
+    params: list[torch.Tensor], norm_type: float, pipeline_group: dist.ProcessGroup | None
+) -> torch.Tensor:
     groups: dict[object, list[torch.Tensor]] = {}
-    for grad in grads:
-        key = grad.device_mesh if isinstance(grad, DTensor) else None
-        groups.setdefault(key, []).append(grad)
+    for param in params:
+        groups.setdefault(_mesh_of(param.grad), []).append(param.grad)
     norms = []
-    for mesh, members in groups.items():
-        norm = torch.nn.utils.get_total_norm(members, norm_type)
+    for mesh, grads in groups.items():
+        norm = torch.nn.utils.get_total_norm(grads, norm_type)
         if mesh is not None:
             norm = norm.full_tensor()  # reduces the partial norms over the mesh
         norms.append(norm.float())
-    device = norms[0].device
-    return torch.nn.utils.get_total_norm([n.to(device) for n in norms], norm_type)
+    if not norms:
+        total = torch.tensor(0.0)
+    else:
+        total = torch.nn.utils.get_total_norm([n.to(norms[0].device) for n in norms], norm_type)
+    if pipeline_group is None:
+        return total
+    from trainjob.torch.env import init
+
+    total = total.to(init().device)
+    if math.isinf(norm_type):
+        dist.all_reduce(total, op=dist.ReduceOp.MAX, group=pipeline_group)
+        return total
+    total = total**norm_type
+    dist.all_reduce(total, group=pipeline_group)
+    return total ** (1.0 / norm_type)
 
 
-def clip_grad_norm_(
-    parameters: nn.Module | Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
-) -> torch.Tensor:
+def grad_norm(parameters: Parameters, norm_type: float = 2.0) -> torch.Tensor:
+    """The global ``norm_type``-norm of all gradients, identical on every rank (a float32 scalar tensor)::
+
+    norm = grad_norm(model)
+    """
+    return _norm_of(_with_grads(parameters), norm_type, _pipeline_group(parameters))
+
+
+def clip_grad_norm_(parameters: Parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
     """Scale gradients in place so their global norm is at most ``max_norm``; return the norm before clipping.
 
-    With an fp16 ``GradScaler``, call ``scaler.unscale_(optimizer)`` first::
+    Pass the model itself, not ``model.parameters()``, when it may be pipeline parallel: the other stages' ranks
+    are found on it. With an fp16 ``GradScaler``, call ``scaler.unscale_(optimizer)`` first::
 
         clip_grad_norm_(model, 1.0)
     """
-    params = list(parameters.parameters() if isinstance(parameters, nn.Module) else parameters)
-    total = grad_norm(params, norm_type)
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    params = _with_grads(parameters)
+    total = _norm_of(params, norm_type, _pipeline_group(parameters))
+    by_mesh: dict[object, list[torch.Tensor]] = {}
+    for param in params:  # one foreach call may not mix plain and DTensor gradients, or two meshes
+        by_mesh.setdefault(_mesh_of(param.grad), []).append(param)
+    for members in by_mesh.values():
+        torch.nn.utils.clip_grads_with_norm_(members, max_norm, total)
     return total

@@ -26,7 +26,8 @@ SLEEPER = """
 
 def test_two_jobs_run_at_once_and_every_rank_knows_its_place(backend, probe):
     env = [{"name": "GREETING", "value": "hello $HOME"}]
-    backend.apply(trainjob_resource("big", ["torchrun", probe], num_nodes=2, num_proc_per_node=2, env=env))
+    backend.apply(trainjob_resource("big", ["torchrun", probe], num_nodes=2, num_proc_per_node=2, env=env,
+                                    resources_per_node={"requests": {"cpu": "1"}}))
     backend.apply(trainjob_resource("small", ["torchrun", probe], num_nodes=2, num_proc_per_node=1))
 
     rank0_lines = [line.text for line in backend.logs("big", rank=0, follow=True)]
@@ -43,12 +44,14 @@ def test_two_jobs_run_at_once_and_every_rank_knows_its_place(backend, probe):
         assert s["MASTER_ADDR"] == s["PET_MASTER_ADDR"] == "127.0.0.1"
         assert s["GREETING"] == "hello $HOME"  # the pod's env as written, no shell in between
         assert s["TRAINJOB_JOB_NAME"] == "big" and s["TRAINJOB_JOB_DIR"] == str(big_dir)
-        assert s["OMP_NUM_THREADS"] == str(max(1, len(s["cpus"]) // 2))
+        assert len(s["cpus"]) == 1 and s["OMP_NUM_THREADS"] == "1"  # one CPU requested, two processes
         assert s["CUDA_VISIBLE_DEVICES"] is None
     if len(os.sched_getaffinity(0)) >= 2:
-        assert not set(seen[0]["cpus"]) & set(seen[2]["cpus"]), "nodes get disjoint CPU shares"
-    small_port = json.loads((small_dir / "rank-0.json").read_text())["MASTER_PORT"]
-    assert seen[0]["MASTER_PORT"] != small_port
+        assert seen[0]["cpus"] != seen[2]["cpus"], "nodes are pinned to disjoint cores"
+    small = json.loads((small_dir / "rank-0.json").read_text())
+    assert small["cpus"] == sorted(os.sched_getaffinity(0)), "without a CPU request nodes are not pinned"
+    assert small["OMP_NUM_THREADS"] == str(max(1, len(small["cpus"]) // 2))
+    assert seen[0]["MASTER_PORT"] != small["MASTER_PORT"]
 
     assert rank0_lines == [f"line {i}" for i in range(40)]
     job = backend.get_job("big")

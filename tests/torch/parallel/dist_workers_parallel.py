@@ -12,10 +12,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor
 
 from trainjob.errors import ValidationError
-from trainjob.torch import Checkpointer, prepare_model
+from trainjob.torch import Checkpointer, clip_grad_norm_, prepare_model
 from trainjob.torch.parallel import ParallelDims, PipelineConfig, parallelize
 from trainjob.torch.parallel.gpt import GPT, GPTConfig, lm_loss
 
@@ -71,11 +73,12 @@ def _build(layout: dict[str, Any]) -> Any:
     """``parallelize`` with the layout's settings, or ``prepare_model(parallel=...)`` when ``via`` says so."""
     dims = ParallelDims(**layout["dims"])
     model = fresh_model(**layout.get("model", {}))
-    options = {k: v for k, v in layout.items() if k not in ("dims", "pipeline", "via", "model")}
+    options = {k: v for k, v in layout.items() if k not in ("dims", "pipeline", "via", "model", "clip_with")}
+    if "pipeline" in layout:
+        options["pipeline"] = PipelineConfig(**layout["pipeline"])
     if layout.get("via") == "prepare_model":
         return prepare_model(model, parallel=dims, **options)
-    pipeline = PipelineConfig(**layout["pipeline"]) if "pipeline" in layout else None
-    return parallelize(model, dims, pipeline=pipeline, **options)
+    return parallelize(model, dims, **options)
 
 
 def _rows(model: Any) -> slice:
@@ -88,13 +91,19 @@ def _train(
     opt: torch.optim.Optimizer,
     steps: list[tuple[torch.Tensor, torch.Tensor]],
     norms: list | None = None,
+    clip_with: str = "method",
 ) -> list[float]:
-    """Train on each rank's share of ``steps``; with ``norms``, clip gradients and record their norms."""
+    """Train on each rank's share of ``steps``; with ``norms``, clip gradients and record their norms, through
+    ``model.clip_grad_norm_`` or (``clip_with="trainjob.torch"``) the library function."""
     losses = []
     for inputs, targets in steps:
         losses.append(model.train_step(inputs[_rows(model)], targets[_rows(model)]).item())
         if norms is not None:
-            norms.append(model.clip_grad_norm_(MAX_GRAD_NORM).item())
+            if clip_with == "method":
+                norm = model.clip_grad_norm_(MAX_GRAD_NORM)
+            else:
+                norm = clip_grad_norm_(model, MAX_GRAD_NORM)
+            norms.append(norm.item())
         opt.step()
         opt.zero_grad()
     return losses
@@ -102,11 +111,22 @@ def _train(
 
 def train_layout(layout: dict[str, Any], steps: int) -> dict[str, Any]:
     """Losses, gradient norms, held-out loss and this rank's gathered (full) parameters after ``steps`` SGD steps
-    with gradient clipping."""
+    with gradient clipping; also what was built: the pipeline settings, the checkpointed blocks, and whether the
+    norms' weights are tensor-parallel DTensors (sequence parallelism, without FSDP)."""
     model = _build(layout)
+    built = {
+        "pipeline": model.pipeline.config if model.pipeline is not None else None,
+        "checkpointed": sorted(
+            name for name, module in model.named_modules() if isinstance(module, CheckpointWrapper)
+        ),
+        "sequence_sharded_norms": all(
+            isinstance(param, DTensor) for name, param in model.named_parameters() if "norm" in name
+        ),
+    }
     data = batches(steps + 1)
     norms: list[float] = []
-    losses = _train(model, make_optimizer("sgd", model.parameters()), data[:steps], norms)
+    optimizer = make_optimizer("sgd", model.parameters())
+    losses = _train(model, optimizer, data[:steps], norms, layout.get("clip_with", "method"))
     held_out = model.evaluate(data[-1][0][_rows(model)], data[-1][1][_rows(model)]).item()
     params = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     return {
@@ -114,6 +134,7 @@ def train_layout(layout: dict[str, Any], steps: int) -> dict[str, Any]:
         "grad_norms": norms,
         "held_out_loss": held_out,
         "params": {name: tensor.clone() for name, tensor in params.items()},
+        **built,
     }
 
 

@@ -28,6 +28,8 @@ LAYOUTS = {
         for schedule in SCHEDULES
     },
     "tp2_dp2": {"dims": {"dp_shard": 2, "tp": 2}},
+    # Tensor parallel without FSDP: DTensor and plain gradients side by side, clipped by trainjob.torch.
+    "tp4_clipped_by_trainjob_torch": {"dims": {"dp_shard": 1, "tp": 4}, "clip_with": "trainjob.torch"},
     "pp2_dp2": {"dims": {"dp_shard": 2, "pp": 2}, "pipeline": {"schedule": "1F1B", "microbatches": 2}},
     "tp2_dp2_sequence_parallel_checkpointed_zero2": {
         "dims": {"dp_shard": 2, "tp": 2},
@@ -47,6 +49,9 @@ LAYOUTS = {
         "dims": TP_PP,
         "via": "prepare_model",
         "activation_checkpointing": True,
+        "sequence_parallel": True,
+        "pipeline": {"schedule": "GPipe", "microbatches": 4},
+        "clip_with": "trainjob.torch",  # the norm spans both stages
     },
     "tp2_dp2_cpu_offload": {"dims": {"dp_shard": 2, "tp": 2}, "cpu_offload": True},
     "pp2_dp2_zero_bubble_checkpointed_zero1": {
@@ -140,6 +145,27 @@ def test_layout_trains_like_one_process(results, reference, layout):
     assert sorted(gathered) == sorted(reference["params"])
     for name, expected in reference["params"].items():
         torch.testing.assert_close(gathered[name], expected, rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_activation_checkpointing_wraps_every_block_this_rank_holds_and_nothing_else(results, layout):
+    for rank, result in enumerate(results):
+        held = sorted(
+            {".".join(name.split(".")[:2]) for name in result[layout]["params"] if name.startswith("layers.")}
+        )
+        expected = held if LAYOUTS[layout].get("activation_checkpointing") else []
+        assert result[layout]["checkpointed"] == expected, f"rank {rank}"
+
+
+@pytest.mark.slow
+def test_prepare_model_hands_the_parallel_options_to_parallelize(results):
+    layout = LAYOUTS["tp2_pp2_through_prepare_model"]
+    for rank, result in enumerate(results):
+        built = result["tp2_pp2_through_prepare_model"]
+        assert built["pipeline"] == PipelineConfig(**layout["pipeline"]), f"rank {rank}"
+        assert built["sequence_sharded_norms"], f"rank {rank}: sequence_parallel did not arrive"
+    assert not results[0]["tp2_pp2_GPipe"]["sequence_sharded_norms"]  # the check can tell the difference
 
 
 @pytest.mark.slow

@@ -15,11 +15,12 @@ A node process gets its pod's command, args and environment, with these local ch
 ``TORCHELASTIC_ERROR_FILE``        where torchrun records the error of a failed node
 ``PET_MAX_RESTARTS``               ``0`` for elastic jobs: the supervisor restarts the whole node group
 ``TRAINJOB_RESTART_COUNT``         how many times the supervisor restarted the node group so far
+``PYTHONUNBUFFERED``               ``1`` unless set, so logs stream while they are written
 =================================  ====================================================================
 
-The node also gets a CPU affinity: its share of this machine's cores. ``torchrun`` and ``python`` at the start of
-a command mean this Python (``-m torch.distributed.run`` for ``torchrun``), or the job's own environment when
-it installs packages.
+When the job requests CPUs, each node is also pinned (CPU affinity) to its share of this machine's cores.
+``torchrun`` and ``python`` at the start of a command mean this Python (``-m torch.distributed.run`` for
+``torchrun``), or the job's own environment when it installs packages.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def build_launch_spec(
     for other in plan.pod_sets:
         if other is not trainer:
             notes.append(("PodSetSkipped", f"pod set {other.name} ({other.ancestor_step or 'no step'}) does not run locally"))
-    cpu_sets, cpu_note = share_cpus(plan.num_nodes, _requested_cpus(resources))
+    requested_cpus = _requested_cpus(resources)
+    cpu_sets, cpu_note = share_cpus(plan.num_nodes, requested_cpus)
     gpu_sets, gpu_note = share_gpus(plan.num_nodes, _requested_gpus(resources), visible_gpus())
     notes += [note for note in (cpu_note, gpu_note) if note]
     nodes = []
@@ -113,7 +115,9 @@ def build_launch_spec(
         env.setdefault("PET_LOG_DIR", str(job_dir / "logs" / f"node-{index}"))
         env.setdefault("PET_TEE", "3")
         env.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", RANK_PREFIX_TEMPLATE)
-        nodes.append(NodeLaunch(index=index, command=command, env=env, cpus=cpu_sets[index]))
+        # Pinned only when CPUs were requested; otherwise the nodes float over the machine like plain torchrun.
+        pinned = cpu_sets[index] if requested_cpus is not None else []
+        nodes.append(NodeLaunch(index=index, command=command, env=env, cpus=pinned))
     return LaunchSpec(
         nodes=nodes,
         cwd=container.working_dir or cwd,

@@ -54,7 +54,7 @@ def read_logs(
     rank: int | None = None,
     follow: bool = False,
     finished: Callable[[], bool] = lambda: True,
-    poll_interval: float = 0.1,
+    poll_interval: float = 0.05,
 ) -> Iterator[LogLine]:
     """Lines of ``nodes`` (only global ``rank``'s when given), each node's in file order.
 

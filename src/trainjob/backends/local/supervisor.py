@@ -22,7 +22,7 @@ from trainjob.backends.local.environment import PackageInstallError, prepare_env
 from trainjob.backends.local.launcher import LaunchSpec
 from trainjob.backends.local.store import Store
 
-POLL_SECONDS = 0.1
+POLL_SECONDS = 0.05
 #: After the first node fails, how long to wait for the others' own reports before choosing the root cause.
 FAILURE_SETTLE_SECONDS = 1.5
 NODE_STOP_GRACE_SECONDS = 3.0

@@ -9,19 +9,16 @@
     model = parallelize(model, dims, pipeline=PipelineConfig("1F1B", microbatches=4))
     loss = model.train_step(tokens, targets)
 
-``trainjob.torch.prepare_model(model, parallel=dims)`` does the same with the default pipeline settings.
+``trainjob.torch.prepare_model(model, parallel=dims, pipeline=...)`` does the same. FSDP, DDP and activation
+checkpointing are :mod:`trainjob.torch.wrap`'s, shared with ``prepare_model`` and re-exported here.
 """
 
 from trainjob.torch.parallel.compose import ParallelModel, parallelize
-from trainjob.torch.parallel.data_parallel import (
-    apply_activation_checkpointing,
-    apply_ddp,
-    apply_fsdp,
-)
 from trainjob.torch.parallel.dims import MESH_DIM_NAMES, ParallelDims
 from trainjob.torch.parallel.pipeline import SCHEDULES, PipelineConfig, check_microbatches
 from trainjob.torch.parallel.stages import split_layers
 from trainjob.torch.parallel.tensor import apply_tp, check_tp_plan, transformer_plan
+from trainjob.torch.wrap import apply_activation_checkpointing, apply_ddp, apply_fsdp
 
 __all__ = [
     "MESH_DIM_NAMES",

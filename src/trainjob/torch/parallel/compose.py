@@ -21,23 +21,21 @@ any other layout) and whose :meth:`~ParallelModel.train_step` runs forward and b
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from trainjob.errors import ValidationError
-from trainjob.torch.clip import grad_norm
+from trainjob.torch.clip import clip_grad_norm_
 from trainjob.torch.env import init
-from trainjob.torch.parallel.data_parallel import apply_activation_checkpointing, apply_ddp, apply_fsdp
 from trainjob.torch.parallel.dims import ParallelDims
 from trainjob.torch.parallel.gpt import lm_loss
 from trainjob.torch.parallel.pipeline import LossFn, PipelineConfig, PipelineRunner
 from trainjob.torch.parallel.stages import build_stage_modules, meta_copy
 from trainjob.torch.parallel.tensor import TPPlan, apply_tp, check_tp_plan, transformer_plan
 from trainjob.torch.precision import Precision, precision_dtype
+from trainjob.torch.wrap import apply_activation_checkpointing, apply_ddp, apply_fsdp
 
 __all__ = ["ParallelModel", "parallelize"]
 
@@ -123,27 +121,15 @@ class ParallelModel(nn.Module):
             loss = self.loss_fn(self(inputs), targets)
         return self._global_mean(loss.float())
 
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Scale gradients so the norm over every stage's and shard's gradients is at most ``max_norm``.
+    @property
+    def pipeline_group(self) -> dist.ProcessGroup | None:
+        """The ranks holding the other pipeline stages (``None`` without pipelining): gradient norms span them."""
+        return self.mesh["pp"].get_group() if self.pipeline is not None else None
 
-        Returns the norm before clipping, the same on every rank. Within a stage the sharded (DTensor) norms are
-        reduced by :func:`trainjob.torch.grad_norm`; the stages' norms are then combined over the pipeline group.
-        """
-        params = [p for p in self.parameters() if p.grad is not None]
-        norm = grad_norm(params, norm_type).to(init().device)
-        if self.pipeline is not None:
-            group = self.mesh["pp"].get_group()
-            if math.isinf(norm_type):
-                dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=group)
-            else:
-                norm = norm**norm_type
-                dist.all_reduce(norm, group=group)
-                norm = norm ** (1.0 / norm_type)
-        scale = min(1.0, max_norm / (norm.item() + 1e-6))
-        if scale < 1.0:
-            for param in params:  # a float factor works for plain and DTensor gradients alike
-                param.grad.mul_(scale)
-        return norm
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Scale gradients so the norm over every stage's and shard's gradients is at most ``max_norm``; returns
+        the norm before clipping, the same on every rank. Same as ``trainjob.torch.clip_grad_norm_(model, ...)``."""
+        return clip_grad_norm_(self, max_norm, norm_type)
 
     def _global_mean(self, loss: torch.Tensor) -> torch.Tensor:
         for dim in ("dp_replicate", "dp_shard"):
@@ -171,9 +157,10 @@ def parallelize(
     Every rank passes the same full model (same seed) and gets back its share. ``tp_plan`` defaults to
     :func:`~trainjob.torch.parallel.tensor.transformer_plan`; ``pipeline`` to ``PipelineConfig()`` (1F1B) when
     ``parallel.pp > 1``; ``loss_fn(outputs, targets)`` is what the last pipeline stage and ``train_step`` compute.
-    Data parallelism uses FSDP2 for ``zero_stage`` 1-3 and DDP for 0 (see
-    :mod:`trainjob.torch.parallel.data_parallel`); ``mixed_precision`` (``"bf16"``/``"fp16"``) and ``cpu_offload``
-    go through FSDP's policies, so they apply FSDP even at ``dp == 1``.
+    Data parallelism uses FSDP2 for ``zero_stage`` 1-3 and DDP for 0 (see :mod:`trainjob.torch.wrap`, shared with
+    :func:`trainjob.torch.prepare_model`); ``mixed_precision`` (``"bf16"``/``"fp16"``) and ``cpu_offload`` go
+    through FSDP's policies, so they apply FSDP even at ``dp == 1``; without pipelining the model's outputs come
+    back in float32, with it activations cross stage boundaries in the compute dtype.
     """
     dtype = precision_dtype(mixed_precision)
     device = init().device
@@ -223,7 +210,14 @@ def parallelize(
 
     blocks = [block for part in parts for block in _blocks(part)]
     if activation_checkpointing:
-        apply_activation_checkpointing(blocks)
+        if not blocks:
+            raise ValidationError(
+                "activation_checkpointing",
+                f"checkpoints the blocks in model.layers; {type(model).__name__} has none",
+            )
+        blocks = [
+            wrapped for part in parts for wrapped in apply_activation_checkpointing(part, _blocks(part))
+        ]
 
     if zero_stage == 0 and parallel.dp > 1:
         dim = "dp_replicate" if parallel.dp_replicate > 1 else "dp_shard"
@@ -232,7 +226,15 @@ def parallelize(
             runner.parts = parts
     elif zero_stage > 0 and (parallel.dp > 1 or dtype is not None or cpu_offload):
         dp_mesh = mesh["dp_shard"] if parallel.dp_replicate == 1 else parallel.dp_mesh(mesh)
-        apply_fsdp(blocks, parts, dp_mesh, zero_stage=zero_stage, param_dtype=dtype, cpu_offload=cpu_offload)
+        apply_fsdp(
+            blocks,
+            parts,
+            dp_mesh,
+            zero_stage=zero_stage,
+            param_dtype=dtype,
+            output_dtype=torch.float32 if dtype is not None and runner is None else None,
+            cpu_offload=cpu_offload,
+        )
     return ParallelModel(parts, dims=parallel, mesh=mesh, loss_fn=loss_fn, pipeline=runner)
 
 
