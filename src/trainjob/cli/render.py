@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from trainjob.api import TrainJob, dump_yaml, load_resources
-from trainjob.api.io import Resource
 from trainjob.errors import NotFoundError, ValidationError
-from trainjob.runtime import find_runtime, resolve
-from trainjob.runtime.render import render_objects
+
+if TYPE_CHECKING:  # the API (pydantic) loads when the command runs, keeping every other command's start fast
+    from trainjob.api import TrainJob
+    from trainjob.api.io import Resource
 
 STDIN = "<stdin>"
 
@@ -46,6 +46,10 @@ def register(group: click.Group) -> None:
 )
 def render(filenames: tuple[Path, ...], show_plan: bool) -> None:
     """Print the JobSet and PodGroup that each TrainJob in the files resolves into."""
+    from trainjob.api import TrainJob, dump_yaml
+    from trainjob.runtime import find_runtime, resolve
+    from trainjob.runtime.render import render_objects
+
     jobs: list[tuple[Path, TrainJob]] = []
     runtimes: list[Resource] = []
     for path in filenames:
@@ -68,6 +72,8 @@ def render(filenames: tuple[Path, ...], show_plan: bool) -> None:
 
 
 def _load(path: Path) -> list[Resource]:
+    from trainjob.api import load_resources
+
     try:
         if str(path) == "-":
             return load_resources(sys.stdin.read(), name=STDIN)
