@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,31 +11,16 @@ import pytest
 from trainjob.backends.local.store import Store
 from trainjob.errors import AlreadyExistsError, NotFoundError, ValidationError
 
-
-def job_row(name: str, created: float = 1.0, status: str = "Created") -> dict:
-    return {
-        "name": name, "namespace": "default", "uid": f"uid-{name}", "status": status, "reason": None,
-        "message": None, "runtime": "torch-distributed", "num_nodes": 2, "num_proc_per_node": 2,
-        "created": created, "resource": {"kind": "TrainJob"}, "launch": {"nodes": []},
-    }
-
-
-def _writer(home: str, worker: int, count: int) -> None:
-    store = Store.open(home)
-    for i in range(count):
-        name = f"w{worker}-{i}"
-        store.insert_job(job_row(name, created=worker * 1000 + i))
-        store.add_event(name, "Created", "made")
-        store.set_node(name, 0, status="Running", pid=i)
-        store.add_metrics(name, [{"time": float(i), "step": i, "total_steps": count, "metrics": {"loss": 1.0}}])
-        store.transition(name, "Running", "NodesStarted", "", from_statuses=("Created",))
+# Spawned writers import their function by module name; spawn children inherit sys.path.
+sys.path.insert(0, str(Path(__file__).parent))
+from store_workers import job_row, write_jobs  # noqa: E402
 
 
 def test_several_processes_write_at_once_without_losing_rows(tmp_path: Path):
     home = str(tmp_path / "home")
     Store.open(home).close()
     context = multiprocessing.get_context("spawn")
-    workers = [context.Process(target=_writer, args=(home, w, 40)) for w in range(4)]
+    workers = [context.Process(target=write_jobs, args=(home, w, 40)) for w in range(4)]
     for process in workers:
         process.start()
     for process in workers:
