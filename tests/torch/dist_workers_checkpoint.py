@@ -1,4 +1,4 @@
-"""Runs inside run_distributed (or torchrun): training with checkpoints, resumed, resharded or crashed on purpose."""
+"""Training with checkpoints, resumed, resharded or crashed on purpose: run by run_distributed, torchrun or a test."""
 
 from __future__ import annotations
 
@@ -81,8 +81,3 @@ def run_training(
         "last_lr": scheduler.get_last_lr()[0],
         "world_size": ctx.world_size,
     }
-
-
-def run_each(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Several :func:`run_training` calls in turn, in the same processes (one launch instead of several)."""
-    return [run_training(**kwargs) for kwargs in runs]

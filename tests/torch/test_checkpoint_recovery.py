@@ -15,6 +15,7 @@ from trainjob.torch.checkpoint import Checkpointer
 from trainjob.torch.testing import DistributedRunError, run_distributed
 
 sys.path.insert(0, str(Path(__file__).parent))
+import dist_workers_checkpoint as workers  # noqa: E402
 
 HERE = Path(__file__).parent
 RESHARD_TOLERANCE = 1e-5
@@ -45,7 +46,7 @@ def test_saved_at_world_size_4_resumed_at_2_ends_like_the_uninterrupted_run(tmp_
 
 
 @pytest.mark.slow
-def test_a_crash_between_shards_and_commit_leaves_the_previous_checkpoint_loadable(tmp_path):
+def test_a_crash_between_shards_and_commit_leaves_the_previous_checkpoint_loadable(tmp_path, single_process):
     directory = tmp_path / "ckpt"
     kwargs = {"directory": str(directory), "total_steps": 4, "save_steps": (2, 4), "crash_before_commit_at": 4}
     # Rank 0 dies in the commit; rank 1, waiting for it, may notice first.
@@ -56,17 +57,14 @@ def test_a_crash_between_shards_and_commit_leaves_the_previous_checkpoint_loadab
     assert (partial / ".metadata").is_file(), "the crash was meant to come after every shard was written"
     assert Checkpointer(directory).steps() == [2]
 
-    # One process, no sharding: loads the step-2 checkpoint written by 2 FSDP ranks and trains on to step 4,
-    # then, in the same process, an uninterrupted run without checkpoints.
-    resume = {"directory": str(directory), "total_steps": 4, "strategy": "none", "save_steps": (3,)}
-    uninterrupted = {"directory": None, "total_steps": 4, "strategy": "none"}
-    resumed, fresh = run_distributed(
-        "dist_workers_checkpoint:run_each", nproc=1, kwargs={"runs": [resume, uninterrupted]}
-    )[0]
+    # One process (this one), no sharding: loads the step-2 checkpoint written by 2 FSDP ranks and trains on to
+    # step 4 ...
+    resumed = workers.run_training(str(directory), total_steps=4, strategy="none", save_steps=(3,))
     assert resumed["start"] == 2
     assert resumed["committed"] == [2, 3]
     assert not partial.exists(), "the next save removes what the crash left behind"
-    # ... and ends where the uninterrupted run ends.
+    # ... and ends where an uninterrupted run ends.
+    fresh = workers.run_training(None, total_steps=4, strategy="none")
     assert _max_diff(resumed["params"], fresh["params"]) < RESHARD_TOLERANCE
 
 

@@ -85,9 +85,15 @@ def clip_grad_norm_(parameters: Parameters, max_norm: float, norm_type: float = 
     """
     params = _with_grads(parameters)
     total = _norm_of(params, norm_type, _pipeline_group(parameters))
-    by_mesh: dict[object, list[torch.Tensor]] = {}
-    for param in params:  # one foreach call may not mix plain and DTensor gradients, or two meshes
-        by_mesh.setdefault(_mesh_of(param.grad), []).append(param)
-    for members in by_mesh.values():
-        torch.nn.utils.clip_grads_with_norm_(members, max_norm, total)
+    if not params:
+        return total
+    coefficient = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    # Scaling is elementwise, so each rank scales its local pieces of sharded (DTensor) gradients: one plain
+    # foreach call per device and dtype, with no DTensor dispatch and no host synchronisation.
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for param in params:
+        grad = param.grad.to_local() if _mesh_of(param.grad) is not None else param.grad
+        groups.setdefault((grad.device, grad.dtype), []).append(grad)
+    for (device, _dtype), grads in groups.items():
+        torch._foreach_mul_(grads, coefficient.to(device))
     return total

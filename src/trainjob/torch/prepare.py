@@ -115,7 +115,7 @@ def prepare_model(
             blocks,
             [model],
             param_dtype=dtype,
-            output_dtype=torch.float32 if dtype else None,
+            output_dtype=torch.float32 if dtype is not None else None,
             cpu_offload=cpu_offload,
         )
         return model

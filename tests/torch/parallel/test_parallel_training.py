@@ -50,7 +50,7 @@ LAYOUTS = {
         "via": "prepare_model",
         "activation_checkpointing": True,
         "sequence_parallel": True,
-        "pipeline": {"schedule": "GPipe", "microbatches": 4},
+        "pipeline": {"schedule": "GPipe", "microbatches": 2},
         "clip_with": "trainjob.torch",  # the norm spans both stages
     },
     "tp2_dp2_cpu_offload": {"dims": {"dp_shard": 2, "tp": 2}, "cpu_offload": True},
