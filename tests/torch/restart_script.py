@@ -1,6 +1,7 @@
-"""A training script for torchrun --max-restarts: the first attempt loses a rank at ``--crash-at``.
+"""A training script that loses a rank at ``--crash-at`` on its first attempt, then is started again.
 
-Every attempt resumes from the newest checkpoint; the last one then trains the same run again without
+The attempt number comes from ``TRAINJOB_RESTART_COUNT`` (set by the local backend when it restarts a node group)
+or ``TORCHELASTIC_RESTART_COUNT`` (torchrun --max-restarts). Every attempt resumes from the newest checkpoint; the last one then trains the same run again without
 checkpoints, in the same processes, and rank 0 saves both final weights to ``--out`` for comparison.
 """
 
@@ -27,7 +28,7 @@ def main() -> None:
     parser.add_argument("--crash-at", type=int, default=5)
     args = parser.parse_args()
 
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    attempt = int(os.environ.get("TRAINJOB_RESTART_COUNT") or os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
     ctx = tt.init()
     common = {"total_steps": args.steps, "strategy": "ddp", "dropout": 0.25}
     resumed = run_training(

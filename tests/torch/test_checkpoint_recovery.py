@@ -72,14 +72,16 @@ def test_a_crash_between_shards_and_commit_leaves_the_previous_checkpoint_loadab
 def test_a_rank_killed_mid_training_restarts_from_the_last_checkpoint_with_identical_weights(tmp_path, torchrun):
     metrics = tmp_path / "metrics.jsonl"
     out = tmp_path / "weights.pt"
-    proc = torchrun(
-        HERE / "restart_script.py",
-        "--checkpoints", str(tmp_path / "ckpt"), "--out", str(out), "--steps", "8", "--crash-at", "5",
-        max_restarts=1,
-        env={"TRAINJOB_METRICS_FILE": str(metrics)},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "exitcode: 17" in proc.stderr, "the first attempt was meant to lose a rank"
+    # Restart from checkpoint the way the local backend restarts a node group: a new launch of the whole group.
+    # (torchrun's in-place --max-restarts on CPU/gloo sometimes aborts the restarted workers in gloo set-up.)
+    args = ("--checkpoints", str(tmp_path / "ckpt"), "--out", str(out), "--steps", "8", "--crash-at", "5")
+    first = torchrun(HERE / "restart_script.py", *args, env={"TRAINJOB_METRICS_FILE": str(metrics)})
+    assert first.returncode != 0 and "exitcode: 17" in first.stderr, "the first attempt was meant to lose a rank"
+    assert not out.exists()
+    second = torchrun(
+        HERE / "restart_script.py", *args, env={"TRAINJOB_METRICS_FILE": str(metrics), "TRAINJOB_RESTART_COUNT": "1"}
+    )
+    assert second.returncode == 0, second.stderr[-4000:]
     result = torch.load(out)
     assert result["attempt"] == 1
     assert result["start"] == 4  # checkpoints every 2 steps, killed during step 5
