@@ -124,7 +124,7 @@ def main() -> None:
         inputs, targets = global_batch(text, step, args.batch_size, args.seq_len)
         rows = slice(model.dp_rank * share, (model.dp_rank + 1) * share)
         loss = model.train_step(inputs[rows], targets[rows])
-        model.clip_grad_norm_(args.clip)
+        tt.clip_grad_norm_(model, args.clip)  # the norm spans every stage and shard
         optimizer.step()
         optimizer.zero_grad()
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:

@@ -3,7 +3,8 @@
 On every micro-step but the last, gradients only accumulate locally: DDP's ``no_sync()``, FSDP2's
 ``set_requires_gradient_sync(False)``. The last micro-step's backward reduces the summed gradients, so
 ``micro_steps`` micro-batches of ``b`` give the same update as one batch of ``micro_steps * b`` when each
-micro-batch loss is divided by ``micro_steps``::
+micro-batch loss is divided by ``micro_steps``. A :class:`~trainjob.torch.parallel.ParallelModel` without
+pipelining is handled part by part; with pipelining PyTorch's schedule reduces once per ``train_step`` itself::
 
     accumulation = GradientAccumulation(model, micro_steps=4)
     for i, (x, y) in enumerate(loader):
@@ -18,6 +19,7 @@ micro-batch loss is divided by ``micro_steps``::
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 
 from torch import nn
@@ -33,6 +35,14 @@ def _fsdp_module_class() -> type | None:
     except ImportError:  # pragma: no cover - torch without FSDP2
         return None
     return FSDPModule
+
+
+def _sync_roots(model: nn.Module) -> list[nn.Module]:
+    """The modules whose gradient reduction a micro-step switches: the model, or a ``ParallelModel``'s parts."""
+    compose = sys.modules.get("trainjob.torch.parallel.compose")  # not loaded: no ParallelModel exists
+    if compose is not None and isinstance(model, compose.ParallelModel) and model.pipeline is None:
+        return list(model.parts)
+    return [model]
 
 
 class GradientAccumulation:
@@ -52,15 +62,15 @@ class GradientAccumulation:
     def micro_step(self, index: int) -> Iterator[bool]:
         """Context for forward and backward of micro-batch ``index``; yields whether to step the optimizer."""
         last = self.is_last(index)
+        if last:
+            yield last
+            return
         fsdp = _fsdp_module_class()
-        if isinstance(self.model, nn.parallel.DistributedDataParallel):
-            with contextlib.nullcontext() if last else self.model.no_sync():
-                yield last
-        elif fsdp is not None and isinstance(self.model, fsdp):
-            self.model.set_requires_gradient_sync(last)
-            try:
-                yield last
-            finally:
-                self.model.set_requires_gradient_sync(True)
-        else:
+        with contextlib.ExitStack() as stack:
+            for root in _sync_roots(self.model):
+                if isinstance(root, nn.parallel.DistributedDataParallel):
+                    stack.enter_context(root.no_sync())
+                elif fsdp is not None and isinstance(root, fsdp):
+                    root.set_requires_gradient_sync(False)
+                    stack.callback(root.set_requires_gradient_sync, True)
             yield last

@@ -12,6 +12,7 @@ combined too. Every rank then scales by the same, true, global norm, for any mod
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable
 
 import torch
@@ -24,9 +25,8 @@ Parameters = nn.Module | Iterable[torch.Tensor]
 
 
 def _mesh_of(tensor: torch.Tensor) -> object:
-    from torch.distributed.tensor import DTensor
-
-    return tensor.device_mesh if isinstance(tensor, DTensor) else None
+    dtensor = sys.modules.get("torch.distributed.tensor")  # not loaded (about 1 s to import): no DTensor exists
+    return tensor.device_mesh if dtensor is not None and isinstance(tensor, dtensor.DTensor) else None
 
 
 def _with_grads(parameters: Parameters) -> list[torch.Tensor]:

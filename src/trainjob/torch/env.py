@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from trainjob.errors import ValidationError
 
-__all__ = ["DistContext", "context", "global_rank", "init", "on_shutdown", "shutdown"]
+__all__ = ["DistContext", "context", "global_rank", "global_world_size", "init", "on_shutdown", "shutdown"]
 
 
 @dataclass(frozen=True)
@@ -141,6 +141,13 @@ def global_rank() -> int:
         return int(os.environ.get("RANK", "0"))
     except ValueError:
         return 0
+
+
+def global_world_size() -> int:
+    """The job's process count without initialising anything: the process group's, else ``$WORLD_SIZE``, else 1."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return _env_int("WORLD_SIZE", 1)
 
 
 def on_shutdown(callback: Callable[[], None]) -> None:

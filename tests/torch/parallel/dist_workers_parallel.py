@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 from trainjob.errors import ValidationError
-from trainjob.torch import Checkpointer, clip_grad_norm_, prepare_model
+from trainjob.torch import Checkpointer, GradientAccumulation, clip_grad_norm_, prepare_model
 from trainjob.torch.parallel import ParallelDims, PipelineConfig, parallelize
 from trainjob.torch.parallel.gpt import GPT, GPTConfig, lm_loss
 
@@ -197,6 +197,36 @@ def mesh_groups(dims: dict[str, int]) -> dict[str, list[int]]:
     }
 
 
+def _grads_equal_across_ranks(model: Any) -> bool:
+    grad = next(p.grad for p in model.parameters() if p.grad is not None).detach().clone()
+    gathered = [torch.empty_like(grad) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, grad)
+    return all(torch.equal(gathered[0], g) for g in gathered[1:])
+
+
+def accumulation(layouts: dict[str, dict[str, Any]]) -> dict[str, dict[str, bool]]:
+    """Per layout, two micro-steps of ``GradientAccumulation(model, 2)``: whether the first left the gradients
+    unreduced (DDP: they differ across ranks; FSDP: nothing reduce-scattered yet) and the second reduced them."""
+    ((inputs, targets),) = batches(1)
+    found = {}
+    for name, layout in layouts.items():
+        model = _build(layout)
+        ddp = layout.get("zero_stage") == 0
+        accumulate = GradientAccumulation(model, micro_steps=2)
+        with accumulate.micro_step(0):
+            model.train_step(inputs[_rows(model)], targets[_rows(model)])
+        first = (
+            not _grads_equal_across_ranks(model) if ddp else all(p.grad is None for p in model.parameters())
+        )
+        with accumulate.micro_step(1):
+            model.train_step(inputs[_rows(model)], targets[_rows(model)])
+        last = (
+            _grads_equal_across_ranks(model) if ddp else all(p.grad is not None for p in model.parameters())
+        )
+        found[name] = {"first_unreduced": first, "last_reduced": last}
+    return found
+
+
 def run_scenarios(scenarios: list[dict[str, Any]], tmp_dir: str) -> dict[str, Any]:
     """Run each scenario (``{"name", "kind", ...}``) in turn in one process group; results by name."""
     results: dict[str, Any] = {}
@@ -213,6 +243,8 @@ def run_scenarios(scenarios: list[dict[str, Any]], tmp_dir: str) -> dict[str, An
             results[name] = mesh_groups(scenario["dims"])
         elif kind == "refusals":
             results[name] = refusals(scenario["layouts"])
+        elif kind == "accumulation":
+            results[name] = accumulation(scenario["layouts"])
         elif kind == "schedule_rules":
             results[name] = schedule_acceptance(scenario["max_microbatches"])
         else:

@@ -68,6 +68,12 @@ def test_world_size_defaults_to_the_launcher_environment(monkeypatch):
     assert ParallelDims(tp=2).dp_shard == 3
 
 
+def test_a_malformed_launcher_world_size_is_named(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "six")
+    with pytest.raises(ValidationError, match=r"^WORLD_SIZE: must be an integer, got 'six'"):
+        ParallelDims(tp=2)
+
+
 @pytest.mark.parametrize(("tp", "pp", "dp"), [(2, 2, 2), (2, 4, 1), (4, 1, 2), (1, 2, 4)])
 def test_groups_follow_the_dp_pp_tp_rank_order_of_the_design_notes(tp, pp, dp):
     dims = ParallelDims(dp_shard=dp, tp=tp, pp=pp, world_size=tp * pp * dp)

@@ -67,6 +67,10 @@ RESUME = {
     "load": {"dims": {"dp_shard": 4}},
     "steps": 4,
 }
+ACCUMULATION = {
+    "ddp4": {"dims": {"dp_shard": 4}, "zero_stage": 0},
+    "fsdp4": {"dims": {"dp_shard": 4}},
+}
 MAX_MICROBATCHES = 9
 REFUSALS = {
     "ddp_with_tp": (
@@ -109,6 +113,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     scenarios += [
         {"name": "resume", "kind": "resume", **RESUME},
         {"name": "mesh", "kind": "mesh", "dims": TP_PP},
+        {"name": "accumulation", "kind": "accumulation", "layouts": ACCUMULATION},
         {"name": "schedule_rules", "kind": "schedule_rules", "max_microbatches": MAX_MICROBATCHES},
         {
             "name": "refusals",
@@ -188,6 +193,15 @@ def test_checkpoint_saved_at_tp2_pp2_continues_at_dp4_with_the_same_losses(resul
     assert results[0]["resume"]["before_save"] == pytest.approx(
         workers.reference_run(RESUME["steps"], optimizer="adamw")["losses"][: RESUME["steps"] // 2], rel=1e-5
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(ACCUMULATION))
+def test_gradient_accumulation_reduces_a_parallel_model_only_on_the_last_micro_step(results, layout):
+    for rank, result in enumerate(results):
+        assert result["accumulation"][layout] == {"first_unreduced": True, "last_reduced": True}, (
+            f"rank {rank}"
+        )
 
 
 @pytest.mark.slow

@@ -17,14 +17,13 @@ rank. For 8 ranks at ``tp=2, pp=2, dp=2``: TP groups [0, 1] [2, 3] [4, 5] [6, 7]
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Literal
 
-import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from trainjob.errors import ValidationError
+from trainjob.torch.env import global_world_size
 
 __all__ = ["MESH_DIM_NAMES", "ParallelDims"]
 
@@ -53,9 +52,7 @@ class ParallelDims:
 
     def __post_init__(self) -> None:
         if self.world_size is None:
-            self.world_size = (
-                dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
-            )
+            self.world_size = global_world_size()
         sizes = self._sizes()
         for name, size in sizes.items():
             if size == 0 or size < -1:
