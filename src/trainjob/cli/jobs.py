@@ -17,6 +17,8 @@ import click
 
 from trainjob.errors import AlreadyExistsError, JobFailedError, NotFoundError, TrainJobError, ValidationError
 
+#: Exit codes of every ``trainjob`` command (one table for the CLI).
+EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_TIMEOUT = 3

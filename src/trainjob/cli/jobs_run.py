@@ -8,7 +8,6 @@ it completes, 1 when it fails. ``--detach`` prints the job's name and returns at
 from __future__ import annotations
 
 import re
-import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,8 @@ API_VERSION = "trainer.kubeflow.org/v1alpha1"
 
 def default_job_name(script: str) -> str:
     """``digits_ddp.py`` -> ``digits-ddp-x7k2p``: the script's stem as a DNS label plus a random suffix."""
+    import secrets  # only ``run`` pays for it (it pulls in hashlib and random)
+
     stem = re.sub(r"[^a-z0-9-]+", "-", Path(script).stem.lower()).strip("-")
     if not stem or not stem[0].isalpha():
         stem = f"job-{stem}".rstrip("-")
@@ -188,14 +189,11 @@ def logs_command(name: str, node: int | None, rank: int | None, follow: bool, ba
 @handle_errors
 def wait_command(name: str, wanted: tuple[str, ...], timeout: float, backend: str) -> None:
     """Wait for a job to reach a status, showing its progress; exit code 1 if it fails instead."""
-    from trainjob.cli.jobs_watch import status_line
+    from trainjob.cli.jobs_watch import live_display, status_line
 
     client = make_backend(backend)
-    live = None
-    if sys.stdout.isatty():
-        from rich.live import Live
-
-        live = Live("", refresh_per_second=4, transient=True)
+    live = live_display()
+    if live:
         live.start()
     try:
         callbacks = [lambda job: live.update(status_line(job))] if live else None

@@ -18,7 +18,7 @@ from typing import Any
 
 from trainjob import types
 from trainjob.backends.base import Backend
-from trainjob.cli.jobs_format import human_duration, progress_text
+from trainjob.cli.jobs_format import human_duration, job_duration, progress_text
 from trainjob.errors import TrainJobError
 
 _END = object()
@@ -26,10 +26,9 @@ REFRESH_SECONDS = 0.5
 
 
 def status_line(job: types.TrainJob) -> str:
-    elapsed = ""
-    if job.start_time is not None:
-        end = job.completion_time or datetime.now(UTC)
-        elapsed = f" {human_duration((end - job.start_time).total_seconds())}"
+    """``mnist Running 1m5s  2x4  37% 120/320 loss=0.412 eta 1m5s``: one refreshed line under the logs."""
+    duration = job_duration(job, datetime.now(UTC))
+    elapsed = "" if duration is None else f" {human_duration(duration)}"
     return f"{job.name} {job.status}{elapsed}  {job.num_nodes}x{job.num_proc_per_node}  {progress_text(job.progress)}"
 
 
@@ -48,7 +47,7 @@ def follow(backend_factory: Callable[[], Backend], name: str) -> types.TrainJob:
             lines.put(_END)
 
     threading.Thread(target=read, daemon=True).start()
-    live = _live_display() if sys.stdout.isatty() else None
+    live = live_display()
     job = backend.get_job(name)
     logs_done = False
     last = 0.0
@@ -85,7 +84,10 @@ def _print(live: Any, text: str) -> None:
         live.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
-def _live_display() -> Any:
+def live_display() -> Any:
+    """A transient rich ``Live`` for the status line when stdout is a terminal, else ``None``."""
+    if not sys.stdout.isatty():
+        return None
     from rich.live import Live  # only terminals pay for importing rich
 
     return Live("", refresh_per_second=4, transient=True)

@@ -8,7 +8,6 @@ trainjob operator --kubeconfig ~/.kube/config   # runs the operator outside the 
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import click
@@ -81,6 +80,8 @@ def operator(
     verbose: bool,
 ) -> None:
     """Run the operator: reconcile TrainJobs into JobSets until interrupted."""
+    import logging  # here, not at the top: every other command starts without it
+
     from trainjob.backends.kubernetes.config import KubernetesBackendConfig
     from trainjob.backends.kubernetes.operator import run_operator
 

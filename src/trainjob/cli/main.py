@@ -12,11 +12,9 @@ import click
 
 from trainjob import __version__
 from trainjob.cli import jobs, kube, render, tools
+from trainjob.cli.jobs import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_TIMEOUT = 3
+__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_TIMEOUT", "cli", "main"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

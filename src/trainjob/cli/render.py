@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
+from trainjob.cli.jobs import EXIT_BAD_INPUT
 from trainjob.errors import NotFoundError, ValidationError
 
 if TYPE_CHECKING:  # the API (pydantic) loads when the command runs, keeping every other command's start fast
@@ -92,6 +93,4 @@ def _located(path: Path, job: TrainJob, exc: Exception) -> str:
 def _fail(message: str) -> NoReturn:
     for line in message.splitlines():
         click.echo(f"error: {line}", err=True)
-    from trainjob.cli.main import EXIT_BAD_INPUT  # main imports this module, so look it up when needed
-
     raise SystemExit(EXIT_BAD_INPUT)

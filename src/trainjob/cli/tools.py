@@ -19,14 +19,12 @@ from typing import Any, NoReturn
 import click
 import rich
 
+from trainjob.cli.jobs import EXIT_BAD_INPUT, EXIT_FAILED
 from trainjob.errors import ValidationError
 from trainjob.tools.comm import COLLECTIVES, Link
 from trainjob.tools.planner import DEFAULT_INTER_NODE, DEFAULT_INTRA_NODE, plan_communication, plan_memory
 from trainjob.tools.setup import TrainingSetup
 from trainjob.tools.units import parse_bandwidth, parse_bytes, parse_count
-
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
 
 
 def register(group: click.Group) -> None:

@@ -174,9 +174,9 @@ class KubernetesBackend:
         if node is not None and not 0 <= node < job.num_nodes:
             raise NotFoundError(f"TrainJob {name} has nodes 0..{job.num_nodes - 1}, not {node}")
         if not follow:
+            pods = self._trainer_pods(name)
             for index in nodes:
-                pod = self._trainer_pods(name).get(index)
-                if pod is not None:
+                if (pod := pods.get(index)) is not None:
                     text = self.api.core.read_namespaced_pod_log(pod["metadata"]["name"], self.namespace)
                     yield from (types.LogLine(index, None, line) for line in text.splitlines())
             return

@@ -21,6 +21,7 @@ from trainjob.backends.kubernetes.resources import (
     RUNTIME_SNAPSHOT_ANNOTATION,
     SUSPENDED,
 )
+from trainjob.backends.kubernetes.status import find_condition
 
 _EPOCH = datetime.datetime.fromtimestamp(0, tz=datetime.UTC)
 
@@ -32,10 +33,9 @@ def parse_time(value: str | None) -> datetime.datetime | None:
 
 
 def _condition(job: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == type_ and cond.get("status") == "True":
-            return cond
-    return None
+    """The job's ``type_`` condition when it is ``True``, else ``None``."""
+    cond = find_condition(job.get("status") or {}, type_)
+    return cond if cond is not None and cond.get("status") == "True" else None
 
 
 def job_status(job: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:

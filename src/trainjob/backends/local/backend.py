@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainjob import types
-from trainjob.backends.base import check_wanted_statuses, wait_for_status
+from trainjob.backends.base import wait_for_status
 from trainjob.backends.local import processes, views
 from trainjob.backends.local.logs import read_logs
 from trainjob.backends.local.store import ACTIVE_STATUSES, Store, check_job_name
@@ -173,8 +173,6 @@ class LocalBackend:
 
     def get_job(self, name: str) -> types.TrainJob:
         row = self._checked([self.store.get_job(name)])[0]
-        if "resource" not in row:
-            row = self.store.get_job(name)
         return views.sdk_job(row, self.store.nodes(name))
 
     def get_job_events(self, name: str) -> list[types.Event]:
@@ -204,11 +202,12 @@ class LocalBackend:
         return read_logs(self.store.job_dir(name), nodes, rank=rank, follow=follow, finished=lambda: self._settled(name))
 
     def _settled(self, name: str) -> bool:
+        """Whether the job has ended (or is gone); asked on every poll of a followed log, so reads a narrow row."""
         try:
-            row = self._checked([self.store.get_job(name)])[0]
-        except NotFoundError:
+            rows = self._checked(self.store.list_jobs([name]))
+        except NotFoundError:  # deleted while its supervisor was being checked
             return True
-        return row["status"] not in ACTIVE_STATUSES
+        return not rows or rows[0]["status"] not in ACTIVE_STATUSES
 
     def wait_for_job_status(
         self,
@@ -219,7 +218,6 @@ class LocalBackend:
         callbacks: Sequence[Callable[[types.TrainJob], None]] | None = None,
     ) -> types.TrainJob:
         """Wait until the job's status is in ``status``; raises ``JobFailedError`` as soon as it fails."""
-        check_wanted_statuses(status)
         return wait_for_status(self.get_job, name, status, timeout, min(polling_interval, LOCAL_POLL_SECONDS), callbacks)
 
     # changing jobs

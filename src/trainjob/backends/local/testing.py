@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import time
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,9 @@ import psutil
 
 from trainjob.backends.local.backend import LocalBackend
 from trainjob.backends.local.processes import JOB_DIR_ENV
+from trainjob.backends.testing import wait_until
+
+__all__ = ["delete_all_jobs", "make_wheel", "processes_under", "trainjob_resource", "wait_until"]
 
 
 def trainjob_resource(name: str, command: list[str], runtime: str = "torch-distributed", **trainer: Any) -> Any:
@@ -40,18 +41,6 @@ def trainjob_resource(name: str, command: list[str], runtime: str = "torch-distr
 def _camel(key: str) -> str:
     head, *rest = key.split("_")
     return head + "".join(part.title() for part in rest)
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.05) -> Any:
-    """Poll ``predicate`` until it returns something truthy; ``AssertionError`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(interval)
 
 
 def processes_under(home: Path) -> list[psutil.Process]:

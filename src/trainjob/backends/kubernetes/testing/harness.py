@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +26,9 @@ from trainjob.backends.kubernetes.kubeapi import KubeApi
 from trainjob.backends.kubernetes.manifests import builtin_runtimes
 from trainjob.backends.kubernetes.operator import operate
 from trainjob.backends.kubernetes.resources import CLUSTER_TRAINING_RUNTIMES, JOBSETS, TRAINJOBS
+from trainjob.backends.kubernetes.status import find_condition
 from trainjob.backends.kubernetes.testing.server import StandInServer
+from trainjob.backends.testing import wait_until
 
 
 def write_kubeconfig(path: Path, url: str, namespace: str = "default") -> Path:
@@ -152,18 +153,11 @@ class Cluster:
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "the condition") -> Any:
     """Poll ``predicate`` until it returns something truthy; fail the test naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+    return wait_until(predicate, timeout, what=what)
 
 
 def condition(job: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    return next((c for c in (job.get("status") or {}).get("conditions") or [] if c["type"] == type_), None)
+    return find_condition(job.get("status") or {}, type_)
 
 
 def has_condition(job: dict[str, Any], type_: str, value: str = "True") -> bool:
