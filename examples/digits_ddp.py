@@ -95,7 +95,7 @@ def train(args: argparse.Namespace) -> float:
             loss.backward()  # DDP all-reduces the gradients here
             optimizer.step()
             step = epoch * len(train_loader) + batch + 1
-            if report is not None and step % 10 == 0:
+            if report is not None and (step % 10 == 0 or step == total_steps):
                 report({"loss": loss.item()}, step=step, total_steps=total_steps)
         accuracy = evaluate(model, test_loader)
         if rank == 0:
