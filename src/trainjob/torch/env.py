@@ -22,6 +22,7 @@ Without them the script runs as one process, in a process group of size one, so 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,9 @@ import torch.distributed as dist
 from trainjob.errors import ValidationError
 
 __all__ = ["DistContext", "context", "global_rank", "global_world_size", "init", "on_shutdown", "shutdown"]
+
+#: How long ``shutdown`` waits for the other ranks before tearing the process group down anyway.
+SHUTDOWN_BARRIER_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -167,5 +171,16 @@ def shutdown() -> None:
     while _before_shutdown:
         _before_shutdown.pop()()
     if dist.is_initialized():
+        _meet_before_destroy()
         dist.destroy_process_group()
     _context = None
+
+
+def _meet_before_destroy(timeout: float = SHUTDOWN_BARRIER_SECONDS) -> None:
+    # A rank that tears its gloo connections down while a peer is still working makes that peer's transport
+    # threads fail, and the process aborts (SIGABRT) after its work is done. Meeting first avoids it; the wait is
+    # bounded so that a peer that died already cannot hang the survivors.
+    if dist.get_world_size() == 1:
+        return
+    with contextlib.suppress(Exception):  # a missing peer must not stop this rank from shutting down
+        dist.barrier(async_op=True).wait(timeout=timedelta(seconds=timeout))
