@@ -29,10 +29,22 @@ _context = click.option("--context", help="kubeconfig context (default: the curr
     type=click.Path(file_okay=False, path_type=Path),
     help="Write the kustomization (deploy/ layout) into this directory instead of applying.",
 )
+@click.option(
+    "--operator-replicas",
+    default=1,
+    show_default=True,
+    type=click.IntRange(0, 1),
+    help="0 installs everything but runs no operator in the cluster (run `trainjob operator` yourself).",
+)
 @_kubeconfig
 @_context
 def install(
-    dry_run: bool, image: str | None, write_dir: Path | None, config_file: str | None, context: str | None
+    dry_run: bool,
+    image: str | None,
+    write_dir: Path | None,
+    operator_replicas: int,
+    config_file: str | None,
+    context: str | None,
 ) -> None:
     """Install the CRDs, RBAC, the operator Deployment and the built-in runtimes (JobSet must be installed)."""
     from trainjob.backends.kubernetes import manifests
@@ -45,7 +57,7 @@ def install(
             target.write_text(text)
             click.echo(f"wrote {target}")
         return
-    objects = manifests.install_manifests(image)
+    objects = manifests.install_manifests(image, operator_replicas)
     if dry_run:
         click.echo(manifests.manifests_yaml(objects), nl=False)
         return

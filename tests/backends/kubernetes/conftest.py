@@ -1,49 +1,75 @@
-"""Fixtures: a Kubernetes API stand-in on loopback (kmock) that validates what it receives, and the real operator.
+"""Fixtures: a real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, JobSet)
+built from Go modules by ``scripts/cluster/build.sh``, with trainjob installed and its operator running as its
+ServiceAccount. Pods run on the node agent (``tests/harness/kubetest/node_agent.py``), the only stand-in.
 
-Tests talk to the stand-in with the real ``kubernetes`` client; the operator is the real kopf operator started from
-``trainjob.backends.kubernetes.operator`` in a thread. Nothing is monkey-patched.
+The control plane starts once per test session; every test gets its own namespace.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubetest.cluster import TrainJobCluster
+from kubetest.controlplane import ControlPlane
 
-from trainjob.backends.kubernetes.testing.harness import Cluster, write_kubeconfig
-from trainjob.backends.kubernetes.testing.server import StandInServer
-from trainjob.backends.kubernetes.testing.validators import reference_validators
-
-REFERENCE = Path(__file__).resolve().parents[3].parent / "shared" / "reference"
+_NAMESPACES = itertools.count()
 
 
-@pytest.fixture
-def standin() -> Iterator[StandInServer]:
-    with StandInServer(validators=reference_validators(REFERENCE)) as server:
-        yield server
+def _unavailable() -> str | None:
+    if shutil.which("go") is None:
+        return "the test cluster is built from Go modules and needs Go (https://go.dev/dl/)"
+    if os.geteuid() != 0:
+        return "the node agent runs each pod in a network namespace, which needs root"
+    if shutil.which("ip") is None or shutil.which("unshare") is None:
+        return "the node agent needs the ip (iproute2) and unshare (util-linux) commands"
+    return None
 
 
-@pytest.fixture
-def cluster(standin: StandInServer, tmp_path: Path) -> Iterator[Cluster]:
-    """A stand-in with the built-in runtimes installed and the operator running."""
-    c = Cluster(standin, write_kubeconfig(tmp_path / "kubeconfig", standin.url))
-    c.install_builtin_runtimes()
-    c.operator.start()
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    reason = _unavailable()
+    if reason is not None:
+        if os.environ.get("TRAINJOB_REQUIRE_CLUSTER") == "1":
+            pytest.fail(f"TRAINJOB_REQUIRE_CLUSTER=1 but {reason}")
+        pytest.skip(reason)
+    with ControlPlane.start(tmp_path_factory.mktemp("cluster")) as cp:
+        yield cp
+
+
+@pytest.fixture(scope="session")
+def k8s(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrainJobCluster]:
+    """trainjob installed on the control plane, its operator running (tests that stop it start it again)."""
+    cluster = TrainJobCluster(control_plane, tmp_path_factory.mktemp("trainjob"))
+    cluster.install()
+    cluster.operator.start()
     try:
-        yield c
+        yield cluster
     finally:
-        c.operator.stop()
-        assert not standin.call(lambda api: [e for e in api.errors if _is_server_fault(e)]), (
-            "the stand-in hit internal errors"
-        )
-        refused = standin.call(lambda api: [r for r in api.rejections if "trainjob-operator" in r[0]])
-        assert not refused, f"the API refused objects the operator sent: {refused}"
+        cluster.operator.stop()
 
 
-def _is_server_fault(error: Exception) -> bool:
-    """An error the stand-in raised while serving, not a client that went away mid-stream (a watch the
-    stopping operator closed: writing to its connection fails with a connection reset)."""
-    if isinstance(error, ConnectionResetError):
-        return False
-    return getattr(error, "status", 500) >= 500
+@pytest.fixture
+def namespace(k8s: TrainJobCluster) -> str:
+    """A fresh namespace for one test."""
+    name = f"t{next(_NAMESPACES)}-{os.getpid() % 10000}"
+    k8s.cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}])
+    return name
+
+
+@pytest.fixture
+def operator_running(k8s: TrainJobCluster) -> Iterator[TrainJobCluster]:
+    """For tests that kill the operator: it runs again afterwards."""
+    yield k8s
+    if not k8s.operator.alive():
+        k8s.operator.start()
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    tmp_path.chmod(0o755)
+    return tmp_path

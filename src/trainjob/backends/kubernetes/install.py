@@ -23,6 +23,8 @@ _KINDS = {
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): ("customresourcedefinitions", False),
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): ("clusterroles", False),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): ("clusterrolebindings", False),
+    ("rbac.authorization.k8s.io/v1", "Role"): ("roles", True),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rolebindings", True),
     ("apps/v1", "Deployment"): ("deployments", True),
     ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): ("clustertrainingruntimes", False),
 }

@@ -129,6 +129,17 @@ class KubeApi:
             raise _backend_error(exc, f"list pods {label_selector}") from exc
         return list(json.loads(listing.data).get("items", []))
 
+    def read_log(self, namespace: str, pod: dict[str, Any], container: str, tail_lines: int = 200) -> str:
+        """The last ``tail_lines`` lines of a container's log (through the API server's ``pods/log``)."""
+        try:
+            return str(
+                self.core.read_namespaced_pod_log(
+                    pod["metadata"]["name"], namespace, container=container, tail_lines=tail_lines
+                )
+            )
+        except Exception as exc:
+            raise _backend_error(exc, f"read the log of pod {pod['metadata']['name']}") from exc
+
     def list_events(
         self, namespace: str, involved_name: str, include_children: bool = False
     ) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ from trainjob.backends.kubernetes.resources import (
     TRAINJOBS,
     VOLCANO_PODGROUPS,
 )
+from trainjob.backends.kubernetes.snapshot import KEY_SECRET
 
 NAMESPACE = "trainjob-system"
 NAME = "trainjob-operator"
@@ -37,35 +38,42 @@ def namespace() -> dict[str, Any]:
 
 
 def rbac() -> list[dict[str, Any]]:
-    """A ServiceAccount and a ClusterRole with exactly what the operator calls (jobs live in every namespace)."""
-    read = ["get", "list", "watch"]
+    """A ServiceAccount, a ClusterRole with exactly what the operator calls (jobs live in every namespace), and a
+    Role in the operator's namespace for the one Secret that holds its snapshot-signing key."""
     rules = [
-        {"apiGroups": [TRAINER_GROUP], "resources": [TRAINJOBS.plural], "verbs": [*read, "patch"]},
         {
             "apiGroups": [TRAINER_GROUP],
-            "resources": [f"{TRAINJOBS.plural}/status"],
-            "verbs": ["get", "patch"],
+            "resources": [TRAINJOBS.plural],
+            "verbs": ["get", "list", "watch", "patch"],
         },
+        {"apiGroups": [TRAINER_GROUP], "resources": [f"{TRAINJOBS.plural}/status"], "verbs": ["patch"]},
         {
             "apiGroups": [TRAINER_GROUP],
             "resources": [TRAINING_RUNTIMES.plural, CLUSTER_TRAINING_RUNTIMES.plural],
-            "verbs": read,
+            "verbs": ["get", "list"],
         },
         {
             "apiGroups": [JOBSETS.group],
             "resources": [JOBSETS.plural],
-            "verbs": [*read, "create", "patch", "delete"],
+            "verbs": ["get", "list", "watch", "create", "patch", "delete"],
         },
         {
             "apiGroups": [COSCHEDULING_PODGROUPS.group, VOLCANO_PODGROUPS.group],
             "resources": ["podgroups"],
-            "verbs": ["get", "create", "delete"],
+            "verbs": ["create", "delete"],
         },
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-        # kopf discovers resources through CRDs and follows new ones appearing.
-        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": read},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        # A failed job's message names the failing rank's exception: from its pods' status, else their logs.
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    ]
+    key_rules = [
+        # `create` cannot be limited to a name; the Role only covers the operator's own namespace.
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": [KEY_SECRET]},
     ]
     meta = {"name": NAME, "labels": dict(_LABELS)}
+    subjects = [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {**meta, "namespace": NAMESPACE}},
         {
@@ -79,13 +87,27 @@ def rbac() -> list[dict[str, Any]]:
             "kind": "ClusterRoleBinding",
             "metadata": meta,
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
-            "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}],
+            "subjects": subjects,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {**meta, "namespace": NAMESPACE},
+            "rules": key_rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {**meta, "namespace": NAMESPACE},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME},
+            "subjects": subjects,
         },
     ]
 
 
-def deployment(image: str = DEFAULT_IMAGE) -> dict[str, Any]:
-    """One replica (``Recreate``: never two operators at once), health probes on kopf's liveness endpoint."""
+def deployment(image: str = DEFAULT_IMAGE, replicas: int = 1) -> dict[str, Any]:
+    """One replica (``Recreate``: never two operators at once; 0 when the operator runs elsewhere), health probes
+    on kopf's liveness endpoint."""
     probe = {"httpGet": {"path": "/healthz", "port": LIVENESS_PORT}, "periodSeconds": 10, "timeoutSeconds": 5}
     container = {
         "name": "operator",
@@ -107,7 +129,7 @@ def deployment(image: str = DEFAULT_IMAGE) -> dict[str, Any]:
         "kind": "Deployment",
         "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": dict(_LABELS)},
         "spec": {
-            "replicas": 1,
+            "replicas": replicas,
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
             "template": {
@@ -133,9 +155,15 @@ def builtin_runtimes() -> list[dict[str, Any]]:
     return [runtime.to_dict() for _, runtime in sorted(runtimes().items())]
 
 
-def install_manifests(image: str = DEFAULT_IMAGE) -> list[dict[str, Any]]:
+def install_manifests(image: str = DEFAULT_IMAGE, operator_replicas: int = 1) -> list[dict[str, Any]]:
     """Everything to install, in apply order (CRDs before the runtimes that need them)."""
-    return [namespace(), *custom_resource_definitions(), *rbac(), deployment(image), *builtin_runtimes()]
+    return [
+        namespace(),
+        *custom_resource_definitions(),
+        *rbac(),
+        deployment(image, operator_replicas),
+        *builtin_runtimes(),
+    ]
 
 
 def manifests_yaml(objects: list[dict[str, Any]]) -> str:

@@ -28,6 +28,7 @@ from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_ap
 from trainjob.backends.kubernetes.kubeapi import KubeApi
 from trainjob.backends.kubernetes.reconcile import Reconciler
 from trainjob.backends.kubernetes.resources import JOB_NAME_LABEL, JOBSETS, TRAINJOBS
+from trainjob.backends.kubernetes.snapshot import SnapshotSigner, load_or_create_key
 from trainjob.backends.kubernetes.workqueue import WorkQueue
 
 log = logging.getLogger("trainjob.operator")
@@ -106,6 +107,8 @@ def queue_depth(memo: OperatorState, **_: Any) -> int:
 
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING
+    # The watched resources are known; no need to follow CRDs and namespaces (and no RBAC for them).
+    settings.scanning.disabled = True
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
 
@@ -137,10 +140,15 @@ async def operate(
     liveness: str | None = None,
     stop_flag: threading.Event | asyncio.Event | None = None,
     ready_flag: threading.Event | asyncio.Event | None = None,
+    key_namespace: str | None = None,
 ) -> None:
-    """Run the operator until ``stop_flag`` is set (or the task is cancelled)."""
+    """Run the operator until ``stop_flag`` is set (or the task is cancelled).
+
+    ``key_namespace`` holds the Secret with the key that signs runtime snapshots (:mod:`.snapshot`): the
+    operator's own namespace in a pod, else ``trainjob-system``."""
     api = KubeApi(load_api_client(config, user_agent=USER_AGENT))
-    state = OperatorState(api=api, reconciler=Reconciler(api), workers=workers)
+    key = await asyncio.to_thread(load_or_create_key, api, key_namespace or operator_namespace())
+    state = OperatorState(api=api, reconciler=Reconciler(api, SnapshotSigner(key)), workers=workers)
     try:
         await kopf.operator(
             registry=make_registry(),
@@ -154,6 +162,17 @@ async def operate(
         )
     finally:
         api.client.close()
+
+
+def operator_namespace() -> str:
+    """The namespace the operator runs in: its pod's, else the one ``trainjob install`` uses."""
+    from trainjob.backends.kubernetes.manifests import NAMESPACE
+
+    try:
+        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+            return f.read().strip() or NAMESPACE
+    except OSError:
+        return NAMESPACE
 
 
 def run_operator(config: KubernetesBackendConfig, **options: Any) -> None:

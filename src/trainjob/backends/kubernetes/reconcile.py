@@ -3,7 +3,8 @@
 Every call reads the TrainJob and its JobSet from the API server and converges them; nothing is kept in memory,
 so an operator that restarts (or two calls for the same job) does the right thing::
 
-    reconciler = Reconciler(KubeApi(load_api_client(KubernetesBackendConfig())))
+    api = KubeApi(load_api_client(KubernetesBackendConfig()))
+    reconciler = Reconciler(api, SnapshotSigner(load_or_create_key(api, "trainjob-system")))
     again_in = reconciler.reconcile("ml-team", "mnist")   # seconds until a deadline check, or None
 
 Steps, each skipped when already done:
@@ -12,9 +13,12 @@ Steps, each skipped when already done:
 2. the referenced runtime (a ClusterTrainingRuntime, or a TrainingRuntime from the job's own namespace) is copied
    into the job's ``trainer.kubeflow.org/runtime-snapshot`` annotation before anything is built from it, so
    editing the runtime later never changes this job, not even when its JobSet must be built again (the status
-   keeps the Kubeflow Trainer shape, which the API server would prune extra fields from);
+   keeps the Kubeflow Trainer shape, which the API server would prune extra fields from). The snapshot is signed
+   (:mod:`.snapshot`): one the operator did not write is replaced, with a ``Warning`` Event;
 3. the runtime framework resolves the job into a Plan and renders the JobSet (and PodGroup), created with owner
-   references to the TrainJob so deleting the job deletes them;
+   references to the TrainJob so deleting the job deletes them. Extended resources (``nvidia.com/gpu``) requested
+   without a limit get an equal limit, as the API server requires, with an Event. A JobSet that someone else
+   deleted is created again, with a ``Warning`` Event (a script that checkpoints resumes from its checkpoint);
 4. ``spec.suspend`` is mirrored to the JobSet's ``spec.suspend`` (the only field of an existing JobSet ever changed);
 5. the status is derived from the JobSet (:mod:`.status`); past ``activeDeadlineSeconds`` the job fails and its
    JobSet is deleted.
@@ -25,13 +29,13 @@ and what to change, and a ``Warning`` Event.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from trainjob.backends.kubernetes import status as st
+from trainjob.backends.kubernetes.failure import root_cause
 from trainjob.backends.kubernetes.kubeapi import ApiError, KubeApi
 from trainjob.backends.kubernetes.resources import (
     ANCESTOR_STEP_LABEL,
@@ -39,13 +43,14 @@ from trainjob.backends.kubernetes.resources import (
     CONTROLLER_NAME,
     COSCHEDULING_PODGROUPS,
     JOB_NAME_LABEL,
+    JOBSET_NAME_LABEL,
     JOBSETS,
     RUNTIME_KINDS,
-    RUNTIME_SNAPSHOT_ANNOTATION,
     TRAINER_GROUP,
     TRAINJOBS,
     VOLCANO_PODGROUPS,
 )
+from trainjob.backends.kubernetes.snapshot import SnapshotSigner, has_snapshot
 from trainjob.errors import AlreadyExistsError, TrainJobError, ValidationError
 
 log = logging.getLogger("trainjob.operator")
@@ -73,8 +78,9 @@ def owner_reference(job: dict[str, Any]) -> dict[str, Any]:
 class Reconciler:
     """Converges TrainJobs through a :class:`KubeApi`; ``clock`` is injectable for deadline tests."""
 
-    def __init__(self, api: KubeApi, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, api: KubeApi, signer: SnapshotSigner, clock: Callable[[], float] = time.time) -> None:
         self.api = api
+        self.signer = signer
         self.clock = clock
 
     def reconcile(self, namespace: str, name: str) -> float | None:
@@ -88,14 +94,22 @@ class Reconciler:
         spec = job.get("spec") or {}
         now = self.clock()
 
-        snapshot = runtime_snapshot(job)
+        snapshot = self.signer.verified(job)
         if snapshot is None:
             snapshot = self._snapshot_runtime(job, status, now)
             if snapshot is None:
                 return None
-            annotation = {"metadata": {"annotations": {RUNTIME_SNAPSHOT_ANNOTATION: json.dumps(snapshot)}}}
+            annotation = {"metadata": {"annotations": self.signer.annotations(job, snapshot)}}
             if self.api.patch(TRAINJOBS, namespace, name, annotation) is None:
                 return None  # deleted meanwhile
+            if has_snapshot(job):
+                self.api.post_event(
+                    job,
+                    "Warning",
+                    "RuntimeSnapshotReplaced",
+                    "the runtime-snapshot annotation was not written by the operator (it is signed) and was "
+                    f"replaced by a snapshot of {snapshot['kind']} {snapshot['name']!r}",
+                )
 
         suspend = bool(spec.get("suspend"))
         jobset = self.api.get(JOBSETS, namespace, name)
@@ -109,6 +123,14 @@ class Reconciler:
             self._fail(job, status, "JobSetConflict", message, now)
             return None
         if jobset is None:
+            if status.get("jobsStatus"):  # it existed: someone else deleted it
+                self.api.post_event(
+                    job,
+                    "Warning",
+                    "JobSetRecreated",
+                    f"JobSet {name!r} was deleted by someone else; creating it again (training restarts, from "
+                    "its last checkpoint when the script keeps one)",
+                )
             jobset = self._build(job, status, snapshot, now)
             if jobset is None:
                 return None
@@ -116,6 +138,8 @@ class Reconciler:
             jobset = self.api.patch(JOBSETS, namespace, name, {"spec": {"suspend": suspend}}) or jobset
 
         new = st.derive_status(status, suspend, jobset, trainer_name(jobset), now)
+        if st.is_true(new, st.FAILED) and not st.is_true(status, st.FAILED):
+            new = self._explain_failure(job, new, now)
         remaining = st.deadline_remaining(new, suspend, jobset, spec.get("activeDeadlineSeconds"), now)
         if remaining is not None and remaining <= 0 and st.finished_condition(new) is None:
             self._fail_past_deadline(job, status, new, now)
@@ -171,6 +195,9 @@ class Reconciler:
 
     def render(self, job: dict[str, Any], snapshot: dict[str, Any]) -> list[dict[str, Any]]:
         """The objects (PodGroup first, then JobSet) the runtime framework renders for ``job``, owned by it."""
+        return self._render(job, snapshot)[0]
+
+    def _render(self, job: dict[str, Any], snapshot: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
         from trainjob.api import TrainJob, resource_from_dict
         from trainjob.runtime import resolve
         from trainjob.runtime.render import render_objects
@@ -196,6 +223,8 @@ class Reconciler:
             runtime_doc["metadata"]["namespace"] = meta["namespace"]
         runtime = resource_from_dict(runtime_doc)
         objects = render_objects(resolve(model, runtime))
+        changes = limit_extended_resources(objects)
+        keep_log_tail_on_error(objects)
         for obj in objects:
             obj_meta = obj.setdefault("metadata", {})
             obj_meta["namespace"] = meta["namespace"]
@@ -203,31 +232,59 @@ class Reconciler:
             obj_meta["ownerReferences"] = [owner_reference(job)]
             if obj["kind"] == JOBSETS.kind:  # created suspended when the job is, so no pod starts early
                 obj.setdefault("spec", {})["suspend"] = bool((job.get("spec") or {}).get("suspend"))
-        return sorted(objects, key=lambda o: o["kind"] == JOBSETS.kind)
+        return sorted(objects, key=lambda o: o["kind"] == JOBSETS.kind), changes
 
     def _build(
         self, job: dict[str, Any], status: dict[str, Any], snapshot: dict[str, Any], now: float
     ) -> dict[str, Any] | None:
         """Render and create the job's objects; ``None`` when the job cannot run (it is failed then)."""
         try:
-            objects = self.render(job, snapshot)
+            objects, limits_set = self._render(job, snapshot)
         except ValidationError as exc:
             self._fail(job, status, "InvalidTrainJob", f"{exc} (fix the TrainJob and create it again)", now)
             return None
+        except Exception as exc:  # a runtime the framework cannot render: retrying cannot help
+            log.exception("cannot render TrainJob %s/%s", job["metadata"]["namespace"], job["metadata"]["name"])
+            message = f"cannot render the runtime: {type(exc).__name__}: {str(exc)[:300]} (fix the runtime)"
+            self._fail(job, status, "InvalidRuntime", message, now)
+            return None
         created: dict[str, Any] = {}
+        made_jobset = False
         for obj in objects:
             try:
                 created = self.api.create(obj)
+                made_jobset = made_jobset or obj["kind"] == JOBSETS.kind
             except AlreadyExistsError:  # a previous pass got this far
                 created = obj
             except ApiError as exc:
-                if exc.status != 404:  # 404: the kind is not served; anything else is retried
-                    raise
-                self._fail(job, status, "CRDNotInstalled", _not_installed(obj), now)
-                return None
-        self.api.post_event(job, "Normal", "JobSetCreated", f"created JobSet {job['metadata']['name']}")
-        log.info("created JobSet %s/%s", job["metadata"]["namespace"], job["metadata"]["name"])
+                if exc.status == 404:  # the kind is not served
+                    self._fail(job, status, "CRDNotInstalled", _not_installed(obj), now)
+                    return None
+                if exc.status in (400, 403, 422):  # refused as invalid (or forbidden): retrying cannot help
+                    self._fail(job, status, "JobSetRejected", f"{exc} (fix the runtime or the TrainJob)", now)
+                    return None
+                raise
+        if made_jobset:
+            for change in limits_set:
+                self.api.post_event(job, "Normal", "ExtendedResourceLimitsSet", change)
+            self.api.post_event(job, "Normal", "JobSetCreated", f"created JobSet {job['metadata']['name']}")
+            log.info("created JobSet %s/%s", job["metadata"]["namespace"], job["metadata"]["name"])
         return created
+
+    def _explain_failure(self, job: dict[str, Any], status: dict[str, Any], now: float) -> dict[str, Any]:
+        """Put the failing node, rank and exception in front of the JobSet's generic failure message."""
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        try:
+            pods = self.api.list_pods(namespace, f"{JOBSET_NAME_LABEL}={name}")
+            cause = root_cause(pods, lambda pod, container: self.api.read_log(namespace, pod, container))
+        except TrainJobError as exc:
+            log.warning("cannot read the pods of failed TrainJob %s/%s: %s", namespace, name, exc)
+            return status
+        if cause is None:
+            return status
+        cond = st.find_condition(status, st.FAILED) or {}
+        message = f"{cause} ({cond.get('message') or 'the JobSet failed'})"
+        return st.set_condition(status, st.FAILED, True, cond.get("reason") or "JobSetFailed", message, now)
 
     def _fail_past_deadline(
         self, job: dict[str, Any], old: dict[str, Any], new: dict[str, Any], now: float
@@ -296,10 +353,50 @@ def _left_by_a_namesake(child: dict[str, Any]) -> bool:
     )
 
 
-def runtime_snapshot(job: dict[str, Any]) -> dict[str, Any] | None:
-    """The runtime copy the job runs on (``kind``, ``name``, ``spec``), once the operator has taken it."""
-    text = ((job.get("metadata") or {}).get("annotations") or {}).get(RUNTIME_SNAPSHOT_ANNOTATION)
-    return json.loads(text) if text else None
+#: Resources the API server lets a pod overcommit (everything else needs limits equal to requests).
+_OVERCOMMITTABLE = {"cpu", "memory", "ephemeral-storage"}
+
+
+def _containers(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(replicated job name, container) for every container of the JobSets in ``objects``."""
+    out = []
+    for obj in objects:
+        if obj.get("kind") != JOBSETS.kind:
+            continue
+        for rj in (obj.get("spec") or {}).get("replicatedJobs") or []:
+            pod_spec = (((rj.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+            for container in [*(pod_spec.get("initContainers") or []), *(pod_spec.get("containers") or [])]:
+                out.append((str(rj.get("name")), container))
+    return out
+
+
+def keep_log_tail_on_error(objects: list[dict[str, Any]]) -> None:
+    """``terminationMessagePolicy: FallbackToLogsOnError`` where the runtime sets none, so a failed container's
+    status keeps the end of its log (the traceback) for the job's failure message."""
+    for _, container in _containers(objects):
+        container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+
+
+def limit_extended_resources(objects: list[dict[str, Any]]) -> list[str]:
+    """Give extended resources requested without a limit (``nvidia.com/gpu: 8``) an equal limit, in place.
+
+    The API server refuses a pod whose non-overcommittable resources lack ``limits`` equal to ``requests``
+    ("Limit must be set for non overcommitable resources"); Kubeflow's examples request GPUs only. Returns one
+    line per container changed, for an Event."""
+    changes = []
+    for rj_name, container in _containers(objects):
+        resources = container.get("resources") or {}
+        requests = resources.get("requests") or {}
+        limits = resources.get("limits") or {}
+        added = {k: v for k, v in requests.items() if k not in _OVERCOMMITTABLE and k not in limits}
+        if added:
+            container["resources"] = {**resources, "limits": {**limits, **added}}
+            listed = ", ".join(f"{k}={v}" for k, v in added.items())
+            changes.append(
+                f"{rj_name}/{container.get('name')}: set limits {listed} equal to the requests "
+                "(Kubernetes needs limits for extended resources)"
+            )
+    return changes
 
 
 def trainer_name(jobset: dict[str, Any]) -> str:

@@ -44,6 +44,8 @@ JOB_NAME_LABEL = "trainer.kubeflow.org/trainjob-name"
 ANCESTOR_STEP_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 #: The JSON copy of the runtime a job was started from (kind, name, resourceVersion, labels, spec).
 RUNTIME_SNAPSHOT_ANNOTATION = "trainer.kubeflow.org/runtime-snapshot"
+#: Label JobSet puts on its Jobs and pods: the JobSet's name.
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 #: Label JobSet puts on the pods of each replicated job.
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"

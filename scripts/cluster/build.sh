@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Builds the test cluster's upstream components from their Go modules, unmodified, at the versions pinned by the
+# go.mod files beside this script:
+#   etcd/        go.etcd.io/etcd/server/v3      (main.go calls etcdmain.Main)
+#   kubernetes/  k8s.io/kubernetes              kube-apiserver, kube-controller-manager, kube-scheduler
+#   jobset/      sigs.k8s.io/jobset             the JobSet controller manager (serves jobset.x-k8s.io/v1alpha2)
+#   kubeflow/    github.com/kubeflow/trainer/v2 (only its CRDs are used, as the reference schemas)
+#   podgroups/   sigs.k8s.io/scheduler-plugins (its coscheduling PodGroup CRD), volcano.sh/apis (Volcano's
+#                PodGroup types; controller-gen from sigs.k8s.io/controller-tools generates their CRD)
+# Binaries are cached by component and by a hash of its go.mod/go.sum and the Go version, under
+# ${TRAINJOB_CLUSTER_CACHE:-~/.cache/trainjob/cluster}, so a warm run takes seconds. Manifests that the tests
+# need (CRDs, JobSet's RBAC and webhook paths) are copied from the module cache next to the binaries.
+# Prints the path of manifest.json, which names every binary and file.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+cache="${TRAINJOB_CLUSTER_CACHE:-$HOME/.cache/trainjob/cluster}"
+mkdir -p "$cache"
+command -v go >/dev/null || { echo "build.sh: Go is needed (https://go.dev/dl/); none on PATH" >&2; exit 2; }
+gover="$(go env GOVERSION)"
+export GOFLAGS="${GOFLAGS:--mod=readonly}" CGO_ENABLED=0
+
+log() { echo "build.sh: $*" >&2; }
+
+# stamp DIR: a short hash of the module's pins and the toolchain, so a change to either rebuilds.
+stamp() { cat "$1/go.mod" "$1/go.sum" | { cat; echo "$gover"; } | sha256sum | cut -c1-16; }
+
+# build NAME MODULE_DIR PACKAGE...: builds into $cache/NAME-<stamp>/ unless it is there already.
+build() {
+  local name="$1" dir="$here/$2"; shift 2
+  local out="$cache/$name-$(stamp "$dir")"
+  if [ -f "$out/.complete" ]; then
+    echo "$out"; return
+  fi
+  log "building $name ($*) into $out"
+  local start=$SECONDS
+  rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+  (cd "$dir" && go build -trimpath -ldflags="-s -w" -o "$out.tmp/" "$@")
+  touch "$out.tmp/.complete"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  log "built $name in $((SECONDS - start)) s"
+  echo "$out"
+}
+
+# module_dir MODULE_DIR MODULE: where the Go module cache holds MODULE at the version MODULE_DIR pins.
+module_dir() {
+  (cd "$here/$1" && go mod download -json "$2" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+}
+
+etcd_bin="$(build etcd etcd trainjob.local/cluster/etcd)"
+kube_bin="$(build kubernetes kubernetes \
+  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kube-scheduler)"
+jobset_bin="$(build jobset jobset sigs.k8s.io/jobset)"
+controller_gen_bin="$(build controller-gen podgroups sigs.k8s.io/controller-tools/cmd/controller-gen)"
+
+jobset_src="$(module_dir jobset sigs.k8s.io/jobset)"
+trainer_src="$(module_dir kubeflow github.com/kubeflow/trainer/v2)"
+sp_src="$(module_dir podgroups sigs.k8s.io/scheduler-plugins)"
+
+manifests="$cache/manifests-$(cat "$here"/*/go.mod "$0" | sha256sum | cut -c1-16)"
+if [ ! -f "$manifests/.complete" ]; then
+  rm -rf "$manifests.tmp" && mkdir -p "$manifests.tmp"/{jobset,kubeflow,podgroups}
+  cp "$jobset_src"/config/components/crd/bases/*.yaml "$manifests.tmp/jobset/"
+  cp "$jobset_src/config/components/rbac/role.yaml" "$manifests.tmp/jobset/rbac-role.yaml"
+  cp "$jobset_src/config/components/webhook/manifests.yaml" "$manifests.tmp/jobset/webhooks.yaml"
+  cp "$trainer_src"/manifests/base/crds/*.yaml "$manifests.tmp/kubeflow/"
+  cp "$sp_src/config/crd/bases/scheduling.x-k8s.io_podgroups.yaml" "$manifests.tmp/podgroups/"
+  (cd "$here/podgroups" && "$controller_gen_bin/controller-gen" crd:crdVersions=v1 \
+    paths=volcano.sh/apis/pkg/apis/scheduling/v1beta1 output:crd:dir="$manifests.tmp/podgroups")
+  chmod -R u+w "$manifests.tmp"
+  touch "$manifests.tmp/.complete"
+  rm -rf "$manifests" && mv "$manifests.tmp" "$manifests"
+fi
+
+version_of() { sed -n "s|^require $1 \(v[^ ]*\)$|\1|p" "$here/$2/go.mod"; }
+cat > "$cache/manifest.json" <<EOF
+{
+  "go": "$gover",
+  "versions": {
+    "etcd": "$(version_of go.etcd.io/etcd/server/v3 etcd)",
+    "kubernetes": "$(version_of k8s.io/kubernetes kubernetes)",
+    "jobset": "$(version_of sigs.k8s.io/jobset jobset)",
+    "kubeflow-trainer": "$(version_of github.com/kubeflow/trainer/v2 kubeflow)"
+  },
+  "binaries": {
+    "etcd": "$etcd_bin/etcd",
+    "kube-apiserver": "$kube_bin/kube-apiserver",
+    "kube-controller-manager": "$kube_bin/kube-controller-manager",
+    "kube-scheduler": "$kube_bin/kube-scheduler",
+    "jobset": "$jobset_bin/jobset"
+  },
+  "manifests": "$manifests"
+}
+EOF
+echo "$cache/manifest.json"

@@ -1,0 +1,99 @@
+"""Why a TrainJob on Kubernetes failed, in one line: the failing node, rank and root exception.
+
+When the JobSet fails, its condition only says that a Job failed. The operator then looks at the trainer pods
+that failed, first failure first (the pods that died after it usually died *because* of it: a collective that lost
+its peer), and reads the exception from the container's termination message (the trainer container has
+``terminationMessagePolicy: FallbackToLogsOnError``, so the kubelet keeps the end of its log there), or else from
+the end of its log::
+
+    node-1 rank 1: NameError: name 'lr' is not defined
+
+:func:`exception_line` finds the last Python exception line in text; :func:`failed_rank` reads the rank from
+torchrun's "Root Cause" summary.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from trainjob.backends.kubernetes.resources import COMPLETION_INDEX_LABEL
+
+# "NameError: name 'lr' is not defined", "torch.OutOfMemoryError: ...", "ValueError" alone.
+_EXCEPTION = re.compile(
+    r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning)\b(?::.*)?$"
+)
+# Exceptions that report another failure rather than being one.
+_CONSEQUENCES = (
+    "ChildFailedError",
+    "DistNetworkError",
+    "DistBackendError",
+    "RendezvousClosedError",
+    "RendezvousConnectionError",
+    "SignalException",
+)
+_PEER_LOST = re.compile(r"Connection (?:closed|reset) by peer|connection closed|Broken pipe|ECONNRESET", re.I)
+_ROOT_RANK = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", re.S)
+_LOG_PREFIX = re.compile(r"^\[(?:default|rank)?\d+\]:")
+
+
+def exception_line(text: str) -> str | None:
+    """The last line of ``text`` that states a Python exception and is not a peer's or torchrun's echo of it."""
+    best = None
+    for raw in text.splitlines():
+        line = _LOG_PREFIX.sub("", raw).strip()
+        if not _EXCEPTION.match(line) or line.split(":", 1)[0].rsplit(".", 1)[-1] in _CONSEQUENCES:
+            continue
+        if _PEER_LOST.search(line):
+            continue
+        best = line
+    return best
+
+
+def failed_rank(text: str) -> int | None:
+    """The global rank torchrun names as the root cause of its failure, if it printed its summary."""
+    match = _ROOT_RANK.search(text)
+    return int(match.group(1)) if match else None
+
+
+def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = (status.get("state") or {}).get("terminated") or (status.get("lastState") or {}).get("terminated")
+        if state and state.get("exitCode", 0) != 0:
+            return {**state, "container": status["name"]}
+    return None
+
+
+def root_cause(pods: list[dict[str, Any]], read_log: Callable[[dict[str, Any], str], str]) -> str | None:
+    """``node-N rank R: Exception: message`` for the first trainer pod that failed, or ``None`` if none did.
+
+    ``read_log(pod, container)`` returns the end of a container's log; it is asked only when the termination
+    message holds no exception."""
+    failed = [(pod, state) for pod in pods if (state := _terminated(pod)) is not None]
+    if not failed:
+        return None
+    failed.sort(key=lambda item: (item[1].get("finishedAt") or "", item[0]["metadata"]["name"]))
+    described = []
+    for pod, state in failed:
+        text = state.get("message") or ""
+        line = exception_line(text)
+        if line is None:
+            try:
+                text = read_log(pod, state["container"]) or text
+            except Exception:  # logs can be gone with the node; the exit code still says something
+                text = text or ""
+            line = exception_line(text)
+        labels = pod["metadata"].get("labels") or {}
+        node = labels.get(COMPLETION_INDEX_LABEL) or (pod["metadata"].get("annotations") or {}).get(
+            COMPLETION_INDEX_LABEL
+        )
+        rank = failed_rank(text)
+        where = f"node-{node}" if node is not None else pod["metadata"]["name"]
+        if rank is not None:
+            where += f" rank {rank}"
+        code = state.get("exitCode")
+        signal = f" (signal {state['signal']})" if state.get("signal") else ""
+        described.append((line is not None, f"{where}: {line}" if line else f"{where}: exited with code {code}{signal}"))
+    # The first failure that states an exception; else the first failure.
+    return next((text for has_line, text in described if has_line), described[0][1])

@@ -1,1 +1,0 @@
-"""Test support for the Kubernetes backend: an API server stand-in and pod emulation in network namespaces."""

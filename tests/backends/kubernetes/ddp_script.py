@@ -1,0 +1,63 @@
+"""A small DDP training run by the test cluster's pods under torchrun (gloo, CPU).
+
+Every rank prints ``rank R/W node N host H``; rank 0 prints ``final loss L``. Options make the failures the tests
+need: ``--fail-rank R`` raises ``NameError`` on rank R after the first all-reduce, ``--step-seconds S`` slows steps
+down, ``--checkpoint DIR`` saves the step after each one and resumes from it (an elastic restart continues).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--step-seconds", type=float, default=0.0)
+    parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument("--fail-attempt", type=int, default=-1, help="fail only on this restart attempt")
+    parser.add_argument("--checkpoint", type=Path)
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    print(f"rank {rank}/{world} node {os.environ.get('GROUP_RANK')} host {socket.gethostname()}", flush=True)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    start = 0
+    if args.checkpoint is not None and (args.checkpoint / "step").exists():
+        start = int((args.checkpoint / "step").read_text())
+        print(f"rank {rank} resumes at step {start}", flush=True)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    loss = torch.tensor(0.0)
+    for step in range(start, args.steps):
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step * world + rank))
+        loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if rank == args.fail_rank and step == start and args.fail_attempt in (-1, attempt):
+            print(undefined_learning_rate)  # noqa: F821 - the failure the tests look for
+        if args.checkpoint is not None and rank == 0:
+            args.checkpoint.mkdir(parents=True, exist_ok=True)
+            (args.checkpoint / "step").write_text(str(step + 1))
+        time.sleep(args.step_seconds)
+    total = torch.tensor([loss.item()])
+    dist.all_reduce(total)
+    if rank == 0:
+        print(f"final loss {total.item() / world:.4f}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,359 @@
+"""End to end on a real control plane: TrainJob -> operator -> JobSet -> Jobs -> pods -> real DDP training.
+
+Everything here is upstream and real (API server admission and validation, RBAC, the JobSet and Job controllers,
+the garbage collector, the scheduler) except the node agent, which runs pods as local processes.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubetest.cluster import TrainJobCluster, wait_for
+
+from trainjob.backends.kubernetes.resources import (
+    CLUSTER_TRAINING_RUNTIMES,
+    JOBSETS,
+    RUNTIME_SNAPSHOT_ANNOTATION,
+    TRAINING_RUNTIMES,
+    TRAINJOBS,
+)
+from trainjob.backends.kubernetes.status import find_condition
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = str(HERE / "ddp_script.py")
+SEEDS = HERE.parents[1] / "api" / "seed_manifests"
+
+
+def torchrun(*args: str) -> list[str]:
+    return [str(Path(sys.executable).parent / "torchrun"), SCRIPT, *args]
+
+
+def cpu_trainer(num_nodes: int = 2, *args: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "numNodes": num_nodes,
+        "command": torchrun(*args),
+        "resourcesPerNode": {"requests": {"cpu": "1"}},
+        **extra,
+    }
+
+
+def seed(name: str) -> dict[str, Any]:
+    return yaml.safe_load((SEEDS / name).read_text())
+
+
+def pod_logs(k8s: TrainJobCluster, job: str, namespace: str) -> dict[str, str]:
+    """Every pod's log, read through the API server (which proxies to the node's kubelet endpoint)."""
+    return {
+        pod["metadata"]["name"]: k8s.api.core.read_namespaced_pod_log(pod["metadata"]["name"], namespace)
+        for pod in k8s.pods(job, namespace)
+    }
+
+
+# -- training ----------------------------------------------------------------------------------------------------
+
+
+def test_seed_runtime_and_trainjob_train_ddp_to_complete(k8s: TrainJobCluster, namespace: str) -> None:
+    """Seed 000's ClusterTrainingRuntime and TrainJob, with only the command made runnable and GPUs scaled to CPU."""
+    runtime = seed("000-2.yaml")
+    runtime["metadata"]["name"] = f"{namespace}-ddp"
+    container = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    container["resources"] = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
+    k8s.cp.apply([runtime])
+
+    job = seed("000-3.yaml")
+    job["metadata"].update(name="mnist-ddp", namespace=namespace)
+    job["spec"]["runtimeRef"]["name"] = runtime["metadata"]["name"]
+    job["spec"]["trainer"].update(
+        numNodes=2, command=torchrun("--steps", "5"), resourcesPerNode={"requests": {"cpu": "1"}}
+    )
+    job["spec"]["trainer"].pop("args", None)
+    k8s.api.create(job, TRAINJOBS)
+
+    done = k8s.wait_for_condition("mnist-ddp", "Complete", namespace=namespace, timeout=240)
+    assert done["status"]["jobsStatus"], "jobsStatus is reported"
+    jobset = k8s.jobset("mnist-ddp", namespace)
+    assert jobset is not None and jobset["metadata"]["ownerReferences"][0]["uid"] == done["metadata"]["uid"]
+    assert find_condition(jobset["status"], "Completed")["status"] == "True"
+    pods = k8s.pods("mnist-ddp", namespace)
+    assert sorted(p["status"]["phase"] for p in pods) == ["Succeeded", "Succeeded"]
+    logs = "\n".join(pod_logs(k8s, "mnist-ddp", namespace).values())
+    assert {line.split(" node ")[0] for line in logs.splitlines() if line.startswith("rank ")} >= {
+        "rank 0/2",
+        "rank 1/2",
+    }
+    assert "final loss" in logs
+    # Each pod resolved the master by its JobSet host name, in its own network namespace.
+    hosts = {line.rsplit(" host ", 1)[1] for line in logs.splitlines() if " host " in line}
+    assert hosts == {"mnist-ddp-node-0-0", "mnist-ddp-node-0-1"}
+
+
+def test_a_rank_that_raises_fails_the_job_with_its_exception(k8s: TrainJobCluster, namespace: str) -> None:
+    k8s.create_job("broken", namespace, trainer=cpu_trainer(2, "--fail-rank", "1"))
+    failed = k8s.wait_for_condition("broken", "Failed", namespace=namespace, timeout=240)
+    message = find_condition(failed["status"], "Failed")["message"]
+    assert "NameError" in message and "undefined_learning_rate" in message, message
+
+
+def test_suspend_stops_the_pods_and_resume_runs_them_again(k8s: TrainJobCluster, namespace: str) -> None:
+    k8s.create_job("pausing", namespace, trainer=cpu_trainer(2, "--steps", "400", "--step-seconds", "0.5"))
+    wait_for(
+        lambda: len([p for p in k8s.pods("pausing", namespace) if p["status"].get("phase") == "Running"]) == 2,
+        120,
+        "two running pods",
+    )
+    k8s.api.patch(TRAINJOBS, namespace, "pausing", {"spec": {"suspend": True}})
+    k8s.wait_for_condition("pausing", "Suspended", namespace=namespace, timeout=60)
+    wait_for(lambda: not k8s.pods("pausing", namespace), 60, "the pods of the suspended job to be gone")
+    assert k8s.jobset("pausing", namespace)["spec"]["suspend"] is True
+
+    k8s.api.patch(TRAINJOBS, namespace, "pausing", {"spec": {"suspend": False}})
+    k8s.wait_for_condition("pausing", "Suspended", "False", namespace=namespace, timeout=60)
+    wait_for(
+        lambda: len([p for p in k8s.pods("pausing", namespace) if p["status"].get("phase") == "Running"]) == 2,
+        120,
+        "the pods to run again",
+    )
+    k8s.api.delete(TRAINJOBS, namespace, "pausing")
+
+
+def test_active_deadline_fails_the_job_and_stops_its_pods(k8s: TrainJobCluster, namespace: str) -> None:
+    k8s.create_job(
+        "slow", namespace, activeDeadlineSeconds=8, trainer=cpu_trainer(1, "--steps", "400", "--step-seconds", "1")
+    )
+    failed = k8s.wait_for_condition("slow", "Failed", namespace=namespace, timeout=90)
+    assert find_condition(failed["status"], "Failed")["reason"] == "DeadlineExceeded"
+    wait_for(lambda: k8s.jobset("slow", namespace) is None, 60, "the JobSet to be deleted")
+    wait_for(lambda: not k8s.pods("slow", namespace), 60, "the pods to be gone")
+
+
+def test_elastic_runtime_restarts_after_a_failure_and_resumes(
+    k8s: TrainJobCluster, namespace: str, workdir: Path
+) -> None:
+    runtime = copy.deepcopy(k8s.api.get(CLUSTER_TRAINING_RUNTIMES, None, "torch-distributed"))
+    elastic = {
+        "apiVersion": runtime["apiVersion"],
+        "kind": "TrainingRuntime",
+        "metadata": {"name": "elastic", "namespace": namespace},
+        "spec": runtime["spec"],
+    }
+    elastic["spec"]["mlPolicy"]["torch"]["elasticPolicy"] = {"minNodes": 1, "maxNodes": 2, "maxRestarts": 3}
+    k8s.api.create(elastic, TRAINING_RUNTIMES)
+    checkpoint = workdir / "ckpt"
+    k8s.create_job(
+        "elastic-job",
+        namespace,
+        runtime="elastic",
+        runtime_kind="TrainingRuntime",
+        trainer=cpu_trainer(
+            2, "--steps", "6", "--fail-rank", "1", "--fail-attempt", "0", "--checkpoint", str(checkpoint)
+        ),
+    )
+    k8s.wait_for_condition("elastic-job", "Complete", namespace=namespace, timeout=300)
+    logs = "\n".join(pod_logs(k8s, "elastic-job", namespace).values())
+    assert "resumes at step" in logs, logs[-3000:]
+
+
+# -- life cycle ---------------------------------------------------------------------------------------------------
+
+
+def test_deleting_the_trainjob_lets_the_garbage_collector_remove_everything(
+    k8s: TrainJobCluster, namespace: str
+) -> None:
+    k8s.create_job("doomed", namespace, trainer=cpu_trainer(2, "--steps", "400", "--step-seconds", "0.5"))
+    wait_for(lambda: len(k8s.pods("doomed", namespace)) == 2, 120, "the pods")
+    assert k8s.batch_jobs("doomed", namespace)
+    k8s.api.delete(TRAINJOBS, namespace, "doomed")
+    wait_for(
+        lambda: k8s.jobset("doomed", namespace) is None
+        and not k8s.batch_jobs("doomed", namespace)
+        and not k8s.pods("doomed", namespace),
+        90,
+        "the garbage collector to remove the JobSet, its Jobs and pods",
+    )
+
+
+def test_operator_killed_mid_job_resumes_and_creates_nothing_twice(
+    operator_running: TrainJobCluster, namespace: str
+) -> None:
+    k8s = operator_running
+    k8s.create_job("survivor", namespace, trainer=cpu_trainer(2, "--steps", "30", "--step-seconds", "0.3"))
+    wait_for(lambda: len(k8s.pods("survivor", namespace)) == 2, 120, "the pods")
+    jobset_uid = k8s.jobset("survivor", namespace)["metadata"]["uid"]
+    k8s.operator.kill()
+    time.sleep(2)
+    k8s.operator.start()
+    k8s.wait_for_condition("survivor", "Complete", namespace=namespace, timeout=240)
+    assert k8s.jobset("survivor", namespace)["metadata"]["uid"] == jobset_uid, "the JobSet was recreated"
+    created = [
+        e
+        for e in k8s.api.list_events(namespace, "survivor")
+        if e["reason"] == "JobSetCreated"
+    ]
+    assert len(created) == 1, created
+
+
+def test_a_namespaced_runtime_is_invisible_from_other_namespaces(
+    k8s: TrainJobCluster, namespace: str
+) -> None:
+    runtime = copy.deepcopy(k8s.api.get(CLUSTER_TRAINING_RUNTIMES, None, "torch-distributed"))
+    k8s.api.create(
+        {
+            "apiVersion": runtime["apiVersion"],
+            "kind": "TrainingRuntime",
+            "metadata": {"name": "team-only", "namespace": namespace},
+            "spec": runtime["spec"],
+        },
+        TRAINING_RUNTIMES,
+    )
+    other = f"{namespace}-other"
+    k8s.cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other}}])
+    k8s.create_job(
+        "outsider", other, runtime="team-only", runtime_kind="TrainingRuntime", suspend=True, trainer=cpu_trainer(1)
+    )
+    failed = k8s.wait_for_condition("outsider", "Failed", namespace=other, timeout=30)
+    cond = find_condition(failed["status"], "Failed")
+    assert cond["reason"] == "RuntimeNotFound" and other in cond["message"]
+    assert k8s.jobset("outsider", other) is None
+
+    k8s.create_job("insider", namespace, runtime="team-only", runtime_kind="TrainingRuntime", suspend=True,
+                   trainer=cpu_trainer(1))
+    wait_for(lambda: k8s.jobset("insider", namespace), 30, "the JobSet of the job in the runtime's namespace")
+
+    k8s.create_job("lost", namespace, runtime="no-such-runtime", suspend=True, trainer=cpu_trainer(1))
+    failed = k8s.wait_for_condition("lost", "Failed", namespace=namespace, timeout=30)
+    message = find_condition(failed["status"], "Failed")["message"]
+    assert "no-such-runtime" in message and "torch-distributed" in message, message
+
+
+@pytest.mark.parametrize("policy", ["coscheduling", "volcano"])
+def test_podgroups_are_accepted_by_their_real_crds(k8s: TrainJobCluster, namespace: str, policy: str) -> None:
+    k8s.cp.install_podgroup_crds()
+    runtime = copy.deepcopy(k8s.api.get(CLUSTER_TRAINING_RUNTIMES, None, "torch-distributed"))
+    runtime["spec"]["podGroupPolicy"] = {policy: {"scheduleTimeoutSeconds": 60} if policy == "coscheduling" else {}}
+    k8s.api.create(
+        {
+            "apiVersion": runtime["apiVersion"],
+            "kind": "TrainingRuntime",
+            "metadata": {"name": f"gang-{policy}", "namespace": namespace},
+            "spec": runtime["spec"],
+        },
+        TRAINING_RUNTIMES,
+    )
+    k8s.create_job("gang", namespace, runtime=f"gang-{policy}", runtime_kind="TrainingRuntime", suspend=True,
+                   trainer=cpu_trainer(2))
+    wait_for(lambda: k8s.jobset("gang", namespace), 30, "the JobSet")
+    group = "scheduling.x-k8s.io" if policy == "coscheduling" else "scheduling.volcano.sh"
+    version = "v1alpha1" if policy == "coscheduling" else "v1beta1"
+    podgroup = k8s.api.custom.get_namespaced_custom_object(group, version, namespace, "podgroups", "gang")
+    assert podgroup["spec"]["minMember"] == 2
+    assert find_condition(k8s.job("gang", namespace).get("status") or {}, "Failed") is None
+
+
+def test_seed_gpu_trainjob_as_written_is_accepted_by_the_api_server(k8s: TrainJobCluster, namespace: str) -> None:
+    """Seed 000's TrainJob requests nvidia.com/gpu without a limit; the API server needs limits == requests."""
+    job = seed("000-0.yaml")
+    job["metadata"]["namespace"] = namespace
+    job["spec"]["suspend"] = True  # accepted is what is checked; there are no GPUs to run it on
+    k8s.api.create(job, TRAINJOBS)
+    jobset = wait_for(lambda: k8s.jobset(job["metadata"]["name"], namespace), 30, "the JobSet")
+    container = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == container["resources"]["requests"]["nvidia.com/gpu"]
+    reasons = [e["reason"] for e in k8s.api.list_events(namespace, job["metadata"]["name"])]
+    assert "ExtendedResourceLimitsSet" in reasons
+
+
+# -- security -----------------------------------------------------------------------------------------------------
+
+
+def test_a_forged_runtime_snapshot_is_ignored(k8s: TrainJobCluster, namespace: str) -> None:
+    """A user-written snapshot annotation must not decide what the operator creates (privilege through it)."""
+    forged_spec = copy.deepcopy(k8s.api.get(CLUSTER_TRAINING_RUNTIMES, None, "torch-distributed")["spec"])
+    pod = forged_spec["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod.update(hostPID=True, hostNetwork=True, serviceAccountName="trainjob-operator")
+    pod["volumes"] = [{"name": "root", "hostPath": {"path": "/"}}]
+    forged = {"kind": "ClusterTrainingRuntime", "name": "torch-distributed", "spec": forged_spec}
+    import json
+
+    k8s.api.create(
+        {
+            "apiVersion": TRAINJOBS.api_version,
+            "kind": "TrainJob",
+            "metadata": {
+                "name": "forger",
+                "namespace": namespace,
+                "annotations": {RUNTIME_SNAPSHOT_ANNOTATION: json.dumps(forged)},
+            },
+            "spec": {"runtimeRef": {"name": "torch-distributed"}, "suspend": True, "trainer": cpu_trainer(1)},
+        },
+        TRAINJOBS,
+    )
+    jobset = wait_for(lambda: k8s.jobset("forger", namespace), 30, "the JobSet")
+    pod_spec = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert not pod_spec.get("hostPID") and not pod_spec.get("hostNetwork")
+    assert pod_spec.get("serviceAccountName") != "trainjob-operator"
+    assert not any("hostPath" in v for v in pod_spec.get("volumes") or [])
+    annotations = k8s.job("forger", namespace)["metadata"].get("annotations") or {}
+    assert json.dumps(forged) != annotations.get(RUNTIME_SNAPSHOT_ANNOTATION)
+
+
+def test_the_jobset_webhook_and_schemas_are_real(k8s: TrainJobCluster, namespace: str) -> None:
+    """JobSet's own validating webhook refuses what its schema allows but its rules do not."""
+    from trainjob.errors import TrainJobError
+
+    bad = {
+        "apiVersion": JOBSETS.api_version,
+        "kind": "JobSet",
+        "metadata": {"name": "Bad_Name", "namespace": namespace},
+        "spec": {"replicatedJobs": []},
+    }
+    with pytest.raises(TrainJobError):
+        k8s.api.create(bad)
+
+
+# -- least privilege (keep last: it reads what the tests above made the operator do) ---------------------------------
+
+
+def _granted(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_the_operator_role_grants_exactly_what_the_operator_used(k8s: TrainJobCluster) -> None:
+    """Every verb of the operator's ClusterRole and Role, against the audit log of the real API server."""
+    from trainjob.backends.kubernetes.manifests import rbac
+
+    requests = k8s.cp.audit_requests()
+    if len(requests) < 50:
+        pytest.skip("run the whole module: this test checks what the tests above made the operator do")
+    used = {
+        (r["objectRef"].get("apiGroup", ""), "/".join(filter(None, [r["objectRef"]["resource"],
+                                                                   r["objectRef"].get("subresource")])), r["verb"])
+        for r in requests
+        if r.get("objectRef") and r["responseStatus"]["code"] != 403
+    }
+    forbidden = [
+        (r["verb"], r["requestURI"]) for r in requests if r["responseStatus"]["code"] == 403
+    ]
+    granted = set()
+    for obj in rbac():
+        if obj["kind"] in ("ClusterRole", "Role"):
+            granted |= _granted(obj["rules"])
+    print("verbs the operator exercised:", *sorted(used), sep="\n  ")
+    assert not forbidden, f"the API server refused the operator: {forbidden}"
+    assert used <= granted, f"used but not granted: {sorted(used - granted)}"
+    assert granted == used, f"granted but never used: {sorted(granted - used)}"

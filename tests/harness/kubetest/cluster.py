@@ -1,0 +1,174 @@
+"""trainjob on the test control plane: installed with ``trainjob install``, its operator run as its ServiceAccount.
+
+:class:`TrainJobCluster` is what the end-to-end tests use::
+
+    cluster = TrainJobCluster(control_plane, tmp)
+    cluster.install()                          # CRDs, RBAC, runtimes (trainjob install, as the admin)
+    cluster.operator.start()                   # `trainjob operator` with the operator ServiceAccount's token
+    cluster.create_job("mnist", trainer={"numNodes": 2, "command": [...]})
+    cluster.wait_for_condition("mnist", "Complete", timeout=180)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kubetest.controlplane import ControlPlane
+from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_api_client
+from trainjob.backends.kubernetes.kubeapi import KubeApi
+from trainjob.backends.kubernetes.manifests import NAME as OPERATOR_NAME
+from trainjob.backends.kubernetes.manifests import NAMESPACE as OPERATOR_NAMESPACE
+from trainjob.backends.kubernetes.resources import JOBSETS, TRAINJOBS
+from trainjob.backends.kubernetes.status import find_condition
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "the condition", every: float = 0.2) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+
+
+class OperatorProcess:
+    """``trainjob operator`` as a child process with the operator ServiceAccount's kubeconfig."""
+
+    def __init__(self, kubeconfig: Path, log: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.log = log
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        assert self.popen is None or self.popen.poll() is not None, "the operator runs already"
+        with self.log.open("ab") as out:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-c", "from trainjob.cli.main import main; main()", "operator",
+                 f"--kubeconfig={self.kubeconfig}", "--workers=4", "-v"],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up of any kind, as when its pod's node dies."""
+        if self.popen is not None and self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+
+    def stop(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGINT)
+            try:
+                self.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+
+class TrainJobCluster:
+    """The control plane with trainjob installed; ``api`` talks as the admin, like ``kubectl`` would."""
+
+    def __init__(self, control_plane: ControlPlane, root: Path) -> None:
+        self.cp = control_plane
+        self.root = root
+        self.kubeconfig = control_plane.admin_kubeconfig
+        self.config = KubernetesBackendConfig(config_file=str(self.kubeconfig))
+        self.api = KubeApi(load_api_client(self.config))
+        self.operator_kubeconfig = root / "operator.kubeconfig"
+        self.operator = OperatorProcess(self.operator_kubeconfig, control_plane.root / "logs" / "operator.log")
+
+    def trainjob(self, *args: str, check: bool = True, env: dict[str, str] | None = None,
+                 timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """Run the ``trainjob`` command line as a user would."""
+        done = subprocess.run(
+            [sys.executable, "-c", "from trainjob.cli.main import main; main()", *args],
+            capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"trainjob {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def install(self) -> None:
+        self.trainjob("install", f"--kubeconfig={self.kubeconfig}", "--operator-replicas=0")
+        self.cp.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_NAME, self.operator_kubeconfig)
+
+    # -- objects --------------------------------------------------------------------------------------------------
+
+    def create_job(self, name: str, namespace: str = "default", runtime: str = "torch-distributed",
+                   runtime_kind: str | None = None, **spec: Any) -> dict[str, Any]:
+        ref: dict[str, Any] = {"name": runtime}
+        if runtime_kind:
+            ref["kind"] = runtime_kind
+        body = {
+            "apiVersion": TRAINJOBS.api_version,
+            "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"runtimeRef": ref, **spec},
+        }
+        return self.api.create(body, TRAINJOBS)
+
+    def job(self, name: str, namespace: str = "default") -> dict[str, Any]:
+        job = self.api.get(TRAINJOBS, namespace, name)
+        assert job is not None, f"TrainJob {namespace}/{name} is gone"
+        return job
+
+    def jobset(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
+        return self.api.get(JOBSETS, namespace, name)
+
+    def pods(self, job: str, namespace: str = "default") -> list[dict[str, Any]]:
+        return self.api.list_pods(namespace, f"jobset.sigs.k8s.io/jobset-name={job}")
+
+    def batch_jobs(self, job: str, namespace: str = "default") -> list[dict[str, Any]]:
+        import json
+
+        import kubernetes.client
+
+        answer = kubernetes.client.BatchV1Api(self.api.client).list_namespaced_job(
+            namespace, label_selector=f"jobset.sigs.k8s.io/jobset-name={job}", _preload_content=False
+        )
+        return list(json.loads(answer.data)["items"])
+
+    def wait_for_condition(self, name: str, type_: str, value: str = "True", namespace: str = "default",
+                           timeout: float = 60.0) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            job = self.job(name, namespace)
+            cond = find_condition(job.get("status") or {}, type_)
+            if cond is None or cond["status"] != value:
+                failed = find_condition(job.get("status") or {}, "Failed")
+                if type_ != "Failed" and failed is not None and failed["status"] == "True":
+                    raise AssertionError(f"TrainJob {name} failed while waiting for {type_}: {failed}")
+                return None
+            return job
+
+        try:
+            return wait_for(check, timeout, f"TrainJob {namespace}/{name} to have {type_}={value}", every=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnostics(name, namespace)}") from None
+
+    def diagnostics(self, name: str, namespace: str = "default") -> str:
+        """What a person would look at: the job's status, its pods, the operator's log tail."""
+        lines = [f"TrainJob status: {(self.api.get(TRAINJOBS, namespace, name) or {}).get('status')}"]
+        js = self.jobset(name, namespace)
+        lines.append(f"JobSet status: {(js or {}).get('status')}")
+        for pod in self.pods(name, namespace):
+            lines.append(f"pod {pod['metadata']['name']}: {pod.get('status', {}).get('phase')} "
+                         f"{[c.get('state') for c in pod.get('status', {}).get('containerStatuses') or []]}")
+        lines.append(f"operator log:\n{self.operator.tail(2500)}")
+        lines.append(f"node agent log:\n{self.cp.processes['node-agent'].tail(2500)}")
+        return "\n".join(lines)

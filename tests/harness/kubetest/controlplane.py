@@ -1,0 +1,504 @@
+"""A real Kubernetes control plane on loopback, from upstream binaries built by ``scripts/cluster/build.sh``.
+
+etcd, kube-apiserver (TLS, ``--authorization-mode=Node,RBAC``, service-account tokens, NodeRestriction),
+kube-controller-manager (Job controller, garbage collector, service accounts, node lifecycle; every controller with
+its own service-account credentials), kube-scheduler and the JobSet controller manager (as its ServiceAccount with
+JobSet's own RBAC; its webhooks registered by URL, since there is no kube-proxy). Pods bound to the one Node are run
+by :mod:`kubetest.node_agent`, the only stand-in: it plays the kubelet and the container runtime, which cannot run
+here::
+
+    with ControlPlane.start(tmp / "cluster") as cp:
+        api = cp.admin_client()                       # kubernetes.client.ApiClient as system:masters
+        kubeconfig = cp.service_account_kubeconfig("trainjob-system", "trainjob-operator")
+
+Every process is started in its own session and killed on ``stop()``; logs are under ``root/logs``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kubetest.pki import CertificateAuthority, service_account_key
+
+REPO = Path(__file__).resolve().parents[3]
+BUILD_SCRIPT = REPO / "scripts" / "cluster" / "build.sh"
+NODE_NAME = "trainjob-node"
+JOBSET_NAMESPACE = "jobset-system"
+JOBSET_ACCOUNT = "jobset-controller-manager"
+SERVICE_CIDR = "10.96.0.0/24"
+#: Service accounts whose every request the API server writes to the audit log (``audit_requests``).
+AUDITED_ACCOUNTS = ["system:serviceaccount:trainjob-system:trainjob-operator"]
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Metadata", "users": AUDITED_ACCOUNTS}, {"level": "None"}],
+}
+
+
+def build_components() -> dict[str, Any]:
+    """Run ``scripts/cluster/build.sh`` (seconds when its cache is warm) and return its manifest."""
+    done = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"scripts/cluster/build.sh failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(Path(done.stdout.strip().splitlines()[-1]).read_text())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kubeconfig(path: Path, server: str, ca: Path, **user: str) -> Path:
+    """A kubeconfig for ``server`` with one user (``token=`` or ``client-certificate=``/``client-key=``)."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": "user", "user": user}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "user", "namespace": "default"}}],
+        "current-context": "test",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+
+
+@dataclass
+class ControlPlane:
+    root: Path
+    components: dict[str, Any]
+    ca: CertificateAuthority
+    url: str = ""
+    processes: dict[str, Process] = field(default_factory=dict)
+    admin_kubeconfig: Path = Path()
+
+    # -- life cycle -------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, root: Path, python_path: str | None = None) -> ControlPlane:
+        components = build_components()
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "logs").mkdir(exist_ok=True)
+        cp = cls(root, components, CertificateAuthority.create(root / "pki"))
+        try:
+            cp._start_all(python_path or os.path.dirname(sys.executable))
+        except BaseException:
+            cp.stop()
+            raise
+        return cp
+
+    def __enter__(self) -> ControlPlane:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop every component, newest first (the node agent first, so it can clean its pods up)."""
+        for process in reversed(list(self.processes.values())):
+            process.stop(grace=15.0 if process.name == "node-agent" else 5.0)
+        self.processes.clear()
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
+        log = self.root / "logs" / f"{name}.log"
+        with log.open("ab") as out:
+            popen = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
+                cwd=self.root,
+            )
+        process = Process(name, popen, log)
+        self.processes[name] = process
+        return process
+
+    def _start_all(self, python_bin: str) -> None:
+        bins = self.components["binaries"]
+        pki = self.ca.directory
+        sa_key, sa_pub = service_account_key(pki)
+        serving_cert, serving_key = self.ca.issue(
+            "apiserver",
+            ips=["127.0.0.1", "10.96.0.1"],
+            dns=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
+        )
+        kubelet_client = self.ca.issue("apiserver-kubelet-client", organization="system:masters", client=True)
+
+        audit_policy = self.root / "audit-policy.yaml"
+        audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+        etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
+        self._spawn(
+            "etcd",
+            [
+                bins["etcd"],
+                "--name=test",
+                f"--data-dir={self.root / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-cluster=test=http://127.0.0.1:{etcd_peer}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        self.url = f"https://127.0.0.1:{api_port}"
+        self._spawn(
+            "kube-apiserver",
+            [
+                bins["kube-apiserver"],
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={api_port}",
+                f"--cert-dir={self.root / 'apiserver'}",
+                f"--tls-cert-file={serving_cert}",
+                f"--tls-private-key-file={serving_key}",
+                f"--client-ca-file={self.ca.cert_path}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-account-key-file={sa_pub}",
+                f"--service-account-signing-key-file={sa_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--kubelet-client-certificate={kubelet_client[0]}",
+                f"--kubelet-client-key={kubelet_client[1]}",
+                f"--kubelet-certificate-authority={self.ca.cert_path}",
+                "--kubelet-preferred-address-types=InternalIP",
+                "--profiling=false",
+                f"--audit-policy-file={audit_policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
+                "--audit-log-mode=blocking",
+                "--v=1",
+            ],
+        )
+        admin_cert = self.ca.issue("admin", organization="system:masters", client=True)
+        self.admin_kubeconfig = kubeconfig(
+            self.root / "admin.kubeconfig", self.url, self.ca.cert_path,
+            **{"client-certificate": str(admin_cert[0]), "client-key": str(admin_cert[1])},
+        )
+        self.wait_ready()
+
+        kcm = self._component_kubeconfig("kube-controller-manager", "system:kube-controller-manager")
+        self._spawn(
+            "kube-controller-manager",
+            [
+                bins["kube-controller-manager"],
+                f"--kubeconfig={kcm}",
+                f"--authentication-kubeconfig={kcm}",
+                f"--authorization-kubeconfig={kcm}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                f"--cert-dir={self.root / 'kcm'}",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={sa_key}",
+                f"--root-ca-file={self.ca.cert_path}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--controllers=*,-bootstrapsigner,-tokencleaner",
+                "--concurrent-job-syncs=10",
+                "--v=1",
+            ],
+        )
+        sched = self._component_kubeconfig("kube-scheduler", "system:kube-scheduler")
+        self._spawn(
+            "kube-scheduler",
+            [
+                bins["kube-scheduler"],
+                f"--kubeconfig={sched}",
+                f"--authentication-kubeconfig={sched}",
+                f"--authorization-kubeconfig={sched}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                f"--cert-dir={self.root / 'scheduler'}",
+                "--v=1",
+            ],
+        )
+        self._start_jobset()
+        self._start_node_agent(python_bin)
+
+    def _component_kubeconfig(self, name: str, user: str, organization: str | None = None) -> Path:
+        cert, key = self.ca.issue(name, common_name=user, organization=organization, client=True)
+        return kubeconfig(
+            self.root / f"{name}.kubeconfig", self.url, self.ca.cert_path,
+            **{"client-certificate": str(cert), "client-key": str(key)},
+        )
+
+    @property
+    def audit_log(self) -> Path:
+        return self.root / "logs" / "audit.log"
+
+    def audit_requests(self, user: str = AUDITED_ACCOUNTS[0]) -> list[dict[str, Any]]:
+        """Every request ``user`` made (one audit event each, at ResponseComplete), oldest first."""
+        if not self.audit_log.exists():
+            return []
+        events = [json.loads(line) for line in self.audit_log.read_text().splitlines() if line.strip()]
+        seen: dict[str, dict[str, Any]] = {}
+        for event in events:  # a watch is logged when it starts; other requests when they complete
+            if event.get("user", {}).get("username") == user and event.get("stage") in (
+                "ResponseStarted",
+                "ResponseComplete",
+            ):
+                seen.setdefault(event["auditID"], event)
+        return list(seen.values())
+
+    # -- readiness ----------------------------------------------------------------------------------------------
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca.cert_path))
+        pki = self.ca.directory
+        context.load_cert_chain(pki / "admin.crt", pki / "admin.key")
+        return context
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Until ``/readyz`` answers ``ok``; a component that exits meanwhile fails at once with its log."""
+        deadline = time.monotonic() + timeout
+        context = self._ssl_context()
+        last = ""
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", context=context, timeout=5) as answer:
+                    if answer.read().strip() == b"ok":
+                        return
+            except OSError as exc:
+                last = str(exc)
+            time.sleep(0.3)
+        raise TimeoutError(f"kube-apiserver not ready after {timeout:g} s ({last}):\n{self.logs()}")
+
+    def check_alive(self) -> None:
+        dead = [p for p in self.processes.values() if not p.alive()]
+        if dead:
+            raise RuntimeError(
+                "; ".join(f"{p.name} exited with {p.popen.returncode}" for p in dead) + "\n" + self.logs()
+            )
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.tail()}" for p in self.processes.values())
+
+    # -- clients --------------------------------------------------------------------------------------------------
+
+    def client(self, kubeconfig_path: Path | None = None) -> Any:
+        """A ``kubernetes.client.ApiClient`` for ``kubeconfig_path`` (the admin's by default)."""
+        import kubernetes.config
+
+        return kubernetes.config.new_client_from_config(config_file=str(kubeconfig_path or self.admin_kubeconfig))
+
+    def apply(self, objects: list[dict[str, Any]]) -> None:
+        """Create (or leave as they are) ``objects`` as the admin, in order."""
+        import kubernetes.utils
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.utils import FailToCreateError
+
+        with self.client() as api:
+            for obj in objects:
+                try:
+                    kubernetes.utils.create_from_dict(api, obj)
+                except FailToCreateError as exc:
+                    if not all(isinstance(e, ApiException) and e.status == 409 for e in exc.api_exceptions):
+                        raise
+
+    def service_account_kubeconfig(self, namespace: str, name: str, path: Path | None = None) -> Path:
+        """A kubeconfig with a fresh token of ServiceAccount ``namespace/name`` (created if missing)."""
+        import kubernetes.client
+
+        self.apply(
+            [
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+                {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}},
+            ]
+        )
+        with self.client() as api:
+            request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                       "spec": {"expirationSeconds": 86400}}
+            token = kubernetes.client.CoreV1Api(api).create_namespaced_service_account_token(
+                name, namespace, request
+            ).status.token
+        return kubeconfig(
+            path or self.root / f"sa-{namespace}-{name}.kubeconfig", self.url, self.ca.cert_path, token=token
+        )
+
+    # -- JobSet ---------------------------------------------------------------------------------------------------
+
+    def manifests(self, *parts: str) -> Path:
+        return Path(self.components["manifests"], *parts)
+
+    def _start_jobset(self) -> None:
+        crds = [yaml.safe_load(p.read_text()) for p in sorted(self.manifests("jobset").glob("jobset.x-k8s.io_*.yaml"))]
+        role = yaml.safe_load(self.manifests("jobset", "rbac-role.yaml").read_text())
+        role["metadata"] = {"name": "jobset-manager-role"}
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "jobset-manager-rolebinding"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]},
+            "subjects": [{"kind": "ServiceAccount", "name": JOBSET_ACCOUNT, "namespace": JOBSET_NAMESPACE}],
+        }
+        self.apply([*crds, role, binding])
+        self.wait_for_crds([c["metadata"]["name"] for c in crds])
+        account = self.service_account_kubeconfig(JOBSET_NAMESPACE, JOBSET_ACCOUNT)
+
+        cert_dir = self.root / "jobset-certs"
+        cert_dir.mkdir(exist_ok=True)
+        cert, key = self.ca.issue("jobset-webhook", ips=["127.0.0.1"], dns=["localhost"])
+        shutil.copy(cert, cert_dir / "tls.crt")
+        shutil.copy(key, cert_dir / "tls.key")
+        webhook_port, probe_port = free_port(), free_port()
+        config = {
+            "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+            "kind": "Configuration",
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+            "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(cert_dir)},
+            "metrics": {"bindAddress": "0"},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{probe_port}"},
+        }
+        config_path = self.root / "jobset-config.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        self._spawn(
+            "jobset",
+            [
+                self.components["binaries"]["jobset"],
+                f"--kubeconfig={account}",
+                f"--config={config_path}",
+                "--zap-log-level=info",
+            ],
+        )
+        ca_bundle = base64.b64encode(self.ca.cert_path.read_bytes()).decode()
+        webhooks = list(yaml.safe_load_all(self.manifests("jobset", "webhooks.yaml").read_text()))
+        for config_obj in webhooks:
+            config_obj["metadata"]["name"] = f"jobset-{config_obj['metadata']['name']}"
+            for hook in config_obj["webhooks"]:
+                path = hook["clientConfig"]["service"]["path"]
+                hook["clientConfig"] = {"url": f"https://127.0.0.1:{webhook_port}{path}", "caBundle": ca_bundle}
+        self._wait_http(f"http://127.0.0.1:{probe_port}/readyz", "jobset", timeout=90)
+        self.apply(webhooks)
+
+    def install_podgroup_crds(self) -> None:
+        """The coscheduling (scheduler-plugins) and Volcano PodGroup CRDs, as their projects publish them."""
+        crds = [yaml.safe_load(p.read_text()) for p in sorted(self.manifests("podgroups").glob("*.yaml"))]
+        self.apply(crds)
+        self.wait_for_crds([c["metadata"]["name"] for c in crds])
+
+    def wait_for_crds(self, names: list[str], timeout: float = 60.0) -> None:
+        """Until every CRD in ``names`` is Established (served)."""
+        import kubernetes.client
+
+        deadline = time.monotonic() + timeout
+        with self.client() as api:
+            ext = kubernetes.client.ApiextensionsV1Api(api)
+            pending = list(names)
+            while pending and time.monotonic() < deadline:
+                crd = ext.read_custom_resource_definition(pending[0])
+                conditions = {c.type: c.status for c in (crd.status.conditions or [])}
+                if conditions.get("Established") == "True":
+                    pending.pop(0)
+                else:
+                    time.sleep(0.2)
+        if pending:
+            raise TimeoutError(f"CRDs not established after {timeout:g} s: {pending}")
+
+    def _wait_http(self, url: str, name: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as answer:
+                if answer.status == 200:
+                    return
+            time.sleep(0.3)
+        raise TimeoutError(f"{name} not ready after {timeout:g} s:\n{self.processes[name].tail()}")
+
+    # -- the node -------------------------------------------------------------------------------------------------
+
+    def _start_node_agent(self, python_bin: str) -> None:
+        node_kubeconfig = self._component_kubeconfig(
+            "node-agent", f"system:node:{NODE_NAME}", organization="system:nodes"
+        )
+        serving = self.ca.issue("node-agent-serving", ips=["127.0.0.1"], dns=["localhost"])
+        env = {
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]),
+            # What a container finds on PATH: this environment's python, torchrun and trainjob first.
+            "TRAINJOB_NODE_PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
+        }
+        self._spawn(
+            "node-agent",
+            [
+                sys.executable,
+                "-m",
+                "kubetest.node_agent",
+                f"--kubeconfig={node_kubeconfig}",
+                f"--node-name={NODE_NAME}",
+                f"--root={self.root / 'node'}",
+                f"--serving-cert={serving[0]}",
+                f"--serving-key={serving[1]}",
+                f"--client-ca={self.ca.cert_path}",
+            ],
+            env=env,
+        )
+        self.wait_node_ready()
+
+    def wait_node_ready(self, timeout: float = 60.0) -> None:
+        import kubernetes.client
+
+        deadline = time.monotonic() + timeout
+        with self.client() as api:
+            core = kubernetes.client.CoreV1Api(api)
+            while time.monotonic() < deadline:
+                self.check_alive()
+                with contextlib.suppress(kubernetes.client.ApiException):
+                    node = core.read_node(NODE_NAME)
+                    ready = [c for c in node.status.conditions or [] if c.type == "Ready"]
+                    taints = [t.key for t in node.spec.taints or []]
+                    if ready and ready[0].status == "True" and not taints:
+                        return
+                time.sleep(0.3)
+        raise TimeoutError(f"node {NODE_NAME} not Ready after {timeout:g} s:\n{self.processes['node-agent'].tail()}")
