@@ -1,15 +1,18 @@
 """A small DDP training run by the test cluster's pods under torchrun (gloo, CPU).
 
 Every rank prints ``rank R/W node N host H``; rank 0 prints ``final loss L``. Options make the failures the tests
-need: ``--fail-rank R`` raises ``NameError`` on rank R after the first all-reduce, ``--step-seconds S`` slows steps
+need: ``--fail-rank R`` raises ``NameError`` on rank R after the first all-reduce (``--noise-lines N`` buries the
+traceback under N lines printed at exit), ``--step-seconds S`` slows steps
 down, ``--checkpoint DIR`` saves the step after each one and resumes from it (an elastic restart continues).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -25,7 +28,10 @@ def main() -> None:
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-attempt", type=int, default=-1, help="fail only on this restart attempt")
     parser.add_argument("--checkpoint", type=Path)
+    parser.add_argument("--noise-lines", type=int, default=0, help="print this many lines at exit (after a traceback)")
     args = parser.parse_args()
+    if args.noise_lines:
+        atexit.register(lambda: print("teardown noise\n" * args.noise_lines, file=sys.stderr, flush=True))
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

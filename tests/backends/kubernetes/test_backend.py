@@ -9,13 +9,13 @@ import threading
 from pathlib import Path
 
 import pytest
+from trainjob.backends.kubernetes.testing.harness import Cluster, jobset_condition, wait_for
 
 from trainjob import types
 from trainjob.api import TrainJob
 from trainjob.backends.kubernetes import KubernetesBackendConfig, create_backend
 from trainjob.backends.kubernetes.backend import KubernetesBackend, trainer_spec
 from trainjob.backends.kubernetes.resources import TRAINJOBS
-from trainjob.backends.kubernetes.testing.harness import Cluster, jobset_condition, wait_for
 from trainjob.errors import AlreadyExistsError, JobFailedError, NotFoundError, ValidationError
 
 READY = [{"name": "node", "ready": 1, "succeeded": 0, "failed": 0, "active": 1, "suspended": 0}]

@@ -7,8 +7,10 @@ the garbage collector, the scheduler) except the node agent, which runs pods as 
 from __future__ import annotations
 
 import copy
+import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,30 @@ def cpu_trainer(num_nodes: int = 2, *args: str, **extra: Any) -> dict[str, Any]:
     }
 
 
+def namespaced_runtime(
+    k8s: TrainJobCluster, namespace: str, name: str, change: Callable[[dict[str, Any]], None] = lambda spec: None
+) -> str:
+    """A TrainingRuntime in ``namespace``: the built-in torch-distributed one, changed by ``change(spec)``."""
+    spec = copy.deepcopy(k8s.api.get(CLUSTER_TRAINING_RUNTIMES, None, "torch-distributed")["spec"])
+    change(spec)
+    k8s.api.create(
+        {
+            "apiVersion": TRAINING_RUNTIMES.api_version,
+            "kind": "TrainingRuntime",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": spec,
+        },
+        TRAINING_RUNTIMES,
+    )
+    return name
+
+
+def no_retries(spec: dict[str, Any]) -> None:
+    """A failed pod fails its Job at once (Kubernetes' default is 6 retries)."""
+    for rj in spec["template"]["spec"]["replicatedJobs"]:
+        rj["template"]["spec"]["backoffLimit"] = 0
+
+
 def seed(name: str) -> dict[str, Any]:
     return yaml.safe_load((SEEDS / name).read_text())
 
@@ -60,33 +86,36 @@ def pod_logs(k8s: TrainJobCluster, job: str, namespace: str) -> dict[str, str]:
 # -- training ----------------------------------------------------------------------------------------------------
 
 
-def test_seed_runtime_and_trainjob_train_ddp_to_complete(k8s: TrainJobCluster, namespace: str) -> None:
-    """Seed 000's ClusterTrainingRuntime and TrainJob, with only the command made runnable and GPUs scaled to CPU."""
-    runtime = seed("000-2.yaml")
-    runtime["metadata"]["name"] = f"{namespace}-ddp"
-    container = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
-        "containers"
-    ][0]
-    container["resources"] = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
-    k8s.cp.apply([runtime])
+def test_seed_runtime_and_trainjob_train_ddp_to_complete(k8s: TrainJobCluster) -> None:
+    """Seed 000's ClusterTrainingRuntime and TrainJob as written, but for a runnable command and GPUs scaled to CPU.
 
+    Its Volcano PodGroup is created against Volcano's real CRD (see ``scheduler_config`` for its pods)."""
+    k8s.cp.install_podgroup_crds()
+    runtime = seed("000-2.yaml")
+    pod_spec = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod_spec["containers"][0]["resources"] = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
+    k8s.cp.apply([runtime])
     job = seed("000-3.yaml")
-    job["metadata"].update(name="mnist-ddp", namespace=namespace)
-    job["spec"]["runtimeRef"]["name"] = runtime["metadata"]["name"]
+    namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    k8s.cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}])
     job["spec"]["trainer"].update(
         numNodes=2, command=torchrun("--steps", "5"), resourcesPerNode={"requests": {"cpu": "1"}}
     )
     job["spec"]["trainer"].pop("args", None)
     k8s.api.create(job, TRAINJOBS)
 
-    done = k8s.wait_for_condition("mnist-ddp", "Complete", namespace=namespace, timeout=240)
+    done = k8s.wait_for_condition(name, "Complete", namespace=namespace, timeout=240)
     assert done["status"]["jobsStatus"], "jobsStatus is reported"
-    jobset = k8s.jobset("mnist-ddp", namespace)
+    jobset = k8s.jobset(name, namespace)
     assert jobset is not None and jobset["metadata"]["ownerReferences"][0]["uid"] == done["metadata"]["uid"]
     assert find_condition(jobset["status"], "Completed")["status"] == "True"
-    pods = k8s.pods("mnist-ddp", namespace)
+    pods = k8s.pods(name, namespace)
     assert sorted(p["status"]["phase"] for p in pods) == ["Succeeded", "Succeeded"]
-    logs = "\n".join(pod_logs(k8s, "mnist-ddp", namespace).values())
+    podgroup = k8s.api.custom.get_namespaced_custom_object(
+        "scheduling.volcano.sh", "v1beta1", namespace, "podgroups", name
+    )
+    assert podgroup["spec"]["minMember"] == 2
+    logs = "\n".join(pod_logs(k8s, name, namespace).values())
     assert {line.split(" node ")[0] for line in logs.splitlines() if line.startswith("rank ")} >= {
         "rank 0/2",
         "rank 1/2",
@@ -94,14 +123,16 @@ def test_seed_runtime_and_trainjob_train_ddp_to_complete(k8s: TrainJobCluster, n
     assert "final loss" in logs
     # Each pod resolved the master by its JobSet host name, in its own network namespace.
     hosts = {line.rsplit(" host ", 1)[1] for line in logs.splitlines() if " host " in line}
-    assert hosts == {"mnist-ddp-node-0-0", "mnist-ddp-node-0-1"}
+    assert hosts == {f"{name}-node-0-0", f"{name}-node-0-1"}
 
 
 def test_a_rank_that_raises_fails_the_job_with_its_exception(k8s: TrainJobCluster, namespace: str) -> None:
-    k8s.create_job("broken", namespace, trainer=cpu_trainer(2, "--fail-rank", "1"))
-    failed = k8s.wait_for_condition("broken", "Failed", namespace=namespace, timeout=240)
+    runtime = namespaced_runtime(k8s, namespace, "no-retries", no_retries)
+    k8s.create_job("broken", namespace, runtime=runtime, runtime_kind="TrainingRuntime",
+                   trainer=cpu_trainer(2, "--fail-rank", "1", "--noise-lines", "150"))
+    failed = k8s.wait_for_condition("broken", "Failed", namespace=namespace, timeout=180)
     message = find_condition(failed["status"], "Failed")["message"]
-    assert "NameError" in message and "undefined_learning_rate" in message, message
+    assert message.startswith("node-1 rank 1: NameError: name 'undefined_learning_rate' is not defined"), message
 
 
 def test_suspend_stops_the_pods_and_resume_runs_them_again(k8s: TrainJobCluster, namespace: str) -> None:
@@ -139,24 +170,21 @@ def test_active_deadline_fails_the_job_and_stops_its_pods(k8s: TrainJobCluster, 
 def test_elastic_runtime_restarts_after_a_failure_and_resumes(
     k8s: TrainJobCluster, namespace: str, workdir: Path
 ) -> None:
-    runtime = copy.deepcopy(k8s.api.get(CLUSTER_TRAINING_RUNTIMES, None, "torch-distributed"))
-    elastic = {
-        "apiVersion": runtime["apiVersion"],
-        "kind": "TrainingRuntime",
-        "metadata": {"name": "elastic", "namespace": namespace},
-        "spec": runtime["spec"],
-    }
-    elastic["spec"]["mlPolicy"]["torch"]["elasticPolicy"] = {"minNodes": 1, "maxNodes": 2, "maxRestarts": 3}
-    k8s.api.create(elastic, TRAINING_RUNTIMES)
+    def elastic(spec: dict[str, Any]) -> None:
+        spec["mlPolicy"].pop("numNodes", None)  # elasticPolicy decides the node count
+        spec["mlPolicy"]["torch"]["elasticPolicy"] = {"minNodes": 1, "maxNodes": 2, "maxRestarts": 3}
+
+    namespaced_runtime(k8s, namespace, "elastic", elastic)
     checkpoint = workdir / "ckpt"
     k8s.create_job(
         "elastic-job",
         namespace,
         runtime="elastic",
         runtime_kind="TrainingRuntime",
-        trainer=cpu_trainer(
-            2, "--steps", "6", "--fail-rank", "1", "--fail-attempt", "0", "--checkpoint", str(checkpoint)
-        ),
+        trainer={
+            "command": torchrun("--steps", "6", "--fail-rank", "1", "--fail-attempt", "0", "--checkpoint", str(checkpoint)),
+            "resourcesPerNode": {"requests": {"cpu": "1"}},
+        },
     )
     k8s.wait_for_condition("elastic-job", "Complete", namespace=namespace, timeout=300)
     logs = "\n".join(pod_logs(k8s, "elastic-job", namespace).values())
@@ -205,16 +233,7 @@ def test_operator_killed_mid_job_resumes_and_creates_nothing_twice(
 def test_a_namespaced_runtime_is_invisible_from_other_namespaces(
     k8s: TrainJobCluster, namespace: str
 ) -> None:
-    runtime = copy.deepcopy(k8s.api.get(CLUSTER_TRAINING_RUNTIMES, None, "torch-distributed"))
-    k8s.api.create(
-        {
-            "apiVersion": runtime["apiVersion"],
-            "kind": "TrainingRuntime",
-            "metadata": {"name": "team-only", "namespace": namespace},
-            "spec": runtime["spec"],
-        },
-        TRAINING_RUNTIMES,
-    )
+    namespaced_runtime(k8s, namespace, "team-only")
     other = f"{namespace}-other"
     k8s.cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other}}])
     k8s.create_job(
@@ -238,17 +257,10 @@ def test_a_namespaced_runtime_is_invisible_from_other_namespaces(
 @pytest.mark.parametrize("policy", ["coscheduling", "volcano"])
 def test_podgroups_are_accepted_by_their_real_crds(k8s: TrainJobCluster, namespace: str, policy: str) -> None:
     k8s.cp.install_podgroup_crds()
-    runtime = copy.deepcopy(k8s.api.get(CLUSTER_TRAINING_RUNTIMES, None, "torch-distributed"))
-    runtime["spec"]["podGroupPolicy"] = {policy: {"scheduleTimeoutSeconds": 60} if policy == "coscheduling" else {}}
-    k8s.api.create(
-        {
-            "apiVersion": runtime["apiVersion"],
-            "kind": "TrainingRuntime",
-            "metadata": {"name": f"gang-{policy}", "namespace": namespace},
-            "spec": runtime["spec"],
-        },
-        TRAINING_RUNTIMES,
-    )
+    def gang(spec: dict[str, Any]) -> None:
+        spec["podGroupPolicy"] = {policy: {"scheduleTimeoutSeconds": 60} if policy == "coscheduling" else {}}
+
+    namespaced_runtime(k8s, namespace, f"gang-{policy}", gang)
     k8s.create_job("gang", namespace, runtime=f"gang-{policy}", runtime_kind="TrainingRuntime", suspend=True,
                    trainer=cpu_trainer(2))
     wait_for(lambda: k8s.jobset("gang", namespace), 30, "the JobSet")
@@ -282,7 +294,6 @@ def test_a_forged_runtime_snapshot_is_ignored(k8s: TrainJobCluster, namespace: s
     pod.update(hostPID=True, hostNetwork=True, serviceAccountName="trainjob-operator")
     pod["volumes"] = [{"name": "root", "hostPath": {"path": "/"}}]
     forged = {"kind": "ClusterTrainingRuntime", "name": "torch-distributed", "spec": forged_spec}
-    import json
 
     k8s.api.create(
         {

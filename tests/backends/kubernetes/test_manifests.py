@@ -10,13 +10,13 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from trainjob.backends.kubernetes.testing.harness import Cluster
+from trainjob.backends.kubernetes.testing.validators import kubernetes_problems, schema_problems, strict
 
 from trainjob.api import TrainJob
 from trainjob.backends.kubernetes.crds import crd_schema, custom_resource_definitions
 from trainjob.backends.kubernetes.manifests import deploy_files, install_manifests
 from trainjob.backends.kubernetes.resources import CLUSTER_TRAINING_RUNTIMES, TRAINJOBS
-from trainjob.backends.kubernetes.testing.harness import Cluster
-from trainjob.backends.kubernetes.testing.validators import kubernetes_problems, schema_problems, strict
 from trainjob.cli.main import main
 from trainjob.errors import ValidationError
 

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from trainjob.backends.kubernetes.testing.harness import (
     Cluster,
     jobset_condition,

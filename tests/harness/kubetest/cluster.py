@@ -167,8 +167,13 @@ class TrainJobCluster:
         js = self.jobset(name, namespace)
         lines.append(f"JobSet status: {(js or {}).get('status')}")
         for pod in self.pods(name, namespace):
-            lines.append(f"pod {pod['metadata']['name']}: {pod.get('status', {}).get('phase')} "
-                         f"{[c.get('state') for c in pod.get('status', {}).get('containerStatuses') or []]}")
+            status = pod.get("status") or {}
+            lines.append(f"pod {pod['metadata']['name']} on {pod['spec'].get('nodeName')}: {status.get('phase')} "
+                         f"{[(c['type'], c['status'], c.get('message')) for c in status.get('conditions') or []]} "
+                         f"{[c.get('state') for c in status.get('containerStatuses') or []]}")
+        events = self.api.list_events(namespace, name, include_children=True)
+        lines += [f"event {e['involvedObject']['name']}: {e['type']} {e['reason']}: {e['message']}" for e in events[-15:]]
         lines.append(f"operator log:\n{self.operator.tail(2500)}")
-        lines.append(f"node agent log:\n{self.cp.processes['node-agent'].tail(2500)}")
+        for component in ("node-agent", "kube-scheduler", "kube-controller-manager", "jobset"):
+            lines.append(f"{component} log:\n{self.cp.processes[component].tail(1500)}")
         return "\n".join(lines)

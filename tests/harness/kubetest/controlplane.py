@@ -52,6 +52,21 @@ AUDIT_POLICY = {
 }
 
 
+def scheduler_config(kubeconfig_path: Path) -> dict[str, Any]:
+    """kube-scheduler with two profiles: the default one, and one answering to ``schedulerName: volcano``.
+
+    Volcano's scheduler cannot be built here (``volcano.sh/volcano`` is not on the Go module proxy), so pods of
+    Volcano runtimes (the seeds' runtimes are Volcano ones) are placed by the upstream scheduler, without gang
+    semantics; their PodGroups are still created against Volcano's real CRD."""
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig_path)},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": "default-scheduler"}, {"schedulerName": "volcano"}],
+    }
+
+
 def build_components() -> dict[str, Any]:
     """Run ``scripts/cluster/build.sh`` (seconds when its cache is warm) and return its manifest."""
     done = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True)
@@ -235,6 +250,7 @@ class ControlPlane:
                 f"--kubeconfig={kcm}",
                 f"--authentication-kubeconfig={kcm}",
                 f"--authorization-kubeconfig={kcm}",
+                "--authentication-skip-lookup",
                 "--leader-elect=false",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={free_port()}",
@@ -249,13 +265,16 @@ class ControlPlane:
             ],
         )
         sched = self._component_kubeconfig("kube-scheduler", "system:kube-scheduler")
+        sched_config = self.root / "kube-scheduler.yaml"
+        sched_config.write_text(yaml.safe_dump(scheduler_config(sched)))
         self._spawn(
             "kube-scheduler",
             [
                 bins["kube-scheduler"],
-                f"--kubeconfig={sched}",
+                f"--config={sched_config}",
                 f"--authentication-kubeconfig={sched}",
                 f"--authorization-kubeconfig={sched}",
+                "--authentication-skip-lookup",
                 "--leader-elect=false",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={free_port()}",
@@ -334,18 +353,21 @@ class ControlPlane:
         return kubernetes.config.new_client_from_config(config_file=str(kubeconfig_path or self.admin_kubeconfig))
 
     def apply(self, objects: list[dict[str, Any]]) -> None:
-        """Create (or leave as they are) ``objects`` as the admin, in order."""
-        import kubernetes.utils
-        from kubernetes.client.exceptions import ApiException
-        from kubernetes.utils import FailToCreateError
+        """Create (or leave as they are) ``objects`` as the admin, in order; custom kinds included."""
+        from kubernetes.dynamic import DynamicClient
+        from kubernetes.dynamic.exceptions import ConflictError, ResourceNotFoundError
 
         with self.client() as api:
+            dynamic = DynamicClient(api)
             for obj in objects:
                 try:
-                    kubernetes.utils.create_from_dict(api, obj)
-                except FailToCreateError as exc:
-                    if not all(isinstance(e, ApiException) and e.status == 409 for e in exc.api_exceptions):
-                        raise
+                    resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+                except ResourceNotFoundError:  # a CRD created a moment ago
+                    dynamic.resources.invalidate_cache()
+                    resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+                namespace = obj["metadata"].get("namespace") if resource.namespaced else None
+                with contextlib.suppress(ConflictError):
+                    resource.create(body=obj, namespace=namespace)
 
     def service_account_kubeconfig(self, namespace: str, name: str, path: Path | None = None) -> Path:
         """A kubeconfig with a fresh token of ServiceAccount ``namespace/name`` (created if missing)."""

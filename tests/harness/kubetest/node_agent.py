@@ -672,7 +672,7 @@ class NodeAgent:
         ready = run.phase == "Running" and all(c["ready"] for c in containers)
         for _ in range(5):
             try:
-                current = json.loads(self.core.read_namespaced_pod_status(
+                current = json.loads(self.core.read_namespaced_pod(
                     pod["metadata"]["name"], pod["metadata"]["namespace"], _preload_content=False).data)
             except ApiException as exc:
                 if exc.status == 404:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import inspect
 import json
 import queue
-import shlex
 import textwrap
 import threading
 import time
@@ -268,19 +267,39 @@ class KubernetesBackend:
             )
 
 
+#: What every node runs for a ``CustomTrainer``: no shell, so nothing in the function's source or the package list
+#: is ever parsed as a command. Installs the packages (requirements only, after ``--``), writes the program
+#: and hands over to torchrun.
+_LAUNCHER = """\
+import json, os, subprocess, sys
+packages = json.loads(os.environ["TRAINJOB_PACKAGES"])
+if packages:
+    indexes = json.loads(os.environ["TRAINJOB_PIP_INDEX_URLS"])
+    flags = ["--index-url=" + indexes[0]] + ["--extra-index-url=" + url for url in indexes[1:]]
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", *flags, "--", *packages])
+with open("/tmp/trainjob_train.py", "w") as f:
+    f.write(os.environ["TRAINJOB_PROGRAM"])
+os.execvp("torchrun", ["torchrun", "/tmp/trainjob_train.py"])
+"""
+
+
 def trainer_spec(trainer: types.CustomTrainer) -> dict[str, Any]:
-    """``spec.trainer`` for a ``CustomTrainer``: its function shipped as source and run by torchrun on every node."""
+    """``spec.trainer`` for a ``CustomTrainer``: its function shipped as source and run by torchrun on every node.
+
+    The program, the packages and the index URLs travel in environment variables, read by a small launcher run
+    with ``python -c``: no shell sees them."""
     source = textwrap.dedent(inspect.getsource(trainer.func))
     call = f"{trainer.func.__name__}(**json.loads({json.dumps(json.dumps(trainer.func_args or {}))}))"
     program = f"import json\n{source}\n{call}\n"
-    steps = ["set -e"]
-    if trainer.packages_to_install:
-        index, *extra = trainer.pip_index_urls
-        flags = [f"--index-url={index}", *(f"--extra-index-url={url}" for url in extra)]
-        steps.append(shlex.join(["pip", "install", "--quiet", *flags, *trainer.packages_to_install]))
-    steps.append(f"cat > /tmp/trainjob_train.py <<'TRAINJOB_PROGRAM'\n{program}TRAINJOB_PROGRAM")
-    steps.append("exec torchrun /tmp/trainjob_train.py")
-    spec: dict[str, Any] = {"command": ["bash", "-c", "\n".join(steps)]}
+    shipped = {
+        "TRAINJOB_PROGRAM": program,
+        "TRAINJOB_PACKAGES": json.dumps(list(trainer.packages_to_install or [])),
+        "TRAINJOB_PIP_INDEX_URLS": json.dumps(list(trainer.pip_index_urls)),
+    }
+    spec: dict[str, Any] = {
+        "command": ["python", "-c", _LAUNCHER],
+        "env": [{"name": k, "value": v} for k, v in shipped.items()],
+    }
     if trainer.num_nodes is not None:
         spec["numNodes"] = trainer.num_nodes
     if trainer.resources_per_node:
@@ -289,7 +308,7 @@ def trainer_spec(trainer: types.CustomTrainer) -> dict[str, Any]:
         }
         spec["resourcesPerNode"] = {"requests": resources, "limits": dict(resources)}
     if trainer.env:
-        spec["env"] = [{"name": k, "value": v} for k, v in trainer.env.items()]
+        spec["env"] += [{"name": k, "value": v} for k, v in trainer.env.items()]
     return spec
 
 

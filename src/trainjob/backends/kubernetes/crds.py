@@ -48,6 +48,21 @@ _NAME_RULES = [
 ]
 
 
+#: Integer ranges that are Go's int32/int64: said with ``format``, as Kubernetes' own schemas do. A bound of
+#: 2**63 - 1 would not survive the API server (it reads schema numbers as float64 and overflows).
+_INT_FORMATS = {(-(2**31), 2**31 - 1): "int32", (-(2**63), 2**63 - 1): "int64"}
+
+
+def _integer_format(schema: dict[str, Any]) -> None:
+    """Replace int32/int64 range bounds with ``format``; keep other bounds (``minimum: 1`` stays)."""
+    for (low, high), name in _INT_FORMATS.items():
+        if schema.get("maximum") == high:
+            schema.pop("maximum")
+            schema.setdefault("format", name)
+            if schema.get("minimum") == low:
+                schema.pop("minimum")
+
+
 def openapi_schema(json_schema: dict[str, Any]) -> dict[str, Any]:
     """The structural OpenAPI v3 schema for a pydantic ``model_json_schema(by_alias=True)``."""
     defs = json_schema.get("$defs", {})
@@ -73,6 +88,7 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], depth: int) -> dict[str
         return _convert({**node["allOf"][0], **rest}, defs, depth + 1)
 
     out: dict[str, Any] = {k: node[k] for k in _KEEP if k in node}
+    _integer_format(out)
     if "const" in node:
         out["enum"] = [node["const"]]
         out.setdefault("type", _json_type(node["const"]))
