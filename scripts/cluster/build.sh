@@ -10,8 +10,11 @@
 # Binaries are cached by component and by a hash of its go.mod/go.sum and the Go version, under
 # ${TRAINJOB_CLUSTER_CACHE:-~/.cache/trainjob/cluster}, so a warm run takes seconds. Manifests that the tests
 # need (CRDs, JobSet's RBAC and webhook paths) are copied from the module cache next to the binaries.
-# Prints the path of manifest.json, which names every binary and file.
+# Prints the path of manifest.json, which names every binary and file. With --manifests-only, only the manifests
+# are prepared (no etcd, Kubernetes or JobSet binaries): what the schema tests need.
 set -euo pipefail
+manifests_only=0
+[ "${1:-}" = "--manifests-only" ] && manifests_only=1
 here="$(cd "$(dirname "$0")" && pwd)"
 cache="${TRAINJOB_CLUSTER_CACHE:-$HOME/.cache/trainjob/cluster}"
 mkdir -p "$cache"
@@ -46,11 +49,13 @@ module_dir() {
   (cd "$here/$1" && go mod download -json "$2" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
 }
 
-etcd_bin="$(build etcd etcd trainjob.local/cluster/etcd)"
-kube_bin="$(build kubernetes kubernetes \
-  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-  k8s.io/kubernetes/cmd/kube-scheduler)"
-jobset_bin="$(build jobset jobset sigs.k8s.io/jobset)"
+if [ "$manifests_only" = 0 ]; then
+  etcd_bin="$(build etcd etcd trainjob.local/cluster/etcd)"
+  kube_bin="$(build kubernetes kubernetes \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler)"
+  jobset_bin="$(build jobset jobset sigs.k8s.io/jobset)"
+fi
 controller_gen_bin="$(build controller-gen podgroups sigs.k8s.io/controller-tools/cmd/controller-gen)"
 
 jobset_src="$(module_dir jobset sigs.k8s.io/jobset)"
@@ -64,12 +69,18 @@ if [ ! -f "$manifests/.complete" ]; then
   cp "$jobset_src/config/components/rbac/role.yaml" "$manifests.tmp/jobset/rbac-role.yaml"
   cp "$jobset_src/config/components/webhook/manifests.yaml" "$manifests.tmp/jobset/webhooks.yaml"
   cp "$trainer_src"/manifests/base/crds/*.yaml "$manifests.tmp/kubeflow/"
+  cp "$trainer_src/manifests/base/runtimes/torch_distributed.yaml" "$manifests.tmp/kubeflow/"
   cp "$sp_src/config/crd/bases/scheduling.x-k8s.io_podgroups.yaml" "$manifests.tmp/podgroups/"
   (cd "$here/podgroups" && "$controller_gen_bin/controller-gen" crd:crdVersions=v1 \
     paths=volcano.sh/apis/pkg/apis/scheduling/v1beta1 output:crd:dir="$manifests.tmp/podgroups")
   chmod -R u+w "$manifests.tmp"
   touch "$manifests.tmp/.complete"
   rm -rf "$manifests" && mv "$manifests.tmp" "$manifests"
+fi
+
+if [ "$manifests_only" = 1 ]; then
+  echo "$manifests"
+  exit 0
 fi
 
 version_of() { sed -n "s|^require $1 \(v[^ ]*\)$|\1|p" "$here/$2/go.mod"; }

@@ -10,19 +10,17 @@ import copy
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kubetest.cluster import TrainJobCluster, wait_for
+from kubetest.cluster import TrainJobCluster, no_retries, wait_for
 
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
     JOBSETS,
     RUNTIME_SNAPSHOT_ANNOTATION,
-    TRAINING_RUNTIMES,
     TRAINJOBS,
 )
 from trainjob.backends.kubernetes.status import find_condition
@@ -45,30 +43,6 @@ def cpu_trainer(num_nodes: int = 2, *args: str, **extra: Any) -> dict[str, Any]:
         "resourcesPerNode": {"requests": {"cpu": "1"}},
         **extra,
     }
-
-
-def namespaced_runtime(
-    k8s: TrainJobCluster, namespace: str, name: str, change: Callable[[dict[str, Any]], None] = lambda spec: None
-) -> str:
-    """A TrainingRuntime in ``namespace``: the built-in torch-distributed one, changed by ``change(spec)``."""
-    spec = copy.deepcopy(k8s.api.get(CLUSTER_TRAINING_RUNTIMES, None, "torch-distributed")["spec"])
-    change(spec)
-    k8s.api.create(
-        {
-            "apiVersion": TRAINING_RUNTIMES.api_version,
-            "kind": "TrainingRuntime",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": spec,
-        },
-        TRAINING_RUNTIMES,
-    )
-    return name
-
-
-def no_retries(spec: dict[str, Any]) -> None:
-    """A failed pod fails its Job at once (Kubernetes' default is 6 retries)."""
-    for rj in spec["template"]["spec"]["replicatedJobs"]:
-        rj["template"]["spec"]["backoffLimit"] = 0
 
 
 def seed(name: str) -> dict[str, Any]:
@@ -127,7 +101,7 @@ def test_seed_runtime_and_trainjob_train_ddp_to_complete(k8s: TrainJobCluster) -
 
 
 def test_a_rank_that_raises_fails_the_job_with_its_exception(k8s: TrainJobCluster, namespace: str) -> None:
-    runtime = namespaced_runtime(k8s, namespace, "no-retries", no_retries)
+    runtime = k8s.namespaced_runtime(namespace, "no-retries", no_retries)
     k8s.create_job("broken", namespace, runtime=runtime, runtime_kind="TrainingRuntime",
                    trainer=cpu_trainer(2, "--fail-rank", "1", "--noise-lines", "150"))
     failed = k8s.wait_for_condition("broken", "Failed", namespace=namespace, timeout=180)
@@ -174,7 +148,7 @@ def test_elastic_runtime_restarts_after_a_failure_and_resumes(
         spec["mlPolicy"].pop("numNodes", None)  # elasticPolicy decides the node count
         spec["mlPolicy"]["torch"]["elasticPolicy"] = {"minNodes": 1, "maxNodes": 2, "maxRestarts": 3}
 
-    namespaced_runtime(k8s, namespace, "elastic", elastic)
+    k8s.namespaced_runtime(namespace, "elastic", elastic)
     checkpoint = workdir / "ckpt"
     k8s.create_job(
         "elastic-job",
@@ -233,7 +207,7 @@ def test_operator_killed_mid_job_resumes_and_creates_nothing_twice(
 def test_a_namespaced_runtime_is_invisible_from_other_namespaces(
     k8s: TrainJobCluster, namespace: str
 ) -> None:
-    namespaced_runtime(k8s, namespace, "team-only")
+    k8s.namespaced_runtime(namespace, "team-only")
     other = f"{namespace}-other"
     k8s.cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other}}])
     k8s.create_job(
@@ -260,7 +234,7 @@ def test_podgroups_are_accepted_by_their_real_crds(k8s: TrainJobCluster, namespa
     def gang(spec: dict[str, Any]) -> None:
         spec["podGroupPolicy"] = {policy: {"scheduleTimeoutSeconds": 60} if policy == "coscheduling" else {}}
 
-    namespaced_runtime(k8s, namespace, f"gang-{policy}", gang)
+    k8s.namespaced_runtime(namespace, f"gang-{policy}", gang)
     k8s.create_job("gang", namespace, runtime=f"gang-{policy}", runtime_kind="TrainingRuntime", suspend=True,
                    trainer=cpu_trainer(2))
     wait_for(lambda: k8s.jobset("gang", namespace), 30, "the JobSet")

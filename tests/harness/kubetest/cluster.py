@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import signal
 import subprocess
@@ -26,7 +27,12 @@ from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_ap
 from trainjob.backends.kubernetes.kubeapi import KubeApi
 from trainjob.backends.kubernetes.manifests import NAME as OPERATOR_NAME
 from trainjob.backends.kubernetes.manifests import NAMESPACE as OPERATOR_NAMESPACE
-from trainjob.backends.kubernetes.resources import JOBSETS, TRAINJOBS
+from trainjob.backends.kubernetes.resources import (
+    CLUSTER_TRAINING_RUNTIMES,
+    JOBSETS,
+    TRAINING_RUNTIMES,
+    TRAINJOBS,
+)
 from trainjob.backends.kubernetes.status import find_condition
 
 
@@ -40,6 +46,13 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "t
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(every)
+
+
+def no_retries(spec: dict[str, Any]) -> None:
+    """For :meth:`TrainJobCluster.namespaced_runtime`: a failed pod fails its Job at once (the default is 6
+    retries, each one a whole new training run)."""
+    for rj in spec["template"]["spec"]["replicatedJobs"]:
+        rj["template"]["spec"]["backoffLimit"] = 0
 
 
 class OperatorProcess:
@@ -122,6 +135,23 @@ class TrainJobCluster:
             "spec": {"runtimeRef": ref, **spec},
         }
         return self.api.create(body, TRAINJOBS)
+
+    def namespaced_runtime(
+        self, namespace: str, name: str, change: Callable[[dict[str, Any]], None] = lambda spec: None
+    ) -> str:
+        """A TrainingRuntime in ``namespace``: the built-in torch-distributed one, changed by ``change(spec)``."""
+        spec = copy.deepcopy(self.api.get(CLUSTER_TRAINING_RUNTIMES, None, "torch-distributed")["spec"])
+        change(spec)
+        self.api.create(
+            {
+                "apiVersion": TRAINING_RUNTIMES.api_version,
+                "kind": "TrainingRuntime",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": spec,
+            },
+            TRAINING_RUNTIMES,
+        )
+        return name
 
     def job(self, name: str, namespace: str = "default") -> dict[str, Any]:
         job = self.api.get(TRAINJOBS, namespace, name)

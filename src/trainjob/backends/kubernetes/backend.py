@@ -73,7 +73,8 @@ class KubernetesBackend:
         for runtime in runtimes:
             self._apply_runtime(runtime.to_dict(), meta["namespace"])
         ref = trainjob.spec.runtime_ref
-        resolve(trainjob, self._runtime_resource(ref.kind, ref.name, meta["namespace"]))
+        placed = type(trainjob).from_dict(body)  # resolved where it will live (the runtime's namespace rule)
+        resolve(placed, self._runtime_resource(ref.kind, ref.name, meta["namespace"]))
         try:
             created = self.api.create(body, TRAINJOBS)
         except AlreadyExistsError as exc:
@@ -219,7 +220,9 @@ class KubernetesBackend:
     # -- changing ---------------------------------------------------------------------------------------------------
 
     def delete_job(self, name: str) -> None:
-        """Delete the TrainJob; its JobSet, Jobs and pods go with it (owner references)."""
+        """Delete the TrainJob; its JobSet, Jobs and pods go with it (owner references, foreground: the job object
+        stays, terminating, until they are gone). Deleting a job that is already terminating is NotFoundError."""
+        self._job(name)
         if not self.api.delete(TRAINJOBS, self.namespace, name):
             raise NotFoundError(f"TrainJob {name!r} not found in namespace {self.namespace!r}")
 
@@ -236,9 +239,12 @@ class KubernetesBackend:
     # -- helpers ----------------------------------------------------------------------------------------------------
 
     def _job(self, name: str) -> dict[str, Any]:
+        """The TrainJob; a job being deleted counts as gone (its pods are stopping, nothing can change it)."""
         job = self.api.get(TRAINJOBS, self.namespace, name)
         if job is None:
             raise NotFoundError(f"TrainJob {name!r} not found in namespace {self.namespace!r}")
+        if job["metadata"].get("deletionTimestamp"):
+            raise NotFoundError(f"TrainJob {name!r} not found in namespace {self.namespace!r} (it is being deleted)")
         return job
 
     def _runtime_resource(self, kind: str, name: str, namespace: str) -> RuntimeResource:
