@@ -1,20 +1,23 @@
-"""How fast the operator turns TrainJobs into JobSets, against the Kubernetes API stand-in on loopback.
+"""How fast the operator turns TrainJobs into JobSets, on a real control plane (etcd, kube-apiserver, controllers,
+JobSet; ``scripts/cluster/build.sh``), against plain creates through the same API server in the same run.
 
     python benchmarks/reconcile.py --jobs 1000 --workers 4
 
 1. Baseline: this process renders each job's JobSet with the runtime framework and creates it with one client
-   (no operator, no watch, no status): the floor set by the stand-in and the client.
-2. Operator: ``trainjob operator`` (a separate process, as in a cluster) finds the same number of TrainJobs already
-   created (a restart with a backlog) and reconciles them: runtime snapshot, render, JobSet create, status. Timed
-   until every JobSet exists; its peak RSS is sampled.
+   (no operator, no watch, no status): the floor set by the API server, admission (JobSet's webhooks) and etcd.
+2. Operator: ``trainjob operator`` (a separate process, with its ServiceAccount's token, as in a cluster) finds the
+   same number of TrainJobs already created (a restart with a backlog) and reconciles them: signed runtime
+   snapshot, render, JobSet create, status. Timed until every JobSet exists; its peak RSS is sampled, and the API
+   requests it made are counted from the API server's audit log.
 
-The stand-in runs in its own process too, without schema admission, so the figures are the operator's.
+Jobs are created suspended, so the JobSet and Job controllers work but no pod starts. Needs root and Go, as the
+Kubernetes tests do.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import collections
 import signal
 import subprocess
 import sys
@@ -24,16 +27,18 @@ import time
 from pathlib import Path
 
 import psutil
-import yaml
 
-from trainjob.api import TrainJob
-from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_api_client
-from trainjob.backends.kubernetes.kubeapi import KubeApi
-from trainjob.backends.kubernetes.manifests import builtin_runtimes
-from trainjob.backends.kubernetes.resources import CLUSTER_TRAINING_RUNTIMES, JOBSETS, TRAINJOBS
-from trainjob.runtime import builtin_runtimes as runtime_models
-from trainjob.runtime import resolve
-from trainjob.runtime.render import render_objects
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "harness"))
+
+from kubetest.cluster import TrainJobCluster  # noqa: E402
+from kubetest.controlplane import ControlPlane  # noqa: E402
+
+from trainjob.api import TrainJob  # noqa: E402
+from trainjob.backends.kubernetes.kubeapi import KubeApi  # noqa: E402
+from trainjob.backends.kubernetes.resources import JOBSETS, TRAINJOBS  # noqa: E402
+from trainjob.runtime import builtin_runtimes as runtime_models  # noqa: E402
+from trainjob.runtime import resolve  # noqa: E402
+from trainjob.runtime.render import render_objects  # noqa: E402
 
 
 def job_body(name: str, namespace: str) -> dict:
@@ -43,34 +48,10 @@ def job_body(name: str, namespace: str) -> dict:
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "runtimeRef": {"name": "torch-distributed"},
+            "suspend": True,
             "trainer": {"numNodes": 2, "numProcPerNode": 1, "command": ["torchrun", "train.py"]},
         },
     }
-
-
-def start_standin() -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trainjob.backends.kubernetes.testing.server"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    return proc, proc.stdout.readline().strip()
-
-
-def write_kubeconfig(path: Path, url: str) -> None:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "s", "cluster": {"server": url}}],
-                "users": [{"name": "u", "user": {"token": "x"}}],
-                "contexts": [{"name": "s", "context": {"cluster": "s", "user": "u"}}],
-                "current-context": "s",
-            }
-        )
-    )
 
 
 def baseline(api: KubeApi, jobs: int) -> float:
@@ -80,6 +61,8 @@ def baseline(api: KubeApi, jobs: int) -> float:
     for i in range(jobs):
         job = TrainJob.from_dict(job_body(f"job-{i}", "baseline"))
         for obj in render_objects(resolve(job, runtime)):
+            obj["metadata"]["namespace"] = "baseline"
+            obj.setdefault("spec", {})["suspend"] = True
             api.create(obj)
     return time.perf_counter() - start
 
@@ -90,18 +73,10 @@ def count(api: KubeApi, namespace: str) -> int:
 
 def run_operator(kubeconfig: Path, api: KubeApi, jobs: int, workers: int) -> tuple[float, float, int]:
     """Seconds until the operator's first and last JobSet in namespace ``bench`` exist, and its peak RSS."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    # What `trainjob operator --kubeconfig ... --workers N` runs, without loading the rest of the CLI.
-    program = (
-        "from trainjob.backends.kubernetes.config import KubernetesBackendConfig\n"
-        "from trainjob.backends.kubernetes.operator import run_operator\n"
-        f"run_operator(KubernetesBackendConfig(config_file={str(kubeconfig)!r}), workers={workers})\n"
-    )
     proc = subprocess.Popen(
-        [sys.executable, "-c", program],
-        env=env,
+        [sys.executable, "-m", "trainjob.cli.main", "operator", f"--kubeconfig={kubeconfig}", f"--workers={workers}"],
         stdout=subprocess.DEVNULL,
-        stderr=None if os.environ.get("BENCH_DEBUG") else subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     peak = 0
     done = threading.Event()
@@ -147,26 +122,24 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     args = parser.parse_args()
 
-    standin, url = start_standin()
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            kubeconfig = Path(tmp) / "kubeconfig"
-            write_kubeconfig(kubeconfig, url)
-            api = KubeApi(load_api_client(KubernetesBackendConfig(config_file=str(kubeconfig))))
-            for runtime in builtin_runtimes():
-                api.create(runtime, CLUSTER_TRAINING_RUNTIMES)
-
-            base = baseline(api, args.jobs)
-            for i in range(args.jobs):
-                api.create(job_body(f"job-{i}", "bench"), TRAINJOBS)
-            first, elapsed, peak = run_operator(kubeconfig, api, args.jobs, args.workers)
-            complete = sum(1 for j in api.list(TRAINJOBS, "bench") if "annotations" in j["metadata"])
-    finally:
-        standin.terminate()
-        standin.wait(30)
+    with tempfile.TemporaryDirectory() as tmp, ControlPlane.start(Path(tmp) / "cluster") as cp:
+        cluster = TrainJobCluster(cp, Path(tmp))
+        cluster.install()
+        api: KubeApi = cluster.api
+        cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in ("baseline", "bench")])
+        base = baseline(api, args.jobs)
+        for i in range(args.jobs):
+            api.create(job_body(f"job-{i}", "bench"), TRAINJOBS)
+        before = len(cp.audit_requests())
+        first, elapsed, peak = run_operator(cluster.operator_kubeconfig, api, args.jobs, args.workers)
+        time.sleep(2)  # let the last status writes land in the audit log
+        requests = cp.audit_requests()[before:]
+        complete = sum(1 for j in api.list(TRAINJOBS, "bench") if "annotations" in j["metadata"])
+    verbs = collections.Counter(f"{r['verb']} {r['objectRef'].get('resource')}" for r in requests if r.get("objectRef"))
 
     print(f"jobs: {args.jobs}, operator workers: {args.workers}")
     print(f"baseline (render + create, one client):  {base:7.2f} s  {args.jobs / base:7.1f} jobs/s")
+    print(f"operator / baseline time per job: see below; control plane: {cp.components['versions']}")
     steady = (args.jobs - 1) / max(elapsed - first, 1e-9)
     print(f"operator start to first JobSet: {first:7.2f} s")
     print(
@@ -174,6 +147,8 @@ def main() -> None:
         f" first  ({args.jobs / base / steady:.1f}x the baseline's time per job)"
     )
     print(f"operator peak RSS: {peak / 2**20:.0f} MiB; jobs with a runtime snapshot: {complete}")
+    print(f"operator API requests: {len(requests)} ({len(requests) / args.jobs:.1f} per job; the baseline makes 1)")
+    print("  " + ", ".join(f"{k}: {v}" for k, v in verbs.most_common()))
 
 
 if __name__ == "__main__":
