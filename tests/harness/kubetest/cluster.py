@@ -67,7 +67,7 @@ class OperatorProcess:
         assert self.popen is None or self.popen.poll() is not None, "the operator runs already"
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(
-                [sys.executable, "-c", "from trainjob.cli.main import main; main()", "operator",
+                [sys.executable, "-m", "trainjob.cli.main", "operator",
                  f"--kubeconfig={self.kubeconfig}", "--workers=4", "-v"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )
@@ -110,7 +110,7 @@ class TrainJobCluster:
                  timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """Run the ``trainjob`` command line as a user would."""
         done = subprocess.run(
-            [sys.executable, "-c", "from trainjob.cli.main import main; main()", *args],
+            [sys.executable, "-m", "trainjob.cli.main", *args],
             capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
         )
         if check and done.returncode != 0:
