@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,6 +138,85 @@ def test_bad_trainers_are_refused_before_anything_starts(client, trainer, match)
     with pytest.raises(ValidationError, match=match):
         client.train(trainer=trainer)
     assert client.list_jobs() == []
+
+
+def user_function(tmp_path: Path, source: str, name: str = "train"):
+    """``name`` from a module written with ``source``, as a user's own file would define it."""
+    path = tmp_path / f"user_code_{len(list(tmp_path.glob('user_code_*')))}.py"
+    path.write_text(textwrap.dedent(source), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+@pytest.mark.parametrize(
+    ("source", "name", "match"),
+    [
+        ("def json():\n    print('hi')\n", "json", "trainer.func: is named 'json', which the job's script imports"),
+        ("def outer():\n    n = 2\n    def train():\n        print(n)\n    return train\ntrain = outer()\n", "train",
+         "trainer.func: uses n of the function that defines train"),
+        ("SCALE = 2\ndef helper():\n    return 1\ndef train():\n    print(SCALE * helper())\n", "train",
+         "trainer.func: uses SCALE, helper, which train neither imports nor defines"),
+        ("LR = 0.1\ndef train(lr=LR):\n    pass\n", "train", "trainer.func: uses LR"),
+        ("class Config:\n    pass\ndef train(config: Config = None):\n    pass\n", "train", "trainer.func: uses Config"),
+        ("async def train():\n    pass\n", "train", "trainer.func: must be a plain function .def., got async function"),
+    ],
+)
+def test_functions_that_would_fail_on_every_rank_are_refused_at_submit(client, tmp_path, source, name, match):
+    with pytest.raises(ValidationError, match=match):
+        client.train(trainer=CustomTrainer(func=user_function(tmp_path, source, name)))
+    assert client.list_jobs() == []
+
+
+def test_a_function_with_a_decorator_over_several_lines_runs_undecorated(client, tmp_path):
+    train = user_function(tmp_path, """
+        import functools
+
+        def register(**options):
+            return lambda f: functools.wraps(f)(lambda *a, **k: f(*a, **k))
+
+        @register(
+            name="several lines",
+        )
+        def train(greeting: str = "hi") -> None:
+            x: Unused = 1  # a local variable's annotation is never evaluated
+            print(greeting, os.environ["RANK"], x)
+    """)
+
+    name = client.train(trainer=CustomTrainer(func=train, func_args={"greeting": "hello"}))
+
+    assert client.wait_for_job_status(name, timeout=120).status == "Complete"
+    assert list(client.get_job_logs(name)) == ["[rank0]: hello 0 1"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["--index-url=http://127.0.0.1:9/simple", "-r /etc/passwd", "--target", "/tmp/elsewhere", "tqdm --pre", "tqdm\n-e ."],
+)
+def test_packages_pip_would_read_as_options_are_refused(client, bad):
+    with pytest.raises(ValidationError, match=r"trainer\.packages_to_install\[1\]: must be a PEP 508 requirement"):
+        CustomTrainer(func=show_arguments, packages_to_install=["tqdm>=4", bad])
+
+    trainer = CustomTrainer(func=show_arguments, func_args={"text": "", "count": 1}, packages_to_install=["tqdm"])
+    trainer.packages_to_install.append(bad)  # changed after it was checked: checked again at submit
+    with pytest.raises(ValidationError, match=r"packages_to_install\[1\]"):
+        client.train(trainer=trainer)
+    assert client.list_jobs() == []
+
+
+@pytest.mark.parametrize(
+    "requirement",
+    ["transformers>=4.53.0", "accelerate[deepspeed] >= 0.30, < 2", "pkg @ https://host/pkg-1.0-py3-none-any.whl",
+     "numpy; python_version >= '3.11' and sys_platform == 'linux'", "tqdm==4.*"],
+)
+def test_pep_508_requirements_are_accepted(requirement):
+    assert CustomTrainer(func=show_arguments, packages_to_install=[requirement]).packages_to_install == [requirement]
+
+
+def test_index_urls_must_be_urls():
+    with pytest.raises(ValidationError, match=r"trainer\.pip_index_urls\[0\]: must be an http://, https:// or file:// URL"):
+        CustomTrainer(func=show_arguments, pip_index_urls=["-r /etc/passwd"])
 
 
 def test_the_backend_follows_the_config_type(trainjob_home):

@@ -35,8 +35,10 @@ class CustomTrainer:
     """A self-contained training function, shipped as source and called with ``**func_args`` on every rank.
 
     ``resources_per_node`` takes ``cpu``, ``memory``, ``gpu`` (meaning ``nvidia.com/gpu``) or any Kubernetes
-    resource name; ``packages_to_install`` go into a per-job environment that still sees the installed torch,
-    from ``pip_index_urls`` (the first is the index, the others extra indexes)::
+    resource name; ``packages_to_install`` (PEP 508 requirements, never pip options) go into a per-job
+    environment that still sees the installed torch, from ``pip_index_urls`` (the first is the index, the others
+    extra indexes). Both are checked here, the function when the trainer is submitted
+    (:mod:`trainjob.trainer_checks`)::
 
         CustomTrainer(func=train, num_nodes=2, resources_per_node={"cpu": 1}, packages_to_install=["tqdm"])
     """
@@ -48,6 +50,13 @@ class CustomTrainer:
     num_nodes: int | None = None
     resources_per_node: dict[str, Any] | None = None
     env: dict[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        from trainjob.trainer_checks import check_index_urls, check_requirements
+
+        if self.packages_to_install is not None:
+            self.packages_to_install = check_requirements(self.packages_to_install)
+        self.pip_index_urls = check_index_urls(self.pip_index_urls)
 
 
 @dataclass

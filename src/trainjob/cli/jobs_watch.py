@@ -1,7 +1,8 @@
 """Watching a job from the terminal: streamed logs above a live status line (progress, loss, ETA).
 
-Logs are read on a thread with its own backend (its own database connection); the main thread prints them and
-refreshes the status line. Without a terminal the status line is left out and only the logs are printed::
+Logs are read on a thread with its own backend (its own database connection) into a bounded queue, so a job
+that writes faster than the terminal shows costs no memory; the main thread prints them and refreshes the
+status line. Without a terminal the status line is left out and only the logs are printed::
 
     job = follow(lambda: LocalBackend(), "mnist")
 """
@@ -23,6 +24,8 @@ from trainjob.errors import TrainJobError
 
 _END = object()
 REFRESH_SECONDS = 0.5
+#: Lines read ahead of printing, at most.
+LINE_BUFFER = 1000
 
 
 def status_line(job: types.TrainJob) -> str:
@@ -35,7 +38,7 @@ def status_line(job: types.TrainJob) -> str:
 def follow(backend_factory: Callable[[], Backend], name: str) -> types.TrainJob:
     """Print the job's logs until it is no longer Created or Running; returns the job then."""
     backend = backend_factory()
-    lines: queue.Queue[object] = queue.Queue()
+    lines: queue.Queue[object] = queue.Queue(maxsize=LINE_BUFFER)
 
     def read() -> None:
         try:

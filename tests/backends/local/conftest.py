@@ -5,9 +5,11 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from trainjob.api import load_resources
 from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
 from trainjob.backends.local.testing import delete_all_jobs, processes_under
 
@@ -30,6 +32,33 @@ def script(tmp_path: Path) -> Callable[[str, str], str]:
         return str(path)
 
     return write
+
+
+@pytest.fixture
+def elastic_runtimes(tmp_path: Path) -> list[Any]:
+    """``torch-elastic``: 1 to 2 nodes of one process each, the node group restarted at most once."""
+    path = tmp_path / "elastic.yaml"
+    path.write_text(ELASTIC_RUNTIME, encoding="utf-8")
+    return load_resources(path)
+
+
+ELASTIC_RUNTIME = """
+apiVersion: trainer.kubeflow.org/v1alpha1
+kind: ClusterTrainingRuntime
+metadata: {name: torch-elastic}
+spec:
+  mlPolicy:
+    torch:
+      numProcPerNode: 1
+      elasticPolicy: {minNodes: 1, maxNodes: 2, maxRestarts: 1}
+  template:
+    spec:
+      replicatedJobs:
+        - name: node
+          template:
+            metadata: {labels: {trainer.kubeflow.org/trainjob-ancestor-step: trainer}}
+            spec: {template: {spec: {containers: [{name: node, image: local}]}}}
+"""
 
 
 @pytest.fixture

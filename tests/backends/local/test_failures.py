@@ -1,22 +1,93 @@
-"""Reading what torchrun reported: the rank prefix of log lines, the root cause among failed nodes."""
+"""Reading what torchrun and the node keepers reported: rank prefixes, every failure, the one that came first."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from trainjob.backends.local.logs import NodeFailure, parse_line, pick_root_cause
+from trainjob.backends.local.failures import NodeExit, NodeFailure, node_failures, pick_root_cause
+from trainjob.backends.local.logs import parse_line
+
+# torchrun's report when rank 3 was SIGKILLed and it then stopped rank 2: both stamped to the same second, and
+# torchrun calls the lower local rank the root cause.
+TORCHRUN_REPORT = """\
+[rank2]: RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-01-01_10:00:05
+  host      : box
+  rank      : 3 (local_rank: 1)
+  exitcode  : -9 (pid: 4003)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4003
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-01-01_10:00:05
+  host      : box
+  rank      : 2 (local_rank: 0)
+  exitcode  : -15 (pid: 4002)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 4002
+============================================================
+"""
 
 
 @pytest.mark.parametrize(
     ("failures", "chosen"),
     [
-        ([NodeFailure(0, 1, 0, 0, "2026-01-01_10:00:05"), NodeFailure(1, 1, 3, 1, "2026-01-01_10:00:01")], 1),
-        ([NodeFailure(0, -15, 0, 0, "2026-01-01_10:00:01"), NodeFailure(1, 1, 2, 0, "2026-01-01_10:00:09")], 1),
-        ([NodeFailure(1, 2), NodeFailure(0, 2)], 1),
+        ([NodeFailure(0, 1, 0, 0, 105.0), NodeFailure(1, 1, 3, 1, 101.0)], 1),
+        # a death by signal is a cause like any other: the OOM killer sends SIGKILL
+        ([NodeFailure(0, 1, 0, 0, 100.9), NodeFailure(1, -9, 2, 0, 100.2)], 1),
+        # at the same moment, torchrun's SIGTERM of the ranks left is the consequence
+        ([NodeFailure(0, -15, 0, 0, 100.0), NodeFailure(0, -9, 1, 1, 100.0)], 1),
+        ([NodeFailure(1, 2, time=None), NodeFailure(0, 2, time=7.0)], 1),
+        ([NodeFailure(1, 2), NodeFailure(0, 2)], 0),
     ],
 )
-def test_root_cause_prefers_real_errors_then_the_earliest(failures, chosen):
-    assert pick_root_cause(failures).node == chosen
+def test_root_cause_is_the_failure_that_happened_first(failures, chosen):
+    assert pick_root_cause(failures) is failures[chosen]
+
+
+def test_every_reported_rank_is_timed_by_when_its_keeper_saw_it_end(tmp_path: Path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "node-1.log").write_text(TORCHRUN_REPORT)
+    ended = NodeExit(code=1, time=106.0, ranks=[{"pid": 4002, "rank": 2, "local_rank": 0, "time": 100.31},
+                                                {"pid": 4003, "rank": 3, "local_rank": 1, "time": 100.12}])
+
+    failures = node_failures(tmp_path, 1, ended, 1)
+
+    assert sorted((f.rank, f.exit_code, f.time) for f in failures) == [(2, -15, 100.31), (3, -9, 100.12)]
+    assert pick_root_cause(failures).describe() == "node-1 rank 3 (local rank 1) was killed by SIGKILL"
+
+
+def test_a_report_from_an_earlier_attempt_is_not_this_attempts_failure(tmp_path: Path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "node-0.log").write_text(TORCHRUN_REPORT + "[rank2]: ValueError: bad batch\n")
+    ended = NodeExit(code=1, time=200.0, ranks=[{"pid": 5002, "rank": 2, "local_rank": 0, "time": 199.0}])
+
+    (failure,) = node_failures(tmp_path, 0, ended, 1)
+
+    assert (failure.rank, failure.exit_code, failure.detail) == (None, 1, "ValueError: bad batch")
+
+
+def test_a_node_whose_keeper_was_killed_says_so(tmp_path: Path):
+    lost = NodeExit(code=-9, time=50.0, ranks=[], lost=True)
+    (failure,) = node_failures(tmp_path, 2, lost, -9)
+    assert failure.describe() == "node-2 was killed by SIGKILL: its keeper was killed before it recorded how the node ended"
+
+
+def test_exit_records_are_read_back(tmp_path: Path):
+    path = tmp_path / "node-0.exit.json"
+    path.write_text(json.dumps({"code": -9, "time": 3.5, "ranks": [{"pid": 1, "rank": 0, "local_rank": 0, "time": 3.0}]}))
+    assert NodeExit.read(path) == NodeExit(code=-9, time=3.5, ranks=[{"pid": 1, "rank": 0, "local_rank": 0, "time": 3.0}])
+    assert NodeExit.read(tmp_path / "missing.json") is None
 
 
 def test_rank_prefixes_are_parsed_from_node_logs():

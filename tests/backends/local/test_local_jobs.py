@@ -6,12 +6,10 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-from trainjob.api import load_resources
 from trainjob.backends.local import processes
 from trainjob.backends.local.testing import processes_under, trainjob_resource, wait_until
 from trainjob.errors import JobFailedError, NotFoundError
@@ -80,6 +78,38 @@ def test_failed_rank_is_named_and_waiting_stops_at_once(backend, script, trainjo
     wait_until(lambda: processes_under(trainjob_home) == [], timeout=15)
 
 
+# Every rank joins a gloo all-reduce loop after writing its pid, until one of them is killed.
+ALL_REDUCE_FOREVER = """
+    import os, time
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    with open(os.path.join(os.environ["TRAINJOB_JOB_DIR"], f"pid-{dist.get_rank()}"), "w") as f:
+        f.write(str(os.getpid()))
+    t = torch.ones(1)
+    while True:
+        dist.all_reduce(t)
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [1, 2])
+def test_the_killed_rank_is_named_not_the_ranks_that_died_after_it(backend, script, victim):
+    looping = script("loop.py", ALL_REDUCE_FOREVER)
+    backend.apply(trainjob_resource("oom", ["torchrun", looping], num_nodes=2, num_proc_per_node=2))
+    job_dir = backend.store.job_dir("oom")
+    wait_until(lambda: all((job_dir / f"pid-{rank}").exists() for rank in range(4)), timeout=120)
+    time.sleep(0.5)  # the all-reduce loop is running on every rank
+
+    os.kill(int((job_dir / f"pid-{victim}").read_text()), signal.SIGKILL)
+
+    with pytest.raises(JobFailedError) as failed:
+        backend.wait_for_job_status("oom", timeout=120)
+    expected = f"node-{victim // 2} rank {victim} (local rank {victim % 2}) was killed by SIGKILL"
+    assert str(failed.value).endswith(f"NodeFailed: {expected}")
+
+
 def test_delete_stops_every_process_of_a_running_job(backend, script, trainjob_home):
     sleeper = script("sleeper.py", SLEEPER)
     backend.apply(trainjob_resource("doomed", ["torchrun", sleeper], num_nodes=1, num_proc_per_node=2))
@@ -97,19 +127,6 @@ def test_delete_stops_every_process_of_a_running_job(backend, script, trainjob_h
     assert not job_dir.exists()
     with pytest.raises(NotFoundError):
         backend.get_job("doomed")
-
-
-def test_killed_supervisor_is_detected_by_the_next_reader(backend, script, trainjob_home):
-    sleeper = script("sleeper.py", SLEEPER)
-    backend.apply(trainjob_resource("orphan", ["python", sleeper]))
-    wait_until(lambda: (backend.store.job_dir("orphan") / "pid-node").exists(), timeout=30)
-
-    os.kill(backend.store.get_job("orphan")["supervisor_pid"], signal.SIGKILL)
-
-    job = wait_until(lambda: (j := backend.get_job("orphan")).status == "Failed" and j, timeout=10)
-    assert job.reason == "SupervisorLost" and "killed" in job.message
-    assert [j.status for j in backend.list_jobs()] == ["Failed"]
-    wait_until(lambda: processes_under(trainjob_home) == [], timeout=10)
 
 
 def test_suspend_stops_the_nodes_and_resume_starts_them_again(backend, script, trainjob_home):
@@ -138,33 +155,14 @@ def test_active_deadline_fails_a_job_that_runs_too_long(backend, script):
         backend.wait_for_job_status("slow", timeout=30)
 
 
-def test_elastic_job_restarts_its_node_group_up_to_max_restarts(backend, script, tmp_path: Path):
+def test_elastic_job_restarts_its_node_group_up_to_max_restarts(backend, script, elastic_runtimes):
     flaky = script("flaky.py", """
         import os, sys
         print("restart", os.environ["TRAINJOB_RESTART_COUNT"], flush=True)
         if os.environ["TRAINJOB_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
             sys.exit(3)
     """)
-    runtime_yaml = tmp_path / "elastic.yaml"
-    runtime_yaml.write_text("""
-apiVersion: trainer.kubeflow.org/v1alpha1
-kind: ClusterTrainingRuntime
-metadata: {name: torch-elastic}
-spec:
-  mlPolicy:
-    torch:
-      numProcPerNode: 1
-      elasticPolicy: {minNodes: 1, maxNodes: 2, maxRestarts: 1}
-  template:
-    spec:
-      replicatedJobs:
-        - name: node
-          template:
-            metadata: {labels: {trainer.kubeflow.org/trainjob-ancestor-step: trainer}}
-            spec: {template: {spec: {containers: [{name: node, image: local}]}}}
-""")
-    runtimes = load_resources(runtime_yaml)
-    backend.apply(trainjob_resource("elastic", ["torchrun", flaky], runtime="torch-elastic"), runtimes)
+    backend.apply(trainjob_resource("elastic", ["torchrun", flaky], runtime="torch-elastic"), elastic_runtimes)
 
     job = backend.wait_for_job_status("elastic", timeout=120)
 

@@ -12,10 +12,8 @@ only talks to the API server::
 
 from __future__ import annotations
 
-import inspect
 import json
 import queue
-import textwrap
 import threading
 import time
 import uuid
@@ -281,7 +279,7 @@ import json, os, subprocess, sys
 packages = json.loads(os.environ["TRAINJOB_PACKAGES"])
 if packages:
     indexes = json.loads(os.environ["TRAINJOB_PIP_INDEX_URLS"])
-    flags = ["--index-url=" + indexes[0]] + ["--extra-index-url=" + url for url in indexes[1:]]
+    flags = ["--index-url=" + url for url in indexes[:1]] + ["--extra-index-url=" + url for url in indexes[1:]]
     subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", *flags, "--", *packages])
 with open("/tmp/trainjob_train.py", "w") as f:
     f.write(os.environ["TRAINJOB_PROGRAM"])
@@ -294,13 +292,14 @@ def trainer_spec(trainer: types.CustomTrainer) -> dict[str, Any]:
 
     The program, the packages and the index URLs travel in environment variables, read by a small launcher run
     with ``python -c``: no shell sees them."""
-    source = textwrap.dedent(inspect.getsource(trainer.func))
-    call = f"{trainer.func.__name__}(**json.loads({json.dumps(json.dumps(trainer.func_args or {}))}))"
-    program = f"import json\n{source}\n{call}\n"
+    from trainjob.backends.local.function import function_script
+    from trainjob.trainer_checks import check_index_urls, check_requirements
+
     shipped = {
-        "TRAINJOB_PROGRAM": program,
-        "TRAINJOB_PACKAGES": json.dumps(list(trainer.packages_to_install or [])),
-        "TRAINJOB_PIP_INDEX_URLS": json.dumps(list(trainer.pip_index_urls)),
+        # The same program the local backend runs (checked at submit: name, decorators, free names).
+        "TRAINJOB_PROGRAM": function_script(trainer.func, trainer.func_args),
+        "TRAINJOB_PACKAGES": json.dumps(check_requirements(trainer.packages_to_install)),
+        "TRAINJOB_PIP_INDEX_URLS": json.dumps(check_index_urls(trainer.pip_index_urls)),
     }
     spec: dict[str, Any] = {
         "command": ["python", "-c", _LAUNCHER],

@@ -1,7 +1,11 @@
 """The local backend: TrainJobs run as real multi-node torchrun process groups on this machine.
 
 Each job gets a detached supervisor (:mod:`trainjob.backends.local.supervisor`) that outlives the command that
-created it; state lives in SQLite under ``$TRAINJOB_HOME`` (:mod:`trainjob.backends.local.store`)::
+created it; state lives in SQLite under ``$TRAINJOB_HOME`` (:mod:`trainjob.backends.local.store`). A reader that
+finds an active job without a live supervisor starts a replacement that adopts its running nodes (the nodes'
+keepers usually have done so already); only when replacements keep dying
+(:data:`MAX_SUPERVISOR_REPLACEMENTS` in a row) is the job failed with ``SupervisorLost``. Readers skip jobs
+deleted while they read, and one backend may be shared by threads::
 
     backend = LocalBackend()
     backend.apply(TrainJob.from_dict(job_dict))
@@ -36,7 +40,13 @@ if TYPE_CHECKING:
 
 #: How often local waits look at the store; reading SQLite is cheap, so failures are seen at once.
 LOCAL_POLL_SECONDS = 0.2
-SUPERVISOR_STOP_SECONDS = 5.0
+#: How long a deleted job's supervisor gets to stop its nodes (its keepers' grace included).
+SUPERVISOR_STOP_SECONDS = 10.0
+KEEPER_STOP_SECONDS = 6.0
+#: A reader starts a replacement supervisor at most this often per job ...
+SUPERVISOR_RETRY_SECONDS = 10.0
+#: ... and gives the job up after this many replacements that died before they took over.
+MAX_SUPERVISOR_REPLACEMENTS = 5
 
 
 @dataclass
@@ -75,6 +85,7 @@ class LocalBackend:
         from trainjob.api import TrainJob
         from trainjob.backends.local.function import SCRIPT_NAME, function_script, function_trainjob
         from trainjob.runtime import DEFAULT_RUNTIME
+        from trainjob.trainer_checks import check_index_urls, check_requirements
 
         if initializer is not None:
             raise ValidationError("initializer", "dataset and model initializers are not run by the local backend")
@@ -83,12 +94,11 @@ class LocalBackend:
         runtime_name = runtime.name if isinstance(runtime, types.Runtime) else (runtime or DEFAULT_RUNTIME)
         name = "j" + uuid.uuid4().hex[:11]
         script = function_script(trainer.func, trainer.func_args)
+        packages = check_requirements(trainer.packages_to_install)  # again: the fields may have changed since
+        pip_index_urls = check_index_urls(trainer.pip_index_urls)
         script_path = self.store.job_dir(name) / SCRIPT_NAME
         resource = TrainJob.from_dict(function_trainjob(name, trainer, runtime_name, str(script_path)))
-        self._submit(
-            resource, (), packages=trainer.packages_to_install or [], pip_index_urls=trainer.pip_index_urls,
-            files={SCRIPT_NAME: script},
-        )
+        self._submit(resource, (), packages=packages, pip_index_urls=pip_index_urls, files={SCRIPT_NAME: script})
         return name
 
     def _submit(
@@ -135,16 +145,19 @@ class LocalBackend:
             shutil.rmtree(job_dir, ignore_errors=True)
             raise
 
-    def _start_supervisor(self, name: str) -> None:
+    def _start_supervisor(self, name: str, replacing: bool = False) -> None:
+        """Start the job's supervisor; a replacement records itself once it holds the supervisor lock."""
         job_dir = self.store.job_dir(name)
         env = {**os.environ, processes.JOB_DIR_ENV: str(job_dir)}
+        argv = [sys.executable, "-m", "trainjob.backends.local.supervisor", str(self.store.home), name]
         with (job_dir / "supervisor.log").open("ab") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "trainjob.backends.local.supervisor", str(self.store.home), name],
+                argv + (["--replace"] if replacing else []),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True, close_fds=True,
             )
-        self.store.update_job(name, supervisor_pid=process.pid, supervisor_started=processes.start_time(process.pid))
+        if not replacing:
+            self.store.update_job(name, supervisor_pid=process.pid, supervisor_started=processes.start_time(process.pid))
 
     # reading jobs
 
@@ -172,7 +185,7 @@ class LocalBackend:
         return summaries
 
     def get_job(self, name: str) -> types.TrainJob:
-        row = self._checked([self.store.get_job(name)])[0]
+        row = self._checked_one(name)
         return views.sdk_job(row, self.store.nodes(name))
 
     def get_job_events(self, name: str) -> list[types.Event]:
@@ -226,19 +239,32 @@ class LocalBackend:
         """Stop every process of the job, then remove its state, logs and environment."""
         row = self.store.get_job(name)
         job_dir = self.store.job_dir(name)
+        self.store.update_job(name, request="delete")  # no replacement supervisor takes the job from here on
         if processes.is_alive(row["supervisor_pid"], row["supervisor_started"]):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(row["supervisor_pid"], signal.SIGTERM)
             deadline = time.monotonic() + SUPERVISOR_STOP_SECONDS
             while processes.is_alive(row["supervisor_pid"], row["supervisor_started"]) and time.monotonic() < deadline:
                 time.sleep(0.05)
-        processes.stop_processes(processes.job_processes(str(job_dir), since=row["created"]), grace=2.0)
+        self._stop_job_processes(name, row)
         self.store.delete_job(name)
         shutil.rmtree(job_dir, ignore_errors=True)
 
+    def _stop_job_processes(self, name: str, row: dict[str, Any]) -> None:
+        """Stop the node keepers (each stops its node and whatever the node left behind), then sweep."""
+        keepers = [(n["pid"], n["pid_started"]) for n in self.store.nodes(name)]
+        for pid, started in keepers:
+            if processes.is_alive(pid, started):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + KEEPER_STOP_SECONDS
+        while any(processes.is_alive(pid, started) for pid, started in keepers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        processes.stop_processes(processes.job_processes(str(self.store.job_dir(name)), since=row["created"]), grace=2.0)
+
     def suspend_job(self, name: str, timeout: float = 30) -> None:
         """Stop the job's node processes and keep the job as ``Suspended``; :meth:`resume_job` starts it again."""
-        row = self._checked([self.store.get_job(name)])[0]
+        row = self._checked_one(name)
         if row["status"] == types.SUSPENDED:
             return
         if row["status"] not in ACTIVE_STATUSES:
@@ -270,24 +296,49 @@ class LocalBackend:
     # supervisor liveness
 
     def _checked(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """``rows`` with jobs whose supervisor died marked ``Failed`` (and their leftover processes stopped)."""
-        for index, row in enumerate(rows):
-            if row["status"] not in ACTIVE_STATUSES or not row["supervisor_pid"]:
-                continue
-            if processes.is_alive(row["supervisor_pid"], row["supervisor_started"]):
-                continue
-            self._supervisor_lost(row)
-            rows[index] = {**row, **{k: v for k, v in self.store.get_job(row["name"]).items() if k in row}}
-        return rows
+        """``rows`` as they are once lost supervisors are being replaced; rows of jobs deleted meanwhile dropped."""
+        checked = []
+        for row in rows:
+            if row["status"] in ACTIVE_STATUSES and not self._supervised(row):
+                try:
+                    self._replace_supervisor(row)
+                    fresh = self.store.get_job(row["name"])
+                except NotFoundError:  # deleted while we looked
+                    continue
+                row = {**row, **{k: v for k, v in fresh.items() if k in row}}
+            checked.append(row)
+        return checked
 
-    def _supervisor_lost(self, row: dict[str, Any]) -> None:
-        message = (f"the job's supervisor (pid {row['supervisor_pid']}) ended without recording a result, "
-                   "so it was killed; its node processes were stopped")
-        if self.store.transition(row["name"], types.FAILED, "SupervisorLost", message,
+    def _checked_one(self, name: str) -> dict[str, Any]:
+        for row in self._checked([self.store.get_job(name)]):
+            return row
+        raise NotFoundError(f"TrainJob {name!r} not found; `trainjob list` shows the jobs there are")
+
+    def _supervised(self, row: dict[str, Any]) -> bool:
+        if not row["supervisor_pid"] or processes.is_alive(row["supervisor_pid"], row["supervisor_started"]):
+            return True
+        with contextlib.suppress(ValidationError):
+            return processes.supervisor_lock_held(self.store.job_dir(row["name"]))
+        return False
+
+    def _replace_supervisor(self, row: dict[str, Any]) -> None:
+        """Start a replacement for the job's lost supervisor (at most one per :data:`SUPERVISOR_RETRY_SECONDS`),
+        or fail the job when :data:`MAX_SUPERVISOR_REPLACEMENTS` in a row died before taking over."""
+        name = row["name"]
+        if self.store.get_job(name)["request"] == "delete":
+            return
+        attempt = self.store.claim_supervisor_replacement(name, row["supervisor_pid"], time.time(), SUPERVISOR_RETRY_SECONDS)
+        if attempt is None:
+            return
+        if attempt <= MAX_SUPERVISOR_REPLACEMENTS:
+            self._start_supervisor(name, replacing=True)
+            return
+        message = (f"the job's supervisor (pid {row['supervisor_pid']}) was lost and {MAX_SUPERVISOR_REPLACEMENTS} "
+                   "replacements died before taking over; its node processes were stopped")
+        if self.store.transition(name, types.FAILED, "SupervisorLost", message,
                                  from_statuses=ACTIVE_STATUSES, finished=time.time()):
-            self.store.add_event(row["name"], "SupervisorLost", message, type="Warning")
-            job_dir = str(self.store.job_dir(row["name"]))
-            processes.stop_processes(processes.job_processes(job_dir, since=row["created"]), grace=2.0)
+            self.store.add_event(name, "SupervisorLost", message, type="Warning")
+            self._stop_job_processes(name, self.store.get_job(name))
 
 
 def sdk_runtime_of(runtime: RuntimeResource) -> types.Runtime:

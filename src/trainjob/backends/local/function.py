@@ -1,8 +1,10 @@
 """An SDK ``CustomTrainer`` as a TrainJob: the function's source in a generated script, run by torchrun.
 
-The script holds the function's source and calls it with ``**func_args`` decoded from a JSON literal; nothing
-passes through a shell. It imports ``os`` and ``sys`` first, as training functions often use them unimported,
-and ends the process without interpreter teardown once the function returned::
+The script holds the function's source (checked and stripped of decorators by
+:func:`trainjob.trainer_checks.function_source`) and calls it with ``**func_args`` decoded from a JSON literal;
+nothing passes through a shell. It imports :data:`~trainjob.trainer_checks.SCRIPT_IMPORTS` first (training
+functions often use ``os`` and ``sys`` unimported), and ends the process without interpreter teardown once the
+function returned. The generated script is compiled before the job is created::
 
     script = function_script(train, {"epochs": 2})
     job = function_trainjob("a1b2c3d4e5f6", trainer, "torch-distributed", "/path/to/train_function.py")
@@ -12,31 +14,21 @@ from __future__ import annotations
 
 import inspect
 import json
-import re
-import textwrap
 from typing import Any
 
 from trainjob.errors import ValidationError
+from trainjob.trainer_checks import SCRIPT_IMPORTS, function_source
 from trainjob.types import CustomTrainer
 
 SCRIPT_NAME = "train_function.py"
 #: SDK resource names and the Kubernetes resource they mean.
 RESOURCE_ALIASES = {"gpu": "nvidia.com/gpu"}
-_DECORATOR = re.compile(r"^\s*@")
 
 
 def function_script(func: Any, func_args: dict[str, Any] | None) -> str:
     """Python source that defines ``func`` and calls it with ``func_args``."""
-    name = getattr(func, "__name__", None)
-    if not inspect.isfunction(func) or name == "<lambda>":
-        raise ValidationError("trainer.func", f"must be a function defined with def, got {func!r}")
-    try:
-        source = textwrap.dedent(inspect.getsource(func))
-    except (OSError, TypeError) as exc:
-        raise ValidationError("trainer.func", f"its source is not available ({exc}); define it in a file") from None
-    lines = source.splitlines()
-    while lines and _DECORATOR.match(lines[0]):
-        lines.pop(0)
+    source = function_source(func)
+    name = source.name
     args = dict(func_args or {})
     try:
         inspect.signature(func).bind(**args)
@@ -46,11 +38,11 @@ def function_script(func: Any, func_args: dict[str, Any] | None) -> str:
         encoded = json.dumps(args)
     except (TypeError, ValueError) as exc:
         raise ValidationError("trainer.func_args", f"must be JSON-serializable: {exc}") from None
-    body = "\n".join(lines)
-    return (
+    imports = "".join(f"import {module}\n" for module in SCRIPT_IMPORTS)
+    script = (
         f'"""Runs {name}(**func_args) in every training process of the job."""\n\n'
-        "import atexit\nimport json\nimport os\nimport sys\n\n"
-        f"{body}\n\n\n"
+        f"{imports}\n"
+        f"{source.text}\n\n\n"
         'if __name__ == "__main__":\n'
         f"    {name}(**json.loads({encoded!r}))\n"
         "    # Exit handlers run, interpreter teardown does not: on CPU, gloo's background threads can abort a\n"
@@ -60,6 +52,11 @@ def function_script(func: Any, func_args: dict[str, Any] | None) -> str:
         "    sys.stderr.flush()\n"
         "    os._exit(0)\n"
     )
+    try:
+        compile(script, SCRIPT_NAME, "exec")
+    except SyntaxError as exc:
+        raise ValidationError("trainer.func", f"the script made from its source does not compile: {exc}") from None
+    return script
 
 
 def resources_per_node(resources: dict[str, Any] | None) -> dict[str, str]:

@@ -18,7 +18,9 @@ A node process gets its pod's command, args and environment, with these local ch
 ``PYTHONUNBUFFERED``               ``1`` unless set, so logs stream while they are written
 =================================  ====================================================================
 
-When the job requests CPUs, each node is also pinned (CPU affinity) to its share of this machine's cores.
+When the job requests CPUs, each node is also pinned (CPU affinity) to its share of this machine's cores. Each node
+runs under a keeper (:mod:`~trainjob.backends.local.node_keeper`) that writes its log, capped at the job's
+``log_max_bytes`` (``TRAINJOB_LOG_MAX_BYTES`` when the job was created, default 50 MiB per file).
 ``torchrun`` and ``python`` at the start of a command mean this Python (``-m torch.distributed.run`` for
 ``torchrun``), or the job's own environment when it installs packages.
 """
@@ -32,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainjob.backends.local.logs import DEFAULT_LOG_MAX_BYTES, log_max_bytes
 from trainjob.errors import ValidationError
 
 if TYPE_CHECKING:
@@ -63,6 +66,7 @@ class LaunchSpec:
     active_deadline_seconds: int | None = None
     packages: list[str] = field(default_factory=list)
     pip_index_urls: list[str] = field(default_factory=list)
+    log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
     #: (reason, message) events the supervisor records when the job starts.
     notes: list[tuple[str, str]] = field(default_factory=list)
 
@@ -126,6 +130,7 @@ def build_launch_spec(
         active_deadline_seconds=plan.active_deadline_seconds,
         packages=list(packages or []),
         pip_index_urls=list(pip_index_urls or []),
+        log_max_bytes=log_max_bytes(),
         notes=notes,
     )
 
@@ -223,8 +228,3 @@ def node_environment(
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
-
-def restrict_cpus(cpus: list[int]) -> None:
-    """Pin the calling process (and the processes it starts) to ``cpus``; used before ``exec`` of a node."""
-    if cpus and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, cpus)

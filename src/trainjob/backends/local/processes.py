@@ -1,22 +1,31 @@
 """Finding and stopping every process of a job, and telling whether a recorded process still lives.
 
-Every process of a job (its supervisor, the node processes, the training processes torchrun starts in sessions
-of their own) carries ``TRAINJOB_JOB_DIR`` in its environment, so a sweep finds them all, even after the
-supervisor was killed and they were re-parented::
+Every process of a job (its supervisor, the node keepers, the node processes, the training processes torchrun
+starts in sessions of their own) carries ``TRAINJOB_JOB_DIR`` in its environment, so a sweep finds them all,
+even after the supervisor was killed and they were re-parented::
 
     stop_processes(job_processes("/home/me/.trainjob/jobs/mnist", since=created))
+
+A job has at most one supervisor: the one holding the exclusive ``flock`` on ``supervisor.lock`` in the job's
+directory. The kernel drops the lock when that process ends, however it ends, so :func:`supervisor_lock_held` is
+the truth about whether a job is supervised, and of several replacements started at once only one gets to
+supervise.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
+import time
 from collections.abc import Iterable
+from pathlib import Path
 
 import psutil
 
 JOB_DIR_ENV = "TRAINJOB_JOB_DIR"
+SUPERVISOR_LOCK_FILE = "supervisor.lock"
 
 
 def is_alive(pid: int | None, started: float | None) -> bool:
@@ -73,3 +82,34 @@ def stop_processes(processes: Iterable[psutil.Process], grace: float = 3.0) -> N
         with contextlib.suppress(psutil.Error):
             process.kill()
     psutil.wait_procs(alive, timeout=5)
+
+
+def hold_supervisor_lock(job_dir: Path, wait: float = 1.0) -> int | None:
+    """Take the job's supervisor lock for the rest of this process's life: its descriptor, or ``None`` when
+    another process holds it (after retrying for ``wait`` seconds: probes hold it for a moment)."""
+    fd = os.open(job_dir / SUPERVISOR_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.02)
+
+
+def supervisor_lock_held(job_dir: Path) -> bool:
+    """Whether a live process supervises the job (holds its supervisor lock)."""
+    try:
+        fd = os.open(job_dir / SUPERVISOR_LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also drops the shared lock, if this probe got it
+    return False

@@ -1,6 +1,7 @@
 """Job state of the local backend in SQLite under ``$TRAINJOB_HOME`` (default ``~/.trainjob``).
 
-One database file, ``trainjob.db``, in WAL mode so CLI, SDK and supervisor processes read and write at once.
+One database file, ``trainjob.db``, in WAL mode so CLI, SDK and supervisor processes read and write at once;
+each thread gets its own connection, so one ``Store`` (one SDK client) can be shared by threads.
 Tables: ``jobs`` (one row per job: status, counts, progress columns, the TrainJob resource and how to launch
 it), ``nodes`` (one row per node process), ``events`` and ``metrics``. ``list_jobs`` reads only the narrow
 columns of one indexed query, so listing ten thousand jobs stays well under a tenth of a second::
@@ -16,6 +17,7 @@ import json
 import os
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -53,7 +55,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     first_step INTEGER,
     first_metrics_time REAL,
     resource TEXT NOT NULL,
-    launch TEXT NOT NULL
+    launch TEXT NOT NULL,
+    metrics_offset INTEGER NOT NULL DEFAULT 0,
+    supervisor_claimed REAL,
+    supervisor_replacements INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_by_created ON jobs(created);
 CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs(status);
@@ -87,6 +92,12 @@ CREATE TABLE IF NOT EXISTS metrics (
 );
 CREATE INDEX IF NOT EXISTS metrics_by_job ON metrics(job, time);
 """
+#: Columns added after the first release, with their definitions: added to older databases when opened.
+_ADDED_COLUMNS = {
+    "metrics_offset": "INTEGER NOT NULL DEFAULT 0",
+    "supervisor_claimed": "REAL",
+    "supervisor_replacements": "INTEGER NOT NULL DEFAULT 0",
+}
 
 #: Columns ``list_jobs`` reads: everything but the two JSON documents.
 LIST_COLUMNS = (
@@ -125,14 +136,40 @@ class Store:
         self.home = home
         self.jobs_dir = home / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(home / DB_FILE, timeout=30, isolation_level=None, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA busy_timeout = 30000")
-        if self._db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-            self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute("PRAGMA synchronous = NORMAL")
-        if not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'metrics'").fetchone():
-            self._db.executescript(_SCHEMA)
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._connections_lock = threading.Lock()
+        db = self._db
+        if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            db.execute("PRAGMA journal_mode = WAL")
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'metrics'").fetchone():
+            db.executescript(_SCHEMA)
+        self._add_missing_columns(db)
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        """This thread's connection: a connection shared by threads mixes their transactions."""
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.home / DB_FILE, timeout=30, isolation_level=None, check_same_thread=False)
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA busy_timeout = 30000")
+            db.execute("PRAGMA synchronous = NORMAL")
+            self._local.db = db
+            with self._connections_lock:
+                self._connections.append(db)
+        return db
+
+    @staticmethod
+    def _add_missing_columns(db: sqlite3.Connection) -> None:
+        present = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+        for column, definition in _ADDED_COLUMNS.items():
+            if column not in present:
+                try:
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {definition}")
+                except sqlite3.OperationalError as exc:  # another process added it first
+                    if "duplicate column" not in str(exc):
+                        raise
 
     @classmethod
     def open(cls, home: Path | str | None = None) -> Store:
@@ -140,7 +177,11 @@ class Store:
         return cls(Path(home) if home is not None else default_home())
 
     def close(self) -> None:
-        self._db.close()
+        with self._connections_lock:
+            connections, self._connections = self._connections, []
+        for db in connections:
+            db.close()
+        self._local = threading.local()
 
     def job_dir(self, name: str) -> Path:
         """The job's directory (logs, metrics, generated scripts); never outside ``$TRAINJOB_HOME``."""
@@ -213,6 +254,19 @@ class Store:
         )
         return cursor.rowcount == 1
 
+    def claim_supervisor_replacement(self, name: str, lost_pid: int, now: float, retry_after: float) -> int | None:
+        """Claim the right to start a replacement for the lost supervisor ``lost_pid``; the claim number, or
+        ``None`` when another reader claimed it less than ``retry_after`` seconds ago (or it was replaced)."""
+        with self.transaction():
+            cursor = self._db.execute(
+                "UPDATE jobs SET supervisor_claimed = ?, supervisor_replacements = supervisor_replacements + 1 "
+                "WHERE name = ? AND supervisor_pid = ? AND (supervisor_claimed IS NULL OR supervisor_claimed < ?)",
+                (now, name, lost_pid, now - retry_after),
+            )
+            if cursor.rowcount != 1:
+                return None
+            return self._db.execute("SELECT supervisor_replacements FROM jobs WHERE name = ?", (name,)).fetchone()[0]
+
     def get_request(self, name: str) -> str | None:
         """What a client asked of the job's supervisor (``suspend``), or ``deleted`` once the row is gone."""
         found = self._db.execute("SELECT request FROM jobs WHERE name = ?", (name,)).fetchone()
@@ -253,11 +307,19 @@ class Store:
     def events(self, job: str) -> list[dict[str, Any]]:
         return [dict(r) for r in self._db.execute("SELECT * FROM events WHERE job = ? ORDER BY id", (job,))]
 
-    def add_metrics(self, job: str, records: Sequence[dict[str, Any]]) -> None:
-        """Store metric records (the JSON lines ``trainjob.torch.report`` writes) and the job's progress."""
-        if not records:
+    def add_metrics(self, job: str, records: Sequence[dict[str, Any]], offset: int | None = None) -> None:
+        """Store metric records (the JSON lines ``trainjob.torch.report`` writes) and the job's progress.
+
+        ``offset`` is how far the metrics file has been read; it is saved in the same transaction, so a
+        supervisor that replaces a lost one continues where it stopped, neither losing nor repeating records.
+        """
+        if not records and offset is None:
             return
         with self.transaction():
+            if offset is not None:
+                self._db.execute("UPDATE jobs SET metrics_offset = ? WHERE name = ?", (offset, job))
+            if not records:
+                return
             self._db.executemany(
                 "INSERT INTO metrics (job, time, step, total_steps, metrics) VALUES (?, ?, ?, ?, ?)",
                 [(job, r["time"], r.get("step"), r.get("total_steps"), json.dumps(r.get("metrics") or {})) for r in records],

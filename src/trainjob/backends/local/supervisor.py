@@ -1,66 +1,101 @@
-"""The detached process that owns one job's node processes: ``python -m trainjob.backends.local.supervisor HOME NAME``.
+"""The detached process that owns one job: ``python -m trainjob.backends.local.supervisor HOME NAME``.
 
-It starts one process per node, watches them, ingests the metrics rank 0 writes, enforces
-``activeDeadlineSeconds``, honours suspend requests, restarts the node group of an elastic job up to
-``maxRestarts`` and writes every transition to the store. A job's status only moves
-``Created -> Running -> Complete | Failed`` (or ``Suspended``); the supervisor writes it before it exits, so a
-reader that finds the supervisor gone while the job is still active knows it was killed.
+It starts one keeper per node (:mod:`~trainjob.backends.local.node_keeper`, which starts and contains the node
+process), watches them, ingests the metrics rank 0 writes, enforces ``activeDeadlineSeconds``, honours suspend
+and delete requests, restarts the node group of an elastic job up to ``maxRestarts`` and writes every
+transition to the store. A job's status only moves ``Created -> Running -> Complete | Failed`` (or
+``Suspended``).
+
+A supervisor holds the job's supervisor lock (:func:`~trainjob.backends.local.processes.hold_supervisor_lock`)
+for its whole life. When it is killed, a replacement (``... HOME NAME --replace``, started by a node's keeper at
+once, or by the next reader of the job) takes the lock and carries on from the store: it adopts the keepers that
+still run, collects the results of nodes that ended meanwhile, ingests metrics from the saved offset, and then
+does what the lost supervisor would have done (an elastic job still restarts its node group from its
+checkpoint when a node fails). Training is not interrupted. A replacement that finds the job over or deleted
+exits with :data:`~trainjob.backends.local.node_keeper.JOB_OVER_EXIT_CODE`, and the keepers stop their nodes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import IO
 
-from trainjob.backends.local import launcher, logs, processes
+from trainjob.backends.local import launcher, processes
 from trainjob.backends.local.environment import PackageInstallError, prepare_environment
+from trainjob.backends.local.failures import node_failures, pick_root_cause
 from trainjob.backends.local.launcher import LaunchSpec
-from trainjob.backends.local.store import Store
+from trainjob.backends.local.node_keeper import JOB_OVER_EXIT_CODE, LEFTOVER_GRACE_SECONDS, STOP_GRACE_SECONDS
+from trainjob.backends.local.nodes import NodeHandle
+from trainjob.backends.local.store import ACTIVE_STATUSES, Store
+from trainjob.errors import NotFoundError
 
 POLL_SECONDS = 0.05
 #: After the first node fails, how long to wait for the others' own reports before choosing the root cause.
 FAILURE_SETTLE_SECONDS = 1.5
+#: How long stopped keepers get to stop their nodes (they SIGKILL what is left after their own grace).
+KEEPER_STOP_SECONDS = STOP_GRACE_SECONDS + LEFTOVER_GRACE_SECONDS + 2.0
 NODE_STOP_GRACE_SECONDS = 3.0
 
 
 class Supervisor:
     """Runs one job to its end: ``Supervisor(Store.open(home), "mnist").run()``."""
 
-    def __init__(self, store: Store, name: str) -> None:
+    def __init__(self, store: Store, name: str, replacing: bool = False) -> None:
         self.store = store
         self.name = name
-        self.row = store.get_job(name)
-        self.spec = LaunchSpec.from_dict(self.row["launch"])
+        self.replacing = replacing
         self.job_dir = store.job_dir(name)
-        self.log_dir = self.job_dir / "logs"
         self.metrics_file = self.job_dir / "metrics.jsonl"
-        self.metrics_offset = self.metrics_file.stat().st_size if self.metrics_file.exists() else 0
-        self.nodes: list[subprocess.Popen[bytes]] = []
+        self.metrics_offset = 0
+        self.row: dict = {}
+        self.nodes: list[NodeHandle] = []
+        self.recorded: set[int] = set()
         self.terminating = False
 
     # lifecycle
 
-    def run(self) -> None:
-        python = sys.executable
-        if self.spec.packages:
-            try:
-                python = prepare_environment(self.job_dir / "venv", self.spec.packages, self.spec.pip_index_urls)
-            except PackageInstallError as exc:
-                self._finish("Failed", "PackageInstallFailed", str(exc))
-                return
-            self.store.add_event(self.name, "PackagesInstalled", f"installed {' '.join(self.spec.packages)}")
-        started = time.time()
+    def run(self) -> int:
+        """Supervise the job; 0, or ``JOB_OVER_EXIT_CODE`` when there was nothing left to supervise."""
+        try:
+            if processes.hold_supervisor_lock(self.job_dir) is None:
+                return 0  # another supervisor has the job
+            self.row = self.store.get_job(self.name)
+        except (FileNotFoundError, NotFoundError):
+            return JOB_OVER_EXIT_CODE
+        if self.row["status"] not in ACTIVE_STATUSES or self.row["request"] == "delete":
+            return JOB_OVER_EXIT_CODE
+        self.spec = LaunchSpec.from_dict(self.row["launch"])
+        self.metrics_offset = self.row["metrics_offset"]
+        me = os.getpid()
+        self.store.update_job(self.name, supervisor_pid=me, supervisor_started=processes.start_time(me),
+                              supervisor_claimed=None, supervisor_replacements=0)
+        adopted = self._adopt_nodes() if self.replacing else False
+        if self.replacing:
+            took_over = f"supervisor pid {self.row['supervisor_pid']} was lost; pid {me} took over"
+            running = sum(node.poll() is None for node in self.nodes)
+            self.store.add_event(self.name, "SupervisorReplaced",
+                                 took_over + (f", adopting {running} running node(s)" if adopted else ""),
+                                 type="Warning")
+            if not adopted:  # lost before its nodes started (installing packages, between restarts)
+                processes.stop_processes(processes.job_processes(str(self.job_dir), self.row["created"]))
+        self._supervise(adopted)
+        return 0
+
+    def _supervise(self, adopted: bool) -> None:
+        python = self._python(adopted)
+        if python is None:
+            return
+        started = self.row["started"] or time.time()
         restarts = self.row["restarts"]
         while not self.terminating:
-            self._start_nodes(python, restarts)
-            if restarts == self.row["restarts"]:
+            if not adopted:
+                self._start_nodes(python, restarts)
                 self.store.transition(self.name, "Running", "NodesStarted", f"{len(self.nodes)} node(s) running",
                                       from_statuses=("Created",), started=started)
+            adopted = False
             outcome = self._watch(started)
             if outcome is None:  # terminating, suspended or finished: status already written
                 return
@@ -73,33 +108,53 @@ class Supervisor:
             self._finish("Failed", "NodeFailed", outcome)
             return
 
+    def _python(self, adopted: bool) -> str | None:
+        """The job's interpreter, installing its packages first (not again when adopting running nodes)."""
+        if not self.spec.packages:
+            return sys.executable
+        installed = self.job_dir / "venv" / "bin" / "python"
+        if adopted and installed.exists():
+            return str(installed)
+        try:
+            python = prepare_environment(self.job_dir / "venv", self.spec.packages, self.spec.pip_index_urls)
+        except PackageInstallError as exc:
+            self._finish("Failed", "PackageInstallFailed", str(exc))
+            return None
+        self.store.add_event(self.name, "PackagesInstalled", f"installed {' '.join(self.spec.packages)}")
+        return python
+
     def _start_nodes(self, python: str, restarts: int) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        (self.job_dir / "logs").mkdir(parents=True, exist_ok=True)
         port = launcher.free_port()
-        self.nodes = []
+        self.nodes, self.recorded = [], set()
         for node in self.spec.nodes:
             env = launcher.node_environment(node, port, python, restarts=restarts, elastic=self.spec.elastic)
-            log = launcher_log(self.log_dir, node.index)
-            process = subprocess.Popen(
-                launcher.node_argv(node.command, python),
-                cwd=self.spec.cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                process_group=0,
-                preexec_fn=(lambda cpus=node.cpus: launcher.restrict_cpus(cpus)) if node.cpus else None,
-            )
-            log.close()
-            self.nodes.append(process)
-            self.store.set_node(self.name, node.index, pid=process.pid, pid_started=processes.start_time(process.pid),
+            keeper_spec = {
+                "home": str(self.store.home), "name": self.name, "job_dir": str(self.job_dir), "node": node.index,
+                "argv": launcher.node_argv(node.command, python), "env": env, "cwd": self.spec.cwd,
+                "cpus": node.cpus, "log_max_bytes": self.spec.log_max_bytes,
+            }
+            handle = NodeHandle.start(self.job_dir, node.index, keeper_spec)
+            if self.spec.elastic:
+                # c10d rendezvous ranks nodes by their torchrun's pid: started in order, node i gets group rank i.
+                handle.wait_started(timeout=5)
+            self.nodes.append(handle)
+            self.store.set_node(self.name, node.index, pid=handle.pid, pid_started=handle.started,
                                 status="Running", exit_code=None, started=time.time(), finished=None)
         self.store.add_event(self.name, "NodesStarted", f"started {len(self.nodes)} node process(es), rendezvous at 127.0.0.1:{port}")
+
+    def _adopt_nodes(self) -> bool:
+        """Take over the keepers a lost supervisor started; ``False`` when none of its nodes was running."""
+        rows = self.store.nodes(self.name)
+        if not any(row["status"] == "Running" for row in rows):
+            return False
+        self.nodes = [NodeHandle.adopt(self.job_dir, row) for row in rows]
+        self.recorded = {node.index for node in self.nodes if node.code is not None}
+        return True
 
     def _watch(self, started: float) -> str | None:
         """Wait for the nodes; a failure description when one failed, else ``None`` once the job is settled."""
         deadline = started + self.spec.active_deadline_seconds if self.spec.active_deadline_seconds else None
-        recorded: set[int] = set()
         while True:
             self._ingest_metrics()
             if self.terminating:
@@ -107,9 +162,8 @@ class Supervisor:
                 return None
             codes = [node.poll() for node in self.nodes]
             for index, code in enumerate(codes):
-                if code is not None and index not in recorded:
+                if code is not None:
                     self._record_exit(index, code)
-                    recorded.add(index)
             failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
             if failed:
                 return self._settle_failure(failed)
@@ -139,24 +193,31 @@ class Supervisor:
         for index in failed:
             self._record_exit(index, codes[index])
         self._stop_nodes()
-        failures = [logs.diagnose_node_failure(self.job_dir, i, codes[i]) for i in failed]
-        return logs.pick_root_cause(failures).describe()
+        failures = [f for i in failed for f in node_failures(self.job_dir, i, self.nodes[i].exit, codes[i])]
+        return pick_root_cause(failures).describe()
 
     def _record_exit(self, index: int, code: int) -> None:
-        self.store.set_node(self.name, index, status="Succeeded" if code == 0 else "Failed", exit_code=code,
-                            finished=time.time())
+        if index not in self.recorded:
+            self.recorded.add(index)
+            self.store.set_node(self.name, index, status="Succeeded" if code == 0 else "Failed", exit_code=code,
+                                finished=time.time())
 
     def _stop_nodes(self) -> None:
         running = [node for node in self.nodes if node.poll() is None]
         for node in running:
-            processes.signal_group(node.pid, signal.SIGTERM)
-        # torchrun starts training processes in sessions of their own: sweep for anything left of this job.
-        processes.stop_processes(processes.job_processes(str(self.job_dir), self.row["created"]), grace=NODE_STOP_GRACE_SECONDS)
-        for node in self.nodes:
-            node.wait()
-        for index, node in enumerate(self.nodes):
-            if node in running:
-                self.store.set_node(self.name, index, status="Stopped", exit_code=node.returncode, finished=time.time())
+            node.terminate()
+        deadline = time.monotonic() + KEEPER_STOP_SECONDS
+        while time.monotonic() < deadline and any(node.poll() is None for node in running):
+            time.sleep(POLL_SECONDS)
+        for node in running:
+            node.kill()
+        # A keeper killed before it stopped its node leaves processes behind: they all carry the job's directory.
+        job_processes = processes.job_processes(str(self.job_dir), self.row.get("created", 0.0))
+        processes.stop_processes(job_processes, grace=NODE_STOP_GRACE_SECONDS)
+        for node in running:
+            node.wait(5)
+            self.recorded.add(node.index)
+            self.store.set_node(self.name, node.index, status="Stopped", exit_code=node.code, finished=time.time())
 
     def _finish(self, status: str, reason: str, message: str) -> None:
         if self.store.transition(self.name, status, reason, message, from_statuses=("Created", "Running"),
@@ -165,7 +226,7 @@ class Supervisor:
 
     def _suspend_requested(self) -> bool:
         request = self.store.get_request(self.name)
-        if request == "deleted":
+        if request in ("deleted", "delete"):
             self.terminating = True
         return request == "suspend"
 
@@ -179,7 +240,6 @@ class Supervisor:
         complete = data[: data.rfind(b"\n") + 1]
         if not complete:
             return
-        self.metrics_offset += len(complete)
         records = []
         for raw in complete.splitlines():
             try:
@@ -188,17 +248,15 @@ class Supervisor:
                 continue
             if isinstance(record, dict) and isinstance(record.get("time"), int | float):
                 records.append(record)
-        self.store.add_metrics(self.name, records)
-
-
-def launcher_log(log_dir: Path, index: int) -> IO[bytes]:
-    return (log_dir / f"node-{index}.log").open("ab")
+        self.store.add_metrics(self.name, records, offset=self.metrics_offset + len(complete))
+        self.metrics_offset += len(complete)
 
 
 def main(argv: list[str] | None = None) -> int:
-    home, name = argv if argv is not None else sys.argv[1:]
+    args = argv if argv is not None else sys.argv[1:]
+    home, name = [arg for arg in args if arg != "--replace"]
     store = Store.open(home)
-    supervisor = Supervisor(store, name)
+    supervisor = Supervisor(store, name, replacing="--replace" in args)
 
     def terminate(signum: int, frame: object) -> None:
         supervisor.terminating = True
@@ -207,12 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        supervisor.run()
+        return supervisor.run()
     except Exception as exc:  # the job must not stay Running when the supervisor itself breaks
         supervisor._stop_nodes()
         supervisor._finish("Failed", "SupervisorError", f"{type(exc).__name__}: {exc}")
         raise
-    return 0
 
 
 if __name__ == "__main__":
