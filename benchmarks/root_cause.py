@@ -19,6 +19,9 @@ import textwrap
 import time
 from pathlib import Path
 
+# Test helpers (job resources, process checks) live with the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "harness"))
+
 LOOP = textwrap.dedent("""
     import os, time
     import torch
@@ -42,8 +45,9 @@ def main() -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="root-cause-"))
     os.environ["TRAINJOB_HOME"] = str(workdir / "home")
+    from jobtest.local import trainjob_resource, wait_until
+
     from trainjob.backends.local.backend import LocalBackend
-    from trainjob.backends.local.testing import trainjob_resource, wait_until
     from trainjob.errors import JobFailedError
 
     script = workdir / "loop.py"

@@ -26,6 +26,9 @@ import textwrap
 import time
 from pathlib import Path
 
+# Test helpers (job resources, process checks) live with the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "harness"))
+
 TRAIN = textwrap.dedent("""
     import os, sys, time
     import torch
@@ -85,8 +88,9 @@ def main() -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="supervisor-recovery-"))
     os.environ["TRAINJOB_HOME"] = str(workdir / "home")
+    from jobtest.local import processes_under, trainjob_resource
+
     from trainjob.backends.local.backend import LocalBackend
-    from trainjob.backends.local.testing import processes_under, trainjob_resource
 
     script = workdir / "train.py"
     script.write_text(TRAIN)

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from jobtest.local import delete_all_jobs, make_wheel, processes_under
 
 from trainjob.backends.base import Backend
 from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
-from trainjob.backends.local.testing import delete_all_jobs, make_wheel, processes_under
 from trainjob.client import CustomTrainer, TrainerClient
 from trainjob.errors import JobFailedError, NotFoundError, ValidationError
 

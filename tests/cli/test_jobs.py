@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from jobtest.local import delete_all_jobs, processes_under
 
 from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
-from trainjob.backends.local.testing import delete_all_jobs, processes_under
 from trainjob.cli.main import main
 
 JOB_YAML = """

@@ -6,8 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from jobtest.local import delete_all_jobs
+
 from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
-from trainjob.backends.local.testing import delete_all_jobs
 from trainjob.cli.main import main
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits_ddp.py"

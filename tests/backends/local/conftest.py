@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jobtest.local import delete_all_jobs, processes_under
 
 from trainjob.api import load_resources
 from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
-from trainjob.backends.local.testing import delete_all_jobs, processes_under
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from jobtest.local import trainjob_resource
 
 from trainjob.backends.local import launcher
-from trainjob.backends.local.testing import trainjob_resource
 from trainjob.errors import ValidationError
 from trainjob.runtime import find_runtime, resolve
 

@@ -9,9 +9,9 @@ import time
 
 import psutil
 import pytest
+from jobtest.local import processes_under, trainjob_resource, wait_until
 
 from trainjob.backends.local import processes
-from trainjob.backends.local.testing import processes_under, trainjob_resource, wait_until
 from trainjob.errors import JobFailedError, NotFoundError
 
 SLEEPER = """

@@ -7,7 +7,7 @@ import os
 import signal
 import time
 
-from trainjob.backends.local.testing import processes_under, trainjob_resource, wait_until
+from jobtest.local import processes_under, trainjob_resource, wait_until
 
 # Node 0 reports one metrics record per step; every node writes its pid and waits for a file before it ends.
 STEPPER = """

@@ -17,10 +17,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from jobtest.waiting import wait_until
 
 from kubetest.controlplane import ControlPlane
 from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_api_client
@@ -38,14 +39,7 @@ from trainjob.backends.kubernetes.status import find_condition
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "the condition", every: float = 0.2) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(every)
+    return wait_until(predicate, timeout, interval=every, what=what)
 
 
 def no_retries(spec: dict[str, Any]) -> None:
