@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--step-seconds", type=float, default=0.0)
     parser.add_argument("--fail-rank", type=int, default=-1)
-    parser.add_argument("--fail-attempt", type=int, default=-1, help="fail only on this restart attempt")
+    parser.add_argument("--fail-once", type=Path, help="fail only if this marker file is missing (then create it)")
     parser.add_argument("--checkpoint", type=Path)
     parser.add_argument("--noise-lines", type=int, default=0, help="print this many lines at exit (after a traceback)")
     args = parser.parse_args()
@@ -43,7 +43,6 @@ def main() -> None:
     if args.checkpoint is not None and (args.checkpoint / "step").exists():
         start = int((args.checkpoint / "step").read_text())
         print(f"rank {rank} resumes at step {start}", flush=True)
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     loss = torch.tensor(0.0)
     for step in range(start, args.steps):
         x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step * world + rank))
@@ -51,7 +50,10 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if rank == args.fail_rank and step == start and args.fail_attempt in (-1, attempt):
+        first_time = args.fail_once is None or not args.fail_once.exists()
+        if rank == args.fail_rank and step == start and first_time:
+            if args.fail_once is not None:
+                args.fail_once.touch()
             print(undefined_learning_rate)  # noqa: F821 - the failure the tests look for
         if args.checkpoint is not None and rank == 0:
             args.checkpoint.mkdir(parents=True, exist_ok=True)

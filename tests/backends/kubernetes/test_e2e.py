@@ -144,23 +144,29 @@ def test_active_deadline_fails_the_job_and_stops_its_pods(k8s: TrainJobCluster, 
 def test_elastic_runtime_restarts_after_a_failure_and_resumes(
     k8s: TrainJobCluster, namespace: str, workdir: Path
 ) -> None:
+    """An elastic runtime: torchrun restarts the failed workers in place (``maxRestarts``), and where that cannot
+    recover (a node's torchrun gives up), JobSet's failurePolicy restarts the node group, as the runtime asks.
+    Either way the job resumes from its checkpoint and completes."""
+
     def elastic(spec: dict[str, Any]) -> None:
         spec["mlPolicy"].pop("numNodes", None)  # elasticPolicy decides the node count
         spec["mlPolicy"]["torch"]["elasticPolicy"] = {"minNodes": 1, "maxNodes": 2, "maxRestarts": 3}
+        spec["template"]["spec"]["failurePolicy"] = {"maxRestarts": 3}
+        no_retries(spec)
 
     k8s.namespaced_runtime(namespace, "elastic", elastic)
     checkpoint = workdir / "ckpt"
+    command = torchrun("--steps", "6", "--fail-rank", "1", "--fail-once", str(workdir / "failed-once"),
+                       "--checkpoint", str(checkpoint))
     k8s.create_job(
         "elastic-job",
         namespace,
         runtime="elastic",
         runtime_kind="TrainingRuntime",
-        trainer={
-            "command": torchrun("--steps", "6", "--fail-rank", "1", "--fail-attempt", "0", "--checkpoint", str(checkpoint)),
-            "resourcesPerNode": {"requests": {"cpu": "1"}},
-        },
+        trainer={"command": command, "resourcesPerNode": {"requests": {"cpu": "1"}}},
     )
     k8s.wait_for_condition("elastic-job", "Complete", namespace=namespace, timeout=300)
+    assert (workdir / "failed-once").exists(), "the first attempt failed as planned"
     logs = "\n".join(pod_logs(k8s, "elastic-job", namespace).values())
     assert "resumes at step" in logs, logs[-3000:]
 
