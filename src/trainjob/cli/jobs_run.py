@@ -7,6 +7,7 @@ it completes, 1 when it fails. ``--detach`` prints the job's name and returns at
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from pathlib import Path
@@ -161,9 +162,18 @@ def apply_command(files: tuple[str, ...], backend: str) -> None:
         else:
             raise AlreadyExistsError(f"TrainJob {job.name!r} already exists; delete it first or choose another name")
         resolve(job, find_runtime(job.spec.runtime_ref, runtimes, namespace=job.namespace))
-    for job in jobs:
-        client.apply(job, runtimes)
-        click.echo(f"trainjob/{job.name} created")
+    created: list[str] = []
+    try:
+        for job in jobs:
+            client.apply(job, runtimes)
+            created.append(job.name)
+    except BaseException:
+        for name in created:  # all or none: a job the backend refuses takes the file's earlier ones with it
+            with contextlib.suppress(NotFoundError):
+                client.delete_job(name)
+        raise
+    for name in created:
+        click.echo(f"trainjob/{name} created")
 
 
 @click.command("logs")

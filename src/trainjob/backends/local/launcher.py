@@ -71,11 +71,21 @@ class LaunchSpec:
     notes: list[tuple[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready; the environment every node shares is stored once (``shared_env``), so a job's stored size
+        grows with its input plus a little per node, not input times nodes."""
+        data = asdict(self)
+        envs = [node["env"] for node in data["nodes"]]
+        shared = {k: v for k, v in envs[0].items() if all(env.get(k) == v for env in envs[1:])} if envs else {}
+        for node in data["nodes"]:
+            node["env"] = {k: v for k, v in node["env"].items() if k not in shared}
+        data["shared_env"] = shared
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LaunchSpec:
-        nodes = [NodeLaunch(**node) for node in data["nodes"]]
+        data = dict(data)
+        shared = data.pop("shared_env", {})
+        nodes = [NodeLaunch(**{**node, "env": {**shared, **node["env"]}}) for node in data["nodes"]]
         notes = [tuple(note) for note in data.get("notes", [])]
         return cls(**{**data, "nodes": nodes, "notes": notes})
 
