@@ -56,6 +56,37 @@ def test_parse_quantity_rejects_what_kubernetes_rejects(text):
 
 
 @pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("1e9999", "must be at most 9.22E+18 in size, got '1e9999'"),
+        ("1E+999999999", "must be at most 9.22E+18 in size, got '1E+999999999'"),
+        ("9223372036854775808", "must be at most 9.22E+18 in size, got '9223372036854775808'"),
+        ("8Ei", "must be at most 9.22E+18 in size, got '8Ei'"),
+        (2**63, "must be at most 9.22E+18 in size, got 9223372036854775808"),
+        (10**5000, "must be at most 9.22E+18 in size, got <an integer of about 5001 digits>"),
+        (1e308, "must be at most 9.22E+18 in size, got 1e+308"),
+        (float("inf"), "must be a finite quantity, got inf"),
+        (float("nan"), "must be a finite quantity, got nan"),
+        ("1" * 65, f"must be a quantity of at most 64 characters, got '{'1' * 65}'"),
+        ("2\n", "must be a quantity (a number with an optional suffix: n, u, m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, "
+                 "Pi, Ei or e<exponent>), got '2\\n'"),
+        ("1e2.5", "must be a quantity (a number with an optional suffix: n, u, m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, "
+                  "Pi, Ei or e<exponent>), got '1e2.5'"),
+    ],
+    ids=lambda case: case[:20] if isinstance(case, str) else type(case).__name__,
+)
+def test_parse_quantity_refuses_what_does_not_fit_in_64_bits(value, message):
+    with pytest.raises(QuantityError) as err:
+        parse_quantity(value)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize(("text", "value"), [("1e-9999", Decimal("1e-100")), ("7Ei", Decimal(7 * 2**60))])
+def test_parse_quantity_reads_tiny_and_largest_values(text, value):
+    assert parse_quantity(text) == value
+
+
+@pytest.mark.parametrize(
     ("cpu", "count"),
     [
         ("2.5", 3),

@@ -239,10 +239,8 @@ def test_errors_in_multi_document_files_name_the_document():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        (
-            "a: [\n",
-            "<text>: not valid YAML: line 2, column 1: expected the node content, but found '<stream end>'",
-        ),
+        # the words after the position are the parser's (libyaml's where installed, else PyYAML's)
+        ("a: [\n", "<text>: not valid YAML: line 2, column 1: "),
         ("- 1\n- 2\n", "a resource must be a mapping, got list"),
         (
             "apiVersion: v1\nkind: Pod\n",
@@ -257,7 +255,7 @@ def test_errors_in_multi_document_files_name_the_document():
 def test_load_resources_rejects_what_is_not_a_resource_of_ours(text, message):
     with pytest.raises(ValidationError) as err:
         load_resources(text)
-    assert str(err.value) == message
+    assert str(err.value) == message or (message.endswith(": ") and str(err.value).startswith(message))
 
 
 def test_a_missing_file_is_a_validation_error_naming_it(tmp_path: Path):

@@ -46,7 +46,34 @@ def _with(base: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
 TRAINJOB_ERRORS = [
     ("spec.trainer.numNodes", 0, "spec.trainer.numNodes: must be >= 1, got 0"),
     ("spec.trainer.numNodes", "4", "spec.trainer.numNodes: must be an integer, got '4'"),
-    ("spec.trainer.numNodes", 2**31, f"spec.trainer.numNodes: must be <= {2**31 - 1}, got {2**31}"),
+    ("spec.trainer.numNodes", 10_001, "spec.trainer.numNodes: must be <= 10000, got 10001"),
+    ("spec.trainer.numNodes", 2**31 - 1, "spec.trainer.numNodes: must be <= 10000, got 2147483647"),
+    (
+        "spec.trainer.numProcPerNode",
+        1025,
+        "spec.trainer.numProcPerNode: must be at most 1024 processes per node, got 1025",
+    ),
+    (
+        "spec.trainer.numProcPerNode",
+        "\u0663",  # ARABIC-INDIC DIGIT THREE: str.isdigit() says yes, Kubernetes says no
+        "spec.trainer.numProcPerNode: must be auto, cpu, gpu or an integer >= 1, got '\u0663'",
+    ),
+    (
+        "spec.trainer.numProcPerNode",
+        "8" * 5000,
+        f"spec.trainer.numProcPerNode: must be auto, cpu, gpu or an integer >= 1, got '{'8' * 37}...{'8' * 38}'",
+    ),
+    (
+        "spec.trainer.resourcesPerNode",
+        {"requests": {"cpu": "1e9999"}},
+        "spec.trainer.resourcesPerNode.requests.cpu: must be at most 9.22E+18 in size, got '1e9999'",
+    ),
+    (
+        "spec.trainer.resourcesPerNode",
+        {"limits": {"memory": "-1Gi"}},
+        "spec.trainer.resourcesPerNode.limits.memory: must not be negative, got '-1Gi'",
+    ),
+    ("spec.trainer.image", 10**5000, "spec.trainer.image: must be a string, got <an integer of about 5001 digits>"),
     (
         "spec.trainer.numProcPerNode",
         "abc",
@@ -92,6 +119,11 @@ TRAINJOB_ERRORS = [
     ("spec.suspend", "yes", "spec.suspend: must be true or false, got 'yes'"),
     ("spec.activeDeadlineSeconds", 0, "spec.activeDeadlineSeconds: must be >= 1, got 0"),
     (
+        "spec.activeDeadlineSeconds",
+        2**63,
+        "spec.activeDeadlineSeconds: must be <= 9223372036854775807, got 9223372036854775808",
+    ),
+    (
         "spec.managedBy",
         "me",
         "spec.managedBy: must be one of trainer.kubeflow.org/trainjob-controller, kueue.x-k8s.io/multikueue, "
@@ -109,6 +141,18 @@ TRAINJOB_ERRORS = [
         "got 'MNIST_job'",
     ),
     ("metadata.name", "a" * 64, f"metadata.name: must be at most 63 characters, got 64 ('{'a' * 64}')"),
+    (
+        "metadata.name",
+        "mnist\n",
+        "metadata.name: must be a DNS label (lowercase letters, digits and '-', starting with a letter), "
+        "got 'mnist\\n'",
+    ),
+    (
+        "metadata.namespace",
+        "ml-team\n",
+        "metadata.namespace: must be a namespace name (at most 63 lowercase letters, digits and '-'), "
+        "got 'ml-team\\n'",
+    ),
     ("metadata", ..., "metadata: required field is missing"),
     ("kind", "Job", "kind: must be 'TrainJob', got 'Job'"),
     (
@@ -130,6 +174,18 @@ def test_trainjob_error_names_path_value_and_accepted(path, value, message):
 
 RUNTIME_ERRORS = [
     ("spec.mlPolicy.numNodes", 0, "spec.mlPolicy.numNodes: must be >= 1, got 0"),
+    ("spec.mlPolicy.numNodes", 2**31 - 1, "spec.mlPolicy.numNodes: must be <= 10000, got 2147483647"),
+    (
+        "spec.mlPolicy",
+        {"torch": {"elasticPolicy": {"maxNodes": 10_001}}},
+        "spec.mlPolicy.torch.elasticPolicy.maxNodes: must be <= 10000, got 10001",
+    ),
+    ("spec.mlPolicy", {"mpi": {"numProcPerNode": 5000}}, "spec.mlPolicy.mpi.numProcPerNode: must be <= 1024, got 5000"),
+    (
+        "metadata.name",
+        "torch\n",
+        "metadata.name: must be a DNS subdomain (lowercase letters, digits, '-' and '.'), got 'torch\\n'",
+    ),
     (
         "spec.mlPolicy.torch.elasticPolicy",
         {"minNodes": 1, "maxNodes": 4},
@@ -203,3 +259,36 @@ def test_every_problem_is_reported_one_per_line_with_the_first_as_path():
     ]
     assert err.value.path == "spec.trainer.image"
     assert [e.path for e in err.value.errors] == ["spec.trainer.image", "spec.trainer.numNodes"]
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("spec.trainer.numNodes", "4" * 10**6),
+        ("metadata.name", "a" * 10**6),
+        ("spec.runtimeRef.kind", "k" * 10**6),
+        ("spec.managedBy", "m" * 10**6),
+        ("spec.trainer.resourcesPerNode", {"requests": {"cpu": "9" * 10**6}}),
+        ("spec.trainer.resourcesPerNode", {"requests": {"c" * 10**6: "x"}}),
+        ("spec.labels", {"l" * 10**6: 1}),
+        ("spec.trainer.numNodez" + "z" * 10**6, 1),
+        ("spec.trainer.command", [["x" * 10**6] * 10**4]),
+    ],
+    ids=["integer", "name", "literal", "choice", "quantity", "map-key", "key-in-path", "unknown-field", "nested"],
+)
+def test_error_messages_cut_long_values_short(path, value):
+    with pytest.raises(ValidationError) as err:
+        TrainJob.from_dict(_with(JOB, path, value))
+    lines = str(err.value).splitlines()
+    assert len(lines) == 1 and len(lines[0]) < 400 and "..." in lines[0]
+
+
+def test_many_problems_are_counted_not_all_listed():
+    with pytest.raises(ValidationError) as err:
+        TrainJob.from_dict(_with(JOB, "spec.trainer.env", [{"value": "1"}] * 10_000))
+    lines = str(err.value).splitlines()
+    assert lines[:2] == [
+        "spec.trainer.env[0].name: required field is missing",
+        "spec.trainer.env[1].name: required field is missing",
+    ]
+    assert len(lines) == 21 and lines[-1] == "... and 9980 more problem(s)"

@@ -86,7 +86,7 @@ BAD_INPUT = [
     (
         "malformed_file",
         None,
-        "error: {path}: not valid YAML: line 2, column 1: expected the node content, but found '<stream end>'",
+        "error: {path}: not valid YAML: line 2, column 1: did not find expected node content",
     ),
     (
         "unknown_runtime",

@@ -14,7 +14,6 @@ from trainjob.api import ClusterTrainingRuntime, TrainJob
 from trainjob.api.schema import crd_validator
 
 HERE = Path(__file__).resolve().parent
-JOBSET_CRD = HERE.parents[1] / ".." / "shared" / "reference" / "jobset" / "jobset.x-k8s.io_jobsets.yaml"
 #: The Kubernetes version whose schemas the rendered Jobs are checked against.
 KUBERNETES_VERSION = "1.33.0"
 #: Set to 1 to rewrite tests/runtime/golden/*.yaml from the current rendering instead of comparing.
@@ -80,9 +79,13 @@ def dataset_initializer_job() -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def jobset_errors() -> Callable[[dict[str, Any]], list[str]]:
     """``jobset_errors(obj)``: what the JobSet CRD (with unknown fields forbidden) says is wrong with ``obj``."""
-    if not JOBSET_CRD.is_file():
-        pytest.skip(f"JobSet CRD not found at {JOBSET_CRD}")
-    return crd_validator(JOBSET_CRD, version="v1alpha2")
+    from kubetest.reference import reference_file
+
+    try:  # from sigs.k8s.io/jobset's Go module
+        crd = reference_file("jobset", "jobset.x-k8s.io_jobsets.yaml")
+    except LookupError as exc:
+        pytest.skip(str(exc))
+    return crd_validator(crd, version="v1alpha2")
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,8 @@
 """Kubernetes resource quantities: ``"2.5"``, ``"2500m"``, ``"16Gi"``, ``"1e3"``, ``8``.
 
-A quantity is a signed decimal number followed by an optional suffix, exactly as Kubernetes accepts it:
+A quantity is a signed decimal number followed by an optional suffix, exactly as Kubernetes accepts it, of at
+most :data:`MAX_QUANTITY_CHARS` characters and at most :data:`MAX_QUANTITY` in size (Kubernetes keeps
+quantities in 64 bits):
 
 =============  ==============================================
 suffix         multiplier
@@ -22,9 +24,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
+
+from trainjob.api.errors import quote
 
 __all__ = [
+    "MAX_QUANTITY",
+    "MAX_QUANTITY_CHARS",
     "Quantity",
     "QuantityError",
     "cpu_count",
@@ -39,9 +45,15 @@ __all__ = [
 #: What a quantity looks like in YAML: a number or a string such as ``"2500m"``.
 Quantity = int | float | str
 
+#: Largest quantity (in either sign): Kubernetes keeps a quantity in an int64, 9.2E+18.
+MAX_QUANTITY = Decimal(2**63 - 1)
+#: Longest quantity string; the longest sensible one (``"9223372036854775807"``) has 19 characters.
+MAX_QUANTITY_CHARS = 64
+
+# fullmatch: a ``$`` would also let a trailing newline through.
 _PATTERN = re.compile(
-    r"^(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
-    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))?$"
+    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE](?P<exponent>[+-]?[0-9]+))?"
 )
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {
@@ -72,31 +84,37 @@ def parse_quantity(value: Quantity) -> Decimal:
 
     Raises :class:`QuantityError` naming the bad value and the accepted forms.
     """
-    if isinstance(value, bool):
-        raise QuantityError(f"must be a quantity ({ACCEPTED}), got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise QuantityError(f"must be a quantity ({ACCEPTED}), got {quote(value)}")
     if isinstance(value, int):
-        return Decimal(value)
+        return _in_range(Decimal(value) if abs(value) <= MAX_QUANTITY else None, value)
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise QuantityError(f"must be a finite quantity, got {value!r}")
-        return Decimal(repr(value))
-    if not isinstance(value, str):
-        raise QuantityError(f"must be a quantity ({ACCEPTED}), got {value!r}")
-    match = _PATTERN.match(value)
+            raise QuantityError(f"must be a finite quantity, got {quote(value)}")
+        return _in_range(Decimal(repr(value)), value)
+    if len(value) > MAX_QUANTITY_CHARS:
+        raise QuantityError(f"must be a quantity of at most {MAX_QUANTITY_CHARS} characters, got {quote(value)}")
+    match = _PATTERN.fullmatch(value)
     if match is None:
-        raise QuantityError(f"must be a quantity ({ACCEPTED}), got {value!r}")
-    try:
-        number = Decimal(match["number"])
-    except InvalidOperation as exc:  # pragma: no cover - the pattern only lets decimals through
-        raise QuantityError(f"must be a quantity ({ACCEPTED}), got {value!r}") from exc
+        raise QuantityError(f"must be a quantity ({ACCEPTED}), got {quote(value)}")
+    number = Decimal(match["number"])
     suffix = match["suffix"]
     if not suffix:
-        return number
+        return _in_range(number, value)
     if suffix in _BINARY:
-        return number * _BINARY[suffix]
+        return _in_range(number * _BINARY[suffix], value)
     if suffix in _DECIMAL:
-        return number * _DECIMAL[suffix]
-    return number.scaleb(int(Decimal(suffix[1:])))
+        return _in_range(number * _DECIMAL[suffix], value)
+    exponent = int(match["exponent"])  # at most 62 digits: the length check above
+    if number and exponent + number.adjusted() > MAX_QUANTITY.adjusted():
+        return _in_range(None, value)  # far too large: do not compute it
+    return _in_range(number.scaleb(max(exponent, -100)), value)  # below 1e-100 is 0 for every purpose here
+
+
+def _in_range(number: Decimal | None, value: Quantity) -> Decimal:
+    if number is None or abs(number) > MAX_QUANTITY:
+        raise QuantityError(f"must be at most {MAX_QUANTITY:.2E} in size, got {quote(value)}")
+    return number
 
 
 def format_quantity(value: Decimal | int) -> str:

@@ -14,20 +14,24 @@ policy (``coscheduling`` or ``volcano``) and a JobSet template whose ``node`` jo
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from trainjob.api.common import (
+    MAX_NUM_PROC_PER_NODE,
+    Int32,
     KubeModel,
     KubeResource,
     NamespacedObjectMeta,
+    NumNodes,
     NumProcPerNode,
     ObjectMeta,
     validate_dns_label,
 )
-
-Int32 = Annotated[int, Field(le=2**31 - 1)]
+from trainjob.api.errors import shorten
+from trainjob.api.podtemplate import check_job_template
 
 
 class TorchElasticPolicy(KubeModel):
@@ -36,8 +40,8 @@ class TorchElasticPolicy(KubeModel):
     ``minNodes`` defaults to 1, ``maxRestarts`` (restarts of the worker group, ``PET_MAX_RESTARTS``) to 0.
     """
 
-    max_nodes: Annotated[Int32, Field(ge=1)]
-    min_nodes: Annotated[Int32, Field(ge=1)] | None = None
+    max_nodes: NumNodes
+    min_nodes: NumNodes | None = None
     max_restarts: Annotated[Int32, Field(ge=0)] | None = None
     #: Autoscaling metrics (HPA ``MetricSpec`` objects); kept, not acted upon.
     metrics: list[dict[str, Any]] | None = None
@@ -57,7 +61,7 @@ class TorchMLPolicy(KubeModel):
 
 
 class MPIMLPolicy(KubeModel):
-    num_proc_per_node: Annotated[Int32, Field(ge=1)] | None = None
+    num_proc_per_node: Annotated[int, Field(ge=1, le=MAX_NUM_PROC_PER_NODE)] | None = None
     mpi_implementation: Literal["OpenMPI", ""] | None = None
     ssh_auth_mount_path: str | None = None
     run_launcher_as_node: bool | None = None
@@ -66,7 +70,7 @@ class MPIMLPolicy(KubeModel):
 class MLPolicy(KubeModel):
     """Default node count plus at most one framework policy (``torch`` or ``mpi``)."""
 
-    num_nodes: Annotated[Int32, Field(ge=1)] | None = None
+    num_nodes: NumNodes | None = None
     torch: TorchMLPolicy | None = None
     mpi: MPIMLPolicy | None = None
 
@@ -90,7 +94,7 @@ class CoschedulingPolicy(KubeModel):
 
 class VolcanoNetworkTopology(KubeModel):
     mode: Literal["hard", "soft"] | None = None
-    highest_tier_allowed: Annotated[int, Field(ge=0)] | None = None
+    highest_tier_allowed: Annotated[Int32, Field(ge=0)] | None = None
 
 
 class VolcanoPolicy(KubeModel):
@@ -111,10 +115,11 @@ class PodGroupPolicy(KubeModel):
 
 
 class ReplicatedJob(KubeModel):
-    """One replicated job of the JobSet template; ``template`` is a ``batch/v1`` JobTemplateSpec, kept as is."""
+    """One replicated job of the JobSet template; ``template`` is a ``batch/v1`` JobTemplateSpec kept as a dict,
+    checked by :func:`~trainjob.api.podtemplate.check_job_template` (its ``null`` fields dropped)."""
 
     name: str
-    template: dict[str, Any]
+    template: Annotated[dict[str, Any], AfterValidator(check_job_template)]
     replicas: Annotated[Int32, Field(ge=1)] | None = None
     group_name: str | None = None
     depends_on: list[dict[str, Any]] | None = None
@@ -141,11 +146,11 @@ class JobSetSpec(KubeModel):
     @field_validator("replicated_jobs")
     @classmethod
     def _unique_names(cls, jobs: list[ReplicatedJob]) -> list[ReplicatedJob]:
-        names = [job.name for job in jobs]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        counts = Counter(job.name for job in jobs)
+        duplicates = sorted(name for name, count in counts.items() if count > 1)
         if duplicates:
             raise ValueError(
-                f"replicated job names must be unique, got {', '.join(duplicates)} more than once"
+                f"replicated job names must be unique, got {shorten(', '.join(duplicates))} more than once"
             )
         return jobs
 

@@ -22,14 +22,18 @@ from trainjob.api.common import (
     API_GROUP,
     Condition,
     EnvVar,
+    Int32,
+    Int64,
     KubeModel,
     KubeResource,
     LocalObjectReference,
     NamespacedObjectMeta,
+    NumNodes,
     NumProcPerNode,
     ResourceRequirements,
     validate_dns_label,
 )
+from trainjob.api.errors import quote
 
 CLUSTER_TRAINING_RUNTIME = "ClusterTrainingRuntime"
 TRAINING_RUNTIME = "TrainingRuntime"
@@ -51,7 +55,7 @@ class Trainer(KubeModel):
     command: list[str] | None = None
     args: list[str] | None = None
     env: list[EnvVar] | None = None
-    num_nodes: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
+    num_nodes: NumNodes | None = None
     num_proc_per_node: NumProcPerNode | None = None
     resources_per_node: ResourceRequirements | None = None
 
@@ -119,13 +123,13 @@ class TrainJobSpec(KubeModel):
     suspend: bool | None = None
     managed_by: str | None = None
     #: Extension: fail the job after this many seconds of running.
-    active_deadline_seconds: Annotated[int, Field(ge=1)] | None = None
+    active_deadline_seconds: Annotated[Int64, Field(ge=1)] | None = None
 
     @field_validator("managed_by")
     @classmethod
     def _known_manager(cls, value: str | None) -> str | None:
         if value is not None and value not in MANAGED_BY_VALUES:
-            raise ValueError(f"must be one of {', '.join(MANAGED_BY_VALUES)}, got {value!r}")
+            raise ValueError(f"must be one of {', '.join(MANAGED_BY_VALUES)}, got {quote(value)}")
         return value
 
 
@@ -133,11 +137,11 @@ class JobStatus(KubeModel):
     """Pod counts of one replicated job (``node``, ``dataset-initializer`` ...)."""
 
     name: str
-    ready: Annotated[int, Field(ge=0)] = 0
-    succeeded: Annotated[int, Field(ge=0)] = 0
-    failed: Annotated[int, Field(ge=0)] = 0
-    active: Annotated[int, Field(ge=0)] = 0
-    suspended: Annotated[int, Field(ge=0)] = 0
+    ready: Annotated[Int32, Field(ge=0)] = 0
+    succeeded: Annotated[Int32, Field(ge=0)] = 0
+    failed: Annotated[Int32, Field(ge=0)] = 0
+    active: Annotated[Int32, Field(ge=0)] = 0
+    suspended: Annotated[Int32, Field(ge=0)] = 0
 
 
 class TrainJobStatus(KubeModel):

@@ -1,7 +1,8 @@
 """The ``trainjob`` command. Each command group lives in its own module and registers itself here.
 
 Exit codes scripts can rely on: 0 success, 1 the job (or operation) failed, 2 bad input (usage, validation,
-unknown names), 3 timeout while waiting, 130 interrupted.
+unknown names), 3 timeout while waiting, 130 interrupted. A trainjob error that a command did not turn into an
+exit code itself still gets its code here, printed as ``error: ...`` lines, never as a traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import click
 from trainjob import __version__
 from trainjob.cli import jobs, kube, render, tools
 from trainjob.cli.jobs import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT
+from trainjob.errors import AlreadyExistsError, NotFoundError, TrainJobError, ValidationError
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_TIMEOUT", "cli", "main"]
 
@@ -33,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # click exits through SystemExit
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
+    except TrainJobError as exc:
+        for line in str(exc).splitlines() or [type(exc).__name__]:
+            click.echo(f"error: {line}", err=True)
+        bad_input = isinstance(exc, ValidationError | NotFoundError | AlreadyExistsError)
+        return EXIT_BAD_INPUT if bad_input else EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@
     trainjob render -f job.yaml --plan              # the backend-neutral plan
     cat job.yaml | trainjob render -f -             # from stdin
 
-Bad input (unreadable or malformed file, unknown runtime, invalid field) exits with status 2 and one line per
-problem on stderr, each naming the file and the field path.
+Bad input (unreadable, malformed or oversized file, unknown runtime, invalid field) exits with status 2 and one
+line per problem on stderr, each naming the file and the field path; quoted values are cut short.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ def render(filenames: tuple[Path, ...], show_plan: bool) -> None:
         try:
             runtime = find_runtime(job.spec.runtime_ref, runtimes, namespace=job.namespace)
             plan = resolve(job, runtime)
+            documents.extend([plan.to_dict()] if show_plan else render_objects(plan))
         except (ValidationError, NotFoundError) as exc:
             _fail(_located(path, job, exc))
-        documents.extend([plan.to_dict()] if show_plan else render_objects(plan))
     click.echo(dump_yaml(documents), nl=False)
 
 
@@ -77,7 +77,7 @@ def _load(path: Path) -> list[Resource]:
 
     try:
         if str(path) == "-":
-            return load_resources(sys.stdin.read(), name=STDIN)
+            return load_resources(sys.stdin, name=STDIN)  # read up to the size limit, never more
         return load_resources(path)
     except ValidationError as exc:
         label = STDIN if str(path) == "-" else str(path)

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from importlib import resources
 
 from trainjob.api import ClusterTrainingRuntime, Runtime, RuntimeRef, TrainingRuntime, load_resources
+from trainjob.api.errors import quote, shorten
 from trainjob.api.trainjob import CLUSTER_TRAINING_RUNTIME
 from trainjob.errors import NotFoundError
 
@@ -60,7 +61,7 @@ def find_runtime(
             continue
         return runtime
     known = sorted({r.name for r in candidates if r.kind == ref.kind})
-    where = f" in namespace {namespace!r}" if ref.kind != CLUSTER_TRAINING_RUNTIME and namespace else ""
+    where = f" in namespace {quote(namespace)}" if ref.kind != CLUSTER_TRAINING_RUNTIME and namespace else ""
     raise NotFoundError(
-        f"{ref.kind} {ref.name!r} not found{where}; known {ref.kind}s: {', '.join(known) or 'none'}"
+        f"{ref.kind} {quote(ref.name)} not found{where}; known {ref.kind}s: {shorten(', '.join(known), 400) or 'none'}"
     )

@@ -34,6 +34,7 @@ from importlib import metadata
 from typing import Any, ClassVar
 
 from trainjob.api import Runtime, TrainJob
+from trainjob.api.errors import quote
 from trainjob.errors import ValidationError
 from trainjob.runtime.overrides import apply_initializers, apply_trainer
 from trainjob.runtime.plan import Plan
@@ -199,7 +200,7 @@ def _check_runtime_matches(trainjob: TrainJob, runtime: Runtime) -> None:
     if (ref.kind, ref.name) != (runtime.kind, runtime.name):
         raise ValidationError(
             "spec.runtimeRef",
-            f"refers to {ref.kind} {ref.name!r}, but {runtime.kind} {runtime.name!r} was given to resolve it",
+            f"refers to {ref.kind} {quote(ref.name)}, but {runtime.kind} {runtime.name!r} was given to resolve it",
         )
     if runtime.kind == "TrainingRuntime" and runtime.metadata.namespace != trainjob.namespace:
         raise ValidationError(

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainjob.api import PodTemplateOverride
+from trainjob.api.errors import quote, shorten
 from trainjob.errors import ValidationError
 from trainjob.runtime.framework import Context, Plugin
 from trainjob.runtime.gang import label_pods
@@ -35,7 +36,8 @@ class JobSetPlugin(Plugin):
                     problems.append(
                         ValidationError(
                             f"spec.podTemplateOverrides[{i}].targetJobs[{j}].name",
-                            f"runtime {ctx.runtime.name!r} has no job {target.name!r} (jobs: {', '.join(jobs)})",
+                            f"runtime {ctx.runtime.name!r} has no job {quote(target.name)} "
+                            f"(jobs: {shorten(', '.join(jobs), 400)})",
                         )
                     )
                     continue
@@ -99,18 +101,30 @@ def _enable_pod_dns(plan: Plan) -> None:
     network.setdefault("publishNotReadyAddresses", True)
 
 
-def _merge_list(current: list[Any], additions: list[Any] | None, identity: str | None) -> list[Any]:
-    """``current`` plus ``additions``; with ``identity``, an addition replaces the item with the same key."""
+def _merge_list(
+    current: list[dict[str, Any]], additions: list[dict[str, Any]] | None, identity: str | None
+) -> list[dict[str, Any]]:
+    """``current`` plus ``additions``; with ``identity``, an addition replaces the first item with the same key
+    (linear: a position index per key, so long lists stay fast)."""
     out = list(current)
+    if not identity:
+        return out + list(additions or [])
+    positions: dict[Any, int] = {}
+    for i, old in enumerate(out):
+        positions.setdefault(_key(old.get(identity)), i)
     for item in additions or []:
-        position = next(
-            (i for i, old in enumerate(out) if identity and old.get(identity) == item.get(identity)), None
-        )
-        if position is None:
-            out.append(item)
+        key = _key(item.get(identity))
+        if key in positions:
+            out[positions[key]] = item
         else:
-            out[position] = item
+            positions[key] = len(out)
+            out.append(item)
     return out
+
+
+def _key(value: Any) -> Any:
+    """A hashable stand-in for an identity value (a name or path is a string; anything else compares by repr)."""
+    return value if isinstance(value, str | int | None) else repr(value)
 
 
 def _unknown_containers(override: PodTemplateOverride, index: int, pod_set: PodSet) -> list[ValidationError]:
@@ -118,18 +132,19 @@ def _unknown_containers(override: PodTemplateOverride, index: int, pod_set: PodS
         return []
     problems = []
     names = [c.name for c in pod_set.containers]
-    init_names = [c.get("name") for c in pod_spec(pod_set.template).get("initContainers") or []]
+    init_names = [c["name"] for c in pod_spec(pod_set.template).get("initContainers") or []]
     for field, overrides, known in (
         ("containers", override.spec.containers, names),
         ("initContainers", override.spec.init_containers, init_names),
     ):
+        known_set = set(known)
         for j, container in enumerate(overrides or []):
-            if container.name not in known:
+            if container.name not in known_set:
                 problems.append(
                     ValidationError(
                         f"spec.podTemplateOverrides[{index}].spec.{field}[{j}].name",
-                        f"job {pod_set.name!r} has no {field[:-1]} {container.name!r} "
-                        f"({field}: {', '.join(map(str, known)) or 'none'})",
+                        f"job {pod_set.name!r} has no {field[:-1]} {quote(container.name)} "
+                        f"({field}: {shorten(', '.join(known), 400) or 'none'})",
                     )
                 )
     return problems

@@ -25,6 +25,8 @@ Elastic jobs start ``maxNodes`` pods; gang scheduling requires ``minNodes`` of t
 from __future__ import annotations
 
 from trainjob.api import TorchElasticPolicy, TrainJob
+from trainjob.api.common import MAX_NUM_PROC_PER_NODE
+from trainjob.api.errors import quote
 from trainjob.api.quantity import cpu_count, gpu_count
 from trainjob.errors import ValidationError
 from trainjob.runtime.framework import Context, Plugin
@@ -57,6 +59,8 @@ def resolve_num_proc_per_node(setting: int | str | None, resources: Resources) -
     ``gpu``     the GPU count; an error when no GPU is requested
     ==========  ================================================================================
 
+    A count past :data:`~trainjob.api.common.MAX_NUM_PROC_PER_NODE` (1,024) is an error.
+
     The CPU count is the ``cpu`` quantity rounded up with a floor of 1 (``"2.5"`` and ``"2500m"`` -> 3,
     ``"0.7"`` -> 1); with no ``cpu`` requested at all it is 1. GPUs are every resource whose name mentions
     ``gpu`` (``nvidia.com/gpu``, ``amd.com/gpu``). Per resource a request wins over a limit.
@@ -76,10 +80,19 @@ def resolve_num_proc_per_node(setting: int | str | None, resources: Resources) -
                 "is 'gpu' but the trainer requests no GPU (e.g. nvidia.com/gpu in resourcesPerNode); "
                 "request GPUs or use auto, cpu or an integer"
             )
-        return gpus
-    if setting == "cpu":
-        return cpu_count(effective.get("cpu"))
-    return gpus if gpus > 0 else cpu_count(effective.get("cpu"))
+        return _at_most_max(setting, gpus, "GPUs")
+    if setting == "cpu" or gpus <= 0:
+        return _at_most_max(setting, cpu_count(effective.get("cpu")), "CPUs")
+    return _at_most_max(setting, gpus, "GPUs")
+
+
+def _at_most_max(setting: str, count: int, what: str) -> int:
+    if count > MAX_NUM_PROC_PER_NODE:
+        raise ValueError(
+            f"is {setting!r}, which gives one process per requested {what[:-1]}: {quote(count)} per node; at most "
+            f"{MAX_NUM_PROC_PER_NODE} are allowed: request fewer {what} or set an integer"
+        )
+    return count
 
 
 def torch_env(plan: Plan) -> list[EnvVar]:
@@ -188,6 +201,6 @@ def _reserved_env_problems(trainjob: TrainJob) -> list[ValidationError]:
 def _reserved(path: str, name: str) -> ValidationError:
     return ValidationError(
         path,
-        f"{name!r} is reserved: the torch plugin sets PET_* variables from numNodes, numProcPerNode and the "
+        f"{quote(name)} is reserved: the torch plugin sets PET_* variables from numNodes, numProcPerNode and the "
         "runtime; set those fields instead",
     )
