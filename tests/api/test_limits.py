@@ -202,3 +202,11 @@ def test_text_that_is_not_unicode_is_refused(source, message):
     with pytest.raises(ValidationError) as err:
         load_resources(source)
     assert message in str(err.value).replace("not valid YAML: ", "")
+
+
+@pytest.mark.parametrize("tagged", ["!!int x", "!!int ''", "!!float abc", "!!bool maybe", "!!int '0x'"])
+def test_scalars_tagged_with_a_type_they_are_not_are_refused(tagged):
+    value = tagged.split(" ", 1)[1].strip("'")
+    assert refused(JOB.format(command="[torchrun]", num_nodes=tagged)) == (
+        f"<text>: line 8, column 15: {value!r} is not a valid {tagged.split()[0]}"
+    )

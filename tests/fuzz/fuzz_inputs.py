@@ -139,7 +139,7 @@ def similar(draw: st.DrawFn, value: Any) -> Any:
     if isinstance(value, dict) and value:
         dropped = draw(st.sampled_from(sorted(value, key=str)))
         return {k: v for k, v in value.items() if k != dropped}
-    return draw(values)
+    return copy.deepcopy(draw(values))
 
 
 def nested(depth: int, leaf: Any = 1) -> Any:
@@ -215,7 +215,7 @@ def mutation(draw: st.DrawFn, data: Any, kinds: tuple[str, ...] = KINDS) -> Any:
     elif kind == "similar":
         new = draw(similar(_parent(data, path)[path[-1]] if path else data))
     else:
-        new = draw(values)
+        new = copy.deepcopy(draw(values))  # EDGE_VALUES' lists and mappings must not change under later mutations
     if not path:
         return new if kind != "remove" else None
     parent = _parent(data, path)
@@ -300,7 +300,7 @@ fragments = st.one_of(
             "-9223372036854775809", '"\\ud800"', "!!binary aGVsbG8=", "!!set {a}", "!!timestamp 2001-12-14",
             "2001-12-14t21:59:43.10-05:00", "1e9999", "'1e9999'", ".nan", "-.inf", "{? [a] : 1}", "[{a: 1}: 2]",
             "!!python/object:os.system x", "!custom x", "[&s " + "x" * 100_000 + ", " + "*s, " * 100 + "]",
-            "<<: *nope", "{<<: [1, 2]}", "!!int x", "!!float abc", "~", "", "'\t'",
+            "<<: *nope", "{<<: [1, 2]}", "!!int x", "!!float abc", "!!bool maybe", "!!int ''", "~", "", "'\t'",
         ]
     ),
 )
@@ -395,6 +395,7 @@ REGRESSIONS: dict[str, tuple[str, str]] = {
         _job_text_with("1").replace("{name: fuzz}", '{name: "fuzz\\n"}'),
         "metadata.name: must be a DNS label",
     ),
+    "tagged-int-that-is-not": (_job_text_with("!!int x"), "line 7, column 15: 'x' is not a valid !!int"),
     "kind-is-a-list": ("apiVersion: trainer.kubeflow.org/v1alpha1\nkind: [TrainJob]\n", "kind: must be one of"),
     "kind-is-a-mapping": ("apiVersion: trainer.kubeflow.org/v1alpha1\nkind: {a: 1}\n", "kind: must be one of"),
     "many-bad-documents": ("- 0.2\n---\n" * 2_000, "... and 1980 more problem(s)"),

@@ -172,7 +172,7 @@ def _check_size(label: str, size: int, *, known: bool = True) -> None:
 
 def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
     # Over 80 characters is past 64 bits in any base; checking first spares int() Python's 4,300-digit limit.
-    value = None if len(node.value) > 80 else yaml.SafeLoader.construct_yaml_int(loader, node)
+    value = None if len(node.value) > 80 else _construct_scalar(loader, node)
     if value is None or not INT64_RANGE[0] <= value <= INT64_RANGE[1]:
         raise InputRefusedError(
             f"integer {quote(node.value, 40)} is out of range: Kubernetes integers are 64-bit "
@@ -180,6 +180,16 @@ def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
             node.start_mark,
         )
     return value
+
+
+def _construct_scalar(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+    """A ``!!int``, ``!!float`` or ``!!bool`` scalar; one written with its tag but not of its kind
+    (``!!int x``, ``!!int ''``) is refused instead of raising PyYAML's ValueError, KeyError or IndexError."""
+    tag = node.tag.removeprefix("tag:yaml.org,2002:")
+    try:
+        return getattr(yaml.SafeLoader, f"construct_yaml_{tag}")(loader, node)
+    except (ValueError, KeyError, IndexError):
+        raise InputRefusedError(f"{quote(node.value, 40)} is not a valid !!{tag}", node.start_mark) from None
 
 
 def _refuse_tag(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
@@ -199,6 +209,8 @@ _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 _Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_Loader.add_constructor("tag:yaml.org,2002:float", _construct_scalar)
+_Loader.add_constructor("tag:yaml.org,2002:bool", _construct_scalar)
 _Loader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
 for _tag in ("binary", "set", "omap", "pairs"):
     _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _refuse_tag)

@@ -10,10 +10,13 @@ decodes a typed object.
 where                             checked
 ================================  ==============================================================
 ``metadata`` (job and pod)        ``labels`` and ``annotations``: string to string
-``spec``                          ``parallelism``, ``completions``: int32 >= 0
+``spec``                          ``parallelism``, ``completions``: int32 >= 0;
+                                  ``activeDeadlineSeconds``: int64 >= 1
 ``spec.template.spec``            ``containers``, ``initContainers`` (unique names), ``volumes``,
                                   ``schedulingGates`` (each named), ``tolerations``,
-                                  ``imagePullSecrets`` (mappings), ``nodeSelector``, names
+                                  ``imagePullSecrets`` (mappings), ``nodeSelector`` (string to
+                                  string), ``affinity`` (a mapping), ``serviceAccountName``,
+                                  ``schedulerName``, ``restartPolicy`` (strings)
 containers                        ``name``, ``image``, ``command``/``args`` (strings), ``env``,
                                   ``envFrom``, ``ports`` (``containerPort`` 1..65535),
                                   ``resources`` (quantities), ``volumeMounts`` (name and path)

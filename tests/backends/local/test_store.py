@@ -78,3 +78,14 @@ def test_metrics_update_the_jobs_progress_columns(tmp_path: Path):
     row = store.get_job("m")
     assert (row["step"], row["first_step"], row["first_metrics_time"], row["metrics_time"]) == (15, 5, 10.0, 20.0)
     assert [m["metrics"]["loss"] for m in store.metrics("m")] == [2.0, 1.0]
+
+
+def test_job_directory_names_are_matched_whole() -> None:
+    """A trailing newline would pass a ``^...$`` match; the name becomes a directory under $TRAINJOB_HOME."""
+    from trainjob.backends.local.store import check_job_name
+    from trainjob.errors import ValidationError
+
+    check_job_name("mnist-2")
+    for bad in ("mnist\n", "Mnist", "-mnist", "a" * 64):
+        with pytest.raises(ValidationError):
+            check_job_name(bad)

@@ -28,7 +28,7 @@ from trainjob.errors import AlreadyExistsError, NotFoundError, ValidationError
 HOME_ENV = "TRAINJOB_HOME"
 DB_FILE = "trainjob.db"
 ACTIVE_STATUSES = ("Created", "Running")
-_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -120,7 +120,7 @@ def default_home() -> Path:
 
 def check_job_name(name: str) -> str:
     """``name`` if it is an RFC 1035 label (so it is also a safe directory name), else ``ValidationError``."""
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValidationError(
             "metadata.name",
             "must be an RFC 1035 label: at most 63 lowercase letters, digits and '-', starting with a letter "
