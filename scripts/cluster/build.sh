@@ -4,7 +4,8 @@
 #   etcd/        go.etcd.io/etcd/server/v3      (main.go calls etcdmain.Main)
 #   kubernetes/  k8s.io/kubernetes              kube-apiserver, kube-controller-manager, kube-scheduler
 #   jobset/      sigs.k8s.io/jobset             the JobSet controller manager (serves jobset.x-k8s.io/v1alpha2)
-#   kubeflow/    github.com/kubeflow/trainer/v2 (only its CRDs are used, as the reference schemas)
+#   kubeflow/    github.com/kubeflow/trainer/v2 its controller manager (run beside trainjob's operator by the
+#                conformance tests), its CRDs (the reference schemas), RBAC, webhooks and built-in runtimes
 #   podgroups/   sigs.k8s.io/scheduler-plugins (its coscheduling PodGroup CRD), volcano.sh/apis (Volcano's
 #                PodGroup types; controller-gen from sigs.k8s.io/controller-tools generates their CRD)
 # Binaries are cached by component and by a hash of its go.mod/go.sum and the Go version, under
@@ -55,6 +56,7 @@ if [ "$manifests_only" = 0 ]; then
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler)"
   jobset_bin="$(build jobset jobset sigs.k8s.io/jobset)"
+  kubeflow_bin="$(build kubeflow-trainer kubeflow github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager)"
 fi
 controller_gen_bin="$(build controller-gen podgroups sigs.k8s.io/controller-tools/cmd/controller-gen)"
 
@@ -70,6 +72,11 @@ if [ ! -f "$manifests/.complete" ]; then
   cp "$jobset_src/config/components/webhook/manifests.yaml" "$manifests.tmp/jobset/webhooks.yaml"
   cp "$trainer_src"/manifests/base/crds/*.yaml "$manifests.tmp/kubeflow/"
   cp "$trainer_src/manifests/base/runtimes/torch_distributed.yaml" "$manifests.tmp/kubeflow/"
+  mkdir -p "$manifests.tmp/kubeflow/runtimes"
+  find "$trainer_src/manifests/base/runtimes" -name '*.yaml' ! -name kustomization.yaml \
+    -exec cp {} "$manifests.tmp/kubeflow/runtimes/" \;
+  cp "$trainer_src/manifests/base/rbac/role.yaml" "$manifests.tmp/kubeflow/rbac-role.yaml"
+  cp "$trainer_src/manifests/base/webhook/manifests.yaml" "$manifests.tmp/kubeflow/webhooks.yaml"
   cp "$sp_src/config/crd/bases/scheduling.x-k8s.io_podgroups.yaml" "$manifests.tmp/podgroups/"
   (cd "$here/podgroups" && "$controller_gen_bin/controller-gen" crd:crdVersions=v1 \
     paths=volcano.sh/apis/pkg/apis/scheduling/v1beta1 output:crd:dir="$manifests.tmp/podgroups")
@@ -98,7 +105,8 @@ cat > "$cache/manifest.json" <<EOF
     "kube-apiserver": "$kube_bin/kube-apiserver",
     "kube-controller-manager": "$kube_bin/kube-controller-manager",
     "kube-scheduler": "$kube_bin/kube-scheduler",
-    "jobset": "$jobset_bin/jobset"
+    "jobset": "$jobset_bin/jobset",
+    "kubeflow-trainer": "$kubeflow_bin/trainer-controller-manager"
   },
   "manifests": "$manifests"
 }

@@ -41,9 +41,15 @@ BUILD_SCRIPT = REPO / "scripts" / "cluster" / "build.sh"
 NODE_NAME = "trainjob-node"
 JOBSET_NAMESPACE = "jobset-system"
 JOBSET_ACCOUNT = "jobset-controller-manager"
+KUBEFLOW_NAMESPACE = "kubeflow-system"
+KUBEFLOW_ACCOUNT = "kubeflow-trainer-controller-manager"
 SERVICE_CIDR = "10.96.0.0/24"
-#: Service accounts whose every request the API server writes to the audit log (``audit_requests``).
-AUDITED_ACCOUNTS = ["system:serviceaccount:trainjob-system:trainjob-operator"]
+#: Service accounts whose every request the API server writes to the audit log (``audit_requests``): trainjob's
+#: operator and Kubeflow Trainer's controller manager (``kubetest.kubeflow``).
+AUDITED_ACCOUNTS = [
+    "system:serviceaccount:trainjob-system:trainjob-operator",
+    f"system:serviceaccount:{KUBEFLOW_NAMESPACE}:{KUBEFLOW_ACCOUNT}",
+]
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",

@@ -48,6 +48,37 @@ _NAME_RULES = [
 ]
 
 
+#: Defaults the API server fills in, as Kubeflow Trainer's CRDs declare them (``+kubebuilder:default``), so that a
+#: stored object reads the same whichever CRDs are installed. Paths name properties; ``[]`` steps into list items.
+_RUNTIME_DEFAULTS: dict[str, Any] = {
+    "spec.mlPolicy.torch.numProcPerNode": "auto",
+    "spec.mlPolicy.mpi.numProcPerNode": 1,
+    "spec.mlPolicy.mpi.mpiImplementation": "OpenMPI",
+    "spec.mlPolicy.mpi.sshAuthMountPath": "/root/.ssh",
+    "spec.mlPolicy.mpi.runLauncherAsNode": False,
+    "spec.podGroupPolicy.coscheduling.scheduleTimeoutSeconds": 60,
+    "spec.template.spec.replicatedJobs[].replicas": 1,
+    "spec.template.spec.replicatedJobs[].groupName": "default",
+}
+_TRAINJOB_DEFAULTS: dict[str, Any] = {
+    "spec.runtimeRef.apiGroup": TRAINER_GROUP,
+    "spec.runtimeRef.kind": "ClusterTrainingRuntime",
+    "spec.suspend": False,
+    "spec.managedBy": "trainer.kubeflow.org/trainjob-controller",
+}
+
+
+def _set_defaults(schema: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """Put each default of ``defaults`` on its property; a path the schema lacks is an error, not a no-op."""
+    for path, value in defaults.items():
+        node = schema
+        for step in path.replace("[]", ".[]").split("."):
+            node = node["items"] if step == "[]" else node.get("properties", {}).get(step)  # type: ignore[assignment]
+            if node is None:
+                raise KeyError(f"the schema has no {path} for its default")
+        node["default"] = value
+
+
 #: Integer ranges that are Go's int32/int64: said with ``format``, as Kubernetes' own schemas do. A bound of
 #: 2**63 - 1 would not survive the API server (it reads schema numbers as float64 and overflows).
 _INT_FORMATS = {(-(2**31), 2**31 - 1): "int32", (-(2**63), 2**63 - 1): "int64"}
@@ -144,6 +175,7 @@ def _resource_schema(model: type) -> dict[str, Any]:
 
 def _crd(ref: ResourceRef, model: type, columns: list[dict[str, Any]], status: bool) -> dict[str, Any]:
     schema = _resource_schema(model)
+    _set_defaults(schema, _TRAINJOB_DEFAULTS if ref is TRAINJOBS else _RUNTIME_DEFAULTS)
     if ref is TRAINJOBS:
         schema["x-kubernetes-validations"] = _NAME_RULES
     version: dict[str, Any] = {

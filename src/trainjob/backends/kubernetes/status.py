@@ -28,6 +28,9 @@ from trainjob.backends.kubernetes.resources import (
 )
 
 #: JobSet condition type -> TrainJob condition type.
+#: The messages of the Suspended condition, Kubeflow Trainer's words.
+SUSPENDED_MESSAGE = "TrainJob is suspended"
+RESUMED_MESSAGE = "TrainJob is resumed"
 _JOBSET_TERMINAL = {"Completed": COMPLETE, "Failed": FAILED}
 _JOBS_STATUS_FIELDS = ("name", "ready", "succeeded", "failed", "active", "suspended")
 
@@ -99,10 +102,10 @@ def derive_status(
 
     if suspend:
         out = set_condition(
-            out, SUSPENDED, True, "Suspended", "the TrainJob is suspended (spec.suspend: true)", now
+            out, SUSPENDED, True, "Suspended", SUSPENDED_MESSAGE, now
         )
     elif find_condition(out, SUSPENDED):
-        out = set_condition(out, SUSPENDED, False, "Resumed", "the TrainJob was resumed", now)
+        out = set_condition(out, SUSPENDED, False, "Resumed", RESUMED_MESSAGE, now)
 
     for js_cond in js_status.get("conditions") or []:
         ours = _JOBSET_TERMINAL.get(js_cond.get("type", ""))

@@ -1,0 +1,215 @@
+"""trainjob's operator against Kubeflow Trainer's own controller manager (v2.1.0, built from its Go module), one
+after the other on the same control plane and the same inputs.
+
+For every case of the table (:func:`kubetest.conformance.load_cases`) each controller creates its JobSet (and
+PodGroup); the two are diffed after removing what differs between any two creations. Every difference left must be
+a row of ``docs/kubeflow-compatibility.md``, and every row must still be seen, so a new difference (or a fixed one)
+fails here until the document says so. The same holds for the TrainJob ``status`` each controller writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from kubetest.cluster import TrainJobCluster, wait_for
+from kubetest.conformance import (
+    Case,
+    Difference,
+    diff,
+    documented,
+    load_cases,
+    normalise,
+    prepare,
+    unexplained,
+)
+from kubetest.kubeflow import KubeflowController
+
+from trainjob.backends.kubernetes.resources import (
+    CLUSTER_TRAINING_RUNTIMES,
+    COSCHEDULING_PODGROUPS,
+    JOBSETS,
+    RUNTIME_KINDS,
+    TRAINJOBS,
+    VOLCANO_PODGROUPS,
+)
+from trainjob.errors import BackendError
+
+CONTROLLERS = ("kubeflow", "trainjob")
+#: Created objects compared for each TrainJob, all named after it.
+COMPARED = {"JobSet": JOBSETS, "PodGroup (coscheduling)": COSCHEDULING_PODGROUPS, "PodGroup (volcano)": VOLCANO_PODGROUPS}
+
+
+@dataclass
+class Outcome:
+    """What one controller made of one case's job."""
+
+    namespace: str
+    created: dict[str, Any] = field(default_factory=dict)  # kind -> object (or None)
+    rejected: str | None = None  # the API server's (or an admission webhook's) answer to the create
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+def _create_all(k8s: TrainJobCluster, objects: list[dict[str, Any]]) -> str | None:
+    for obj in objects:
+        ref = RUNTIME_KINDS.get(obj["kind"], TRAINJOBS)
+        if obj["kind"] == "ClusterTrainingRuntime" and k8s.api.get(ref, None, obj["metadata"]["name"]):
+            continue  # the same cluster runtime serves both controllers
+        try:
+            k8s.api.create(obj, ref)
+        except BackendError as exc:
+            return f"{obj['kind']} {obj['metadata']['name']}: {exc}"
+    return None
+
+
+def _run(k8s: TrainJobCluster, cases: list[Case], controller: str) -> dict[str, Outcome]:
+    outcomes: dict[str, Outcome] = {}
+    for case in cases:
+        namespace = f"{controller[:2]}-{case.name}"[:63]
+        k8s.cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}])
+        outcomes[case.name] = Outcome(namespace, rejected=_create_all(k8s, prepare(case, namespace)))
+    for case in cases:
+        outcome = outcomes[case.name]
+        if outcome.rejected:
+            continue
+        (job,) = case.jobs
+        name = job["metadata"]["name"]
+
+        def settled(name: str = name, namespace: str = outcome.namespace) -> bool:
+            current = k8s.api.get(TRAINJOBS, namespace, name) or {}
+            conditions = {c["type"] for c in (current.get("status") or {}).get("conditions") or []}
+            return k8s.api.get(JOBSETS, namespace, name) is not None or "Failed" in conditions
+
+        with contextlib.suppress(AssertionError):  # then recorded as no JobSet; the diff says so
+            wait_for(settled, 60, f"{controller}: a JobSet or a Failed condition for case {case.name}")
+    _settle(k8s, [o.namespace for o in outcomes.values() if not o.rejected])
+    for case in cases:
+        outcome = outcomes[case.name]
+        if outcome.rejected:
+            continue
+        name = case.jobs[0]["metadata"]["name"]
+        for kind, ref in COMPARED.items():
+            try:
+                obj = k8s.api.get(ref, outcome.namespace, name)
+            except BackendError:  # the kind is not served
+                obj = None
+            outcome.created[kind] = normalise(obj, outcome.namespace)
+        status = (k8s.api.get(TRAINJOBS, outcome.namespace, name) or {}).get("status") or {}
+        outcome.status = normalise({"spec": status}, outcome.namespace)["spec"]  # type: ignore[index]
+    return outcomes
+
+
+def _settle(k8s: TrainJobCluster, namespaces: list[str], quiet: float = 3.0, timeout: float = 60.0) -> None:
+    """Until no TrainJob or JobSet in ``namespaces`` has changed for ``quiet`` seconds: the controller's later
+    writes (the JobSet's status, then the TrainJob's) have landed."""
+
+    def versions() -> list[str]:
+        return sorted(
+            o["metadata"]["resourceVersion"] for ns in namespaces for ref in (TRAINJOBS, JOBSETS) for o in k8s.api.list(ref, ns)
+        )
+
+    deadline = time.monotonic() + timeout
+    last, since = versions(), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < quiet:
+        time.sleep(0.5)
+        now = versions()
+        if now != last:
+            last, since = now, time.monotonic()
+
+
+def _cleanup(k8s: TrainJobCluster, outcomes: dict[str, Outcome]) -> None:
+    for outcome in outcomes.values():
+        for job in k8s.api.list(TRAINJOBS, outcome.namespace):
+            k8s.api.delete(TRAINJOBS, outcome.namespace, job["metadata"]["name"])
+
+
+@pytest.fixture(scope="module")
+def side_by_side(k8s: TrainJobCluster) -> dict[str, dict[str, Outcome]]:
+    """Each case run by trainjob's operator, then by Kubeflow's controller (trainjob's stopped meanwhile)."""
+    k8s.cp.install_podgroup_crds()
+    cases = load_cases(k8s.cp.manifests("kubeflow", "runtimes"))
+    if not k8s.operator.alive():
+        k8s.operator.start()
+    ours = _run(k8s, cases, "trainjob")
+    _cleanup(k8s, ours)
+    k8s.operator.stop()
+    kubeflow = KubeflowController(k8s.cp)
+    try:
+        kubeflow.start()
+        theirs = _run(k8s, cases, "kubeflow")
+        _cleanup(k8s, theirs)
+        assert kubeflow.alive(), f"Kubeflow's controller exited:\n{kubeflow.tail()}"
+    finally:
+        kubeflow.stop()
+        k8s.operator.start()
+        for runtime in k8s.api.list(CLUSTER_TRAINING_RUNTIMES, None):
+            if any(runtime["metadata"]["name"].startswith(f"{c.name}-") for c in cases):
+                k8s.api.delete(CLUSTER_TRAINING_RUNTIMES, None, runtime["metadata"]["name"])
+    return {"kubeflow": theirs, "trainjob": ours}
+
+
+def _differences(results: dict[str, dict[str, Outcome]], what: str) -> list[Difference]:
+    out: list[Difference] = []
+    for case, kf in results["kubeflow"].items():
+        tj = results["trainjob"][case]
+        if kf.rejected or tj.rejected:
+            if kf.rejected != tj.rejected:
+                out.append(Difference(case, "create", kf.rejected or "accepted", tj.rejected or "accepted"))
+            continue
+        if what == "objects":
+            for kind in COMPARED:
+                a, b = kf.created.get(kind), tj.created.get(kind)
+                if (a is None) != (b is None):
+                    out.append(Difference(case, kind, "created" if a else "not created", "created" if b else "not created"))
+                elif a is not None:
+                    out += [Difference(d.case, f"{kind}:{d.path}", d.kubeflow, d.trainjob) for d in diff(case, a, b)]
+        else:
+            out += diff(case, _comparable_status(kf.status), _comparable_status(tj.status), "status")
+    return out
+
+
+def _comparable_status(status: dict[str, Any]) -> dict[str, Any]:
+    """Conditions keyed by type, without their times."""
+    status = json.loads(json.dumps(status))
+    conditions = status.pop("conditions", None) or []
+    status["conditions"] = {
+        c["type"]: {k: v for k, v in c.items() if k not in ("lastTransitionTime", "type")} for c in conditions
+    }
+    return status
+
+
+def _check_against_doc(differences: list[Difference], section: str) -> None:
+    rows = documented(section)
+    left = unexplained(differences, rows)
+    stale = [r for r in rows if r.seen == 0]
+    message = []
+    if left:
+        message.append(
+            f"{len(left)} difference(s) from Kubeflow Trainer not in docs/kubeflow-compatibility.md ({section}); "
+            "fix them or add rows:\n" + "\n".join(d.row() for d in left)
+        )
+    if stale:
+        message.append(
+            "rows of docs/kubeflow-compatibility.md no longer seen (remove them):\n"
+            + "\n".join(f"| {r.case} | `{r.path}` | `{r.kubeflow}` | `{r.trainjob}` |" for r in stale)
+        )
+    assert not message, "\n\n".join(message)
+
+
+def test_every_case_ran_under_both_controllers(side_by_side: dict[str, dict[str, Outcome]]) -> None:
+    kubeflow = side_by_side["kubeflow"]
+    made = [c for c, o in kubeflow.items() if o.created.get("JobSet") is not None]
+    # Kubeflow's controller built JobSets for (nearly) every case: the comparison compares something.
+    assert len(made) >= len(kubeflow) - 2, {c: (o.rejected, list(o.created)) for c, o in kubeflow.items()}
+
+
+def test_jobsets_and_podgroups_match_kubeflow(side_by_side: dict[str, dict[str, Outcome]]) -> None:
+    _check_against_doc(_differences(side_by_side, "objects"), "JobSets and PodGroups")
+
+
+def test_suspended_status_matches_kubeflow(side_by_side: dict[str, dict[str, Outcome]]) -> None:
+    _check_against_doc(_differences(side_by_side, "status"), "Status of a suspended job")

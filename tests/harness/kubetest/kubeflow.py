@@ -1,0 +1,118 @@
+"""Kubeflow Trainer's own controller manager (v2.1.0, built unmodified by ``scripts/cluster/build.sh``) on the test
+control plane, so that trainjob's operator can be compared with it on the same inputs.
+
+It runs as it does in a cluster, with what its project publishes:
+
+- as its ServiceAccount ``kubeflow-system/kubeflow-trainer-controller-manager``, bound to the ClusterRole of
+  ``manifests/base/rbac/role.yaml``;
+- with its configuration file (``config.trainer.kubeflow.org/v1alpha1``): leader election off, its own certificate
+  management off (that rotates a Secret for a Service's DNS name; here the webhook is reached by URL), the webhook
+  server on loopback with a certificate from the test CA (controller-runtime reads it from
+  ``$TMPDIR/k8s-webhook-server/serving-certs``), metrics off;
+- with its validating webhooks (``manifests/base/webhook/manifests.yaml``) registered by URL while it runs, so
+  every TrainJob and runtime created meanwhile passes Kubeflow's own validation.
+
+Both controllers claim TrainJobs without ``spec.managedBy``, so they must not run at the same time: stop
+trainjob's operator before :meth:`KubeflowController.start` and start it again after :meth:`stop`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import shutil
+from typing import Any
+
+import yaml
+
+from kubetest.controlplane import KUBEFLOW_ACCOUNT, KUBEFLOW_NAMESPACE, ControlPlane, Process, free_port
+
+WEBHOOK_CONFIGURATION = "kubeflow-trainer-validator"
+
+
+class KubeflowController:
+    """``trainer-controller-manager`` as a child process of the test, on the control plane ``cp``."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self.process: Process | None = None
+
+    @property
+    def binary(self) -> str:
+        return str(self.cp.components["binaries"]["kubeflow-trainer"])
+
+    def start(self, timeout: float = 90.0) -> None:
+        assert self.process is None or not self.process.alive(), "Kubeflow's controller runs already"
+        cp = self.cp
+        role = yaml.safe_load(cp.manifests("kubeflow", "rbac-role.yaml").read_text())
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": role["metadata"]["name"]},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]},
+            "subjects": [{"kind": "ServiceAccount", "name": KUBEFLOW_ACCOUNT, "namespace": KUBEFLOW_NAMESPACE}],
+        }
+        cp.apply([role, binding])
+        account = cp.service_account_kubeconfig(KUBEFLOW_NAMESPACE, KUBEFLOW_ACCOUNT)
+
+        tmp = cp.root / "kubeflow-tmp"
+        cert_dir = tmp / "k8s-webhook-server" / "serving-certs"
+        cert_dir.mkdir(parents=True, exist_ok=True)
+        cert, key = cp.ca.issue("kubeflow-webhook", ips=["127.0.0.1"], dns=["localhost"])
+        shutil.copy(cert, cert_dir / "tls.crt")
+        shutil.copy(key, cert_dir / "tls.key")
+        webhook_port, probe_port = free_port(), free_port()
+        config = {
+            "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
+            "kind": "Configuration",
+            "leaderElection": {"leaderElect": False},
+            "certManagement": {"enable": False},
+            "webhook": {"port": webhook_port, "host": "127.0.0.1"},
+            "metrics": {"bindAddress": "0"},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{probe_port}"},
+        }
+        config_path = cp.root / "kubeflow-config.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        self.process = cp._spawn(
+            "kubeflow-trainer",
+            [self.binary, f"--kubeconfig={account}", f"--config={config_path}", "--zap-log-level=info"],
+            env={"TMPDIR": str(tmp)},
+        )
+        try:
+            cp._wait_http(f"http://127.0.0.1:{probe_port}/readyz", "kubeflow-trainer", timeout=timeout)
+            cp.apply([self._webhooks(webhook_port)])
+        except BaseException:
+            self.stop()
+            raise
+
+    def _webhooks(self, port: int) -> dict[str, Any]:
+        ca_bundle = base64.b64encode(self.cp.ca.cert_path.read_bytes()).decode()
+        (config,) = [d for d in yaml.safe_load_all(self.cp.manifests("kubeflow", "webhooks.yaml").read_text()) if d]
+        config["metadata"] = {"name": WEBHOOK_CONFIGURATION}
+        for hook in config["webhooks"]:
+            path = hook["clientConfig"]["service"]["path"]
+            hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
+        return config
+
+    def stop(self) -> None:
+        """Unregister the webhooks (they fail closed) and stop the process."""
+        import kubernetes.client
+
+        with self.cp.client() as api, contextlib.suppress(kubernetes.client.ApiException):
+            kubernetes.client.AdmissionregistrationV1Api(api).delete_validating_webhook_configuration(
+                WEBHOOK_CONFIGURATION
+            )
+        if self.process is not None:
+            self.process.stop()
+            self.cp.processes.pop("kubeflow-trainer", None)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+    def tail(self, chars: int = 4000) -> str:
+        return self.process.tail(chars) if self.process is not None else ""
+
+    @property
+    def audit_user(self) -> str:
+        return f"system:serviceaccount:{KUBEFLOW_NAMESPACE}:{KUBEFLOW_ACCOUNT}"
+
