@@ -10,8 +10,15 @@ JobSet; ``scripts/cluster/build.sh``), against plain creates through the same AP
    snapshot, render, JobSet create, status. Timed until every JobSet exists; its peak RSS is sampled, and the API
    requests it made are counted from the API server's audit log.
 
+3. With ``--compare-kubeflow``: Kubeflow Trainer's controller manager (v2.1.0, built from its Go module, with its
+   ServiceAccount and ClusterRole, ``tests/harness/kubetest/kubeflow.py``) on the same backlog in another namespace
+   of the same API server, after trainjob's jobs are deleted (both controllers claim every TrainJob). Timed from
+   its process start; its requests come from the same audit log.
+
 Jobs are created suspended, so the JobSet and Job controllers work but no pod starts. Needs root and Go, as the
 Kubernetes tests do.
+
+    python benchmarks/reconcile.py --jobs 1000 --compare-kubeflow
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -31,7 +39,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "harness"))
 
 from kubetest.cluster import TrainJobCluster  # noqa: E402
-from kubetest.controlplane import ControlPlane  # noqa: E402
+from kubetest.controlplane import AUDITED_ACCOUNTS, ControlPlane  # noqa: E402
+from kubetest.kubeflow import KubeflowController  # noqa: E402
 
 from trainjob.api import TrainJob  # noqa: E402
 from trainjob.backends.kubernetes.kubeapi import KubeApi  # noqa: E402
@@ -71,19 +80,15 @@ def count(api: KubeApi, namespace: str) -> int:
     return len(api.list(JOBSETS, namespace))
 
 
-def run_operator(kubeconfig: Path, api: KubeApi, jobs: int, workers: int) -> tuple[float, float, int]:
-    """Seconds until the operator's first and last JobSet in namespace ``bench`` exist, and its peak RSS."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trainjob.cli.main", "operator", f"--kubeconfig={kubeconfig}", f"--workers={workers}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+def timed(api: KubeApi, namespace: str, jobs: int, pid: int, alive: Callable[[], bool]) -> tuple[float, float, int]:
+    """Seconds until the first and the last of ``jobs`` JobSets in ``namespace`` exist, and the peak RSS of
+    process ``pid`` meanwhile (sampled every 50 ms)."""
     peak = 0
     done = threading.Event()
 
     def sample() -> None:
         nonlocal peak
-        process = psutil.Process(proc.pid)
+        process = psutil.Process(pid)
         while not done.is_set():
             try:
                 peak = max(peak, process.memory_info().rss)
@@ -96,22 +101,68 @@ def run_operator(kubeconfig: Path, api: KubeApi, jobs: int, workers: int) -> tup
     start = time.perf_counter()
     first = None
     try:
-        while (created := count(api, "bench")) < jobs:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the operator exited with {proc.returncode}")
+        while (created := count(api, namespace)) < jobs:
+            if not alive():
+                raise RuntimeError("the controller exited")
             if created and first is None:
                 first = time.perf_counter() - start
             time.sleep(0.05 if first is None else 0.5)
         elapsed = time.perf_counter() - start
     finally:
         done.set()
+    return first or elapsed, elapsed, peak
+
+
+def run_operator(kubeconfig: Path, api: KubeApi, jobs: int, workers: int) -> tuple[float, float, int]:
+    """trainjob's operator (started now) on the backlog in namespace ``bench``."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainjob.cli.main", "operator", f"--kubeconfig={kubeconfig}", f"--workers={workers}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        return timed(api, "bench", jobs, proc.pid, lambda: proc.poll() is None)
+    finally:
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    return first or elapsed, elapsed, peak
+
+
+def run_kubeflow(cp: ControlPlane, api: KubeApi, jobs: int) -> tuple[float, float, int]:
+    """Kubeflow Trainer's controller manager (started now) on the backlog in namespace ``bench-kubeflow``."""
+    controller = KubeflowController(cp)
+    started = time.perf_counter()
+    controller.start()
+    try:
+        assert controller.process is not None
+        first, elapsed, peak = timed(api, "bench-kubeflow", jobs, controller.process.popen.pid, controller.alive)
+        ready = time.perf_counter() - started - elapsed  # its start until ready, which timed() did not see
+        return first + ready, elapsed + ready, peak
+    finally:
+        controller.stop()
+
+
+def empty(api: KubeApi, namespace: str) -> None:
+    """Delete every TrainJob in ``namespace`` (their JobSets go with them) and wait until they are gone, so the
+    next controller has only its own backlog."""
+    for job in api.list(TRAINJOBS, namespace):
+        api.delete(TRAINJOBS, namespace, job["metadata"]["name"])
+    while api.list(TRAINJOBS, namespace):
+        time.sleep(0.5)
+
+
+def report(name: str, jobs: int, base: float, result: tuple[float, float, int], requests: list[dict]) -> dict:
+    first, elapsed, peak = result
+    steady = (jobs - 1) / max(elapsed - first, 1e-9)
+    verbs = collections.Counter(f"{r['verb']} {r['objectRef'].get('resource')}" for r in requests if r.get("objectRef"))
+    print(f"{name}: start to first JobSet {first:6.2f} s; all {jobs} in {elapsed:6.2f} s; {steady:6.1f} jobs/s after"
+          f" the first ({jobs / base / steady:.1f}x the baseline's time per job); peak RSS {peak / 2**20:.0f} MiB;"
+          f" {len(requests)} API requests ({len(requests) / jobs:.1f} per job)")
+    print("  " + ", ".join(f"{k}: {v}" for k, v in verbs.most_common()))
+    return {"first": first, "elapsed": elapsed, "jobs_per_s": steady, "rss": peak, "requests": len(requests) / jobs}
 
 
 def main() -> None:
@@ -120,35 +171,43 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--compare-kubeflow", action="store_true",
+                        help="also run Kubeflow Trainer's controller manager on the same backlog, same API server")
     args = parser.parse_args()
+    operator_user, kubeflow_user = AUDITED_ACCOUNTS
 
     with tempfile.TemporaryDirectory() as tmp, ControlPlane.start(Path(tmp) / "cluster") as cp:
         cluster = TrainJobCluster(cp, Path(tmp))
         cluster.install()
         api: KubeApi = cluster.api
-        cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in ("baseline", "bench")])
+        namespaces = ("baseline", "bench", "bench-kubeflow")
+        cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in namespaces])
         base = baseline(api, args.jobs)
+        print(f"jobs: {args.jobs}, operator workers: {args.workers}; control plane: {cp.components['versions']}")
+        print(f"baseline (render + create, one client): {base:6.2f} s, {args.jobs / base:6.1f} jobs/s, 1 request per job")
+
         for i in range(args.jobs):
             api.create(job_body(f"job-{i}", "bench"), TRAINJOBS)
-        before = len(cp.audit_requests())
-        first, elapsed, peak = run_operator(cluster.operator_kubeconfig, api, args.jobs, args.workers)
+        before = len(cp.audit_requests(operator_user))
+        result = run_operator(cluster.operator_kubeconfig, api, args.jobs, args.workers)
         time.sleep(2)  # let the last status writes land in the audit log
-        requests = cp.audit_requests()[before:]
-        complete = sum(1 for j in api.list(TRAINJOBS, "bench") if "annotations" in j["metadata"])
-    verbs = collections.Counter(f"{r['verb']} {r['objectRef'].get('resource')}" for r in requests if r.get("objectRef"))
+        ours = report("trainjob operator", args.jobs, base, result, cp.audit_requests(operator_user)[before:])
 
-    print(f"jobs: {args.jobs}, operator workers: {args.workers}")
-    print(f"baseline (render + create, one client):  {base:7.2f} s  {args.jobs / base:7.1f} jobs/s")
-    print(f"operator / baseline time per job: see below; control plane: {cp.components['versions']}")
-    steady = (args.jobs - 1) / max(elapsed - first, 1e-9)
-    print(f"operator start to first JobSet: {first:7.2f} s")
-    print(
-        f"operator (snapshot, render, create, status): {elapsed:7.2f} s in all, {steady:7.1f} jobs/s after the"
-        f" first  ({args.jobs / base / steady:.1f}x the baseline's time per job)"
-    )
-    print(f"operator peak RSS: {peak / 2**20:.0f} MiB; jobs with a runtime snapshot: {complete}")
-    print(f"operator API requests: {len(requests)} ({len(requests) / args.jobs:.1f} per job; the baseline makes 1)")
-    print("  " + ", ".join(f"{k}: {v}" for k, v in verbs.most_common()))
+        if args.compare_kubeflow:
+            empty(api, "bench")
+            for i in range(args.jobs):
+                api.create(job_body(f"job-{i}", "bench-kubeflow"), TRAINJOBS)
+            before = len(cp.audit_requests(kubeflow_user))
+            result = run_kubeflow(cp, api, args.jobs)
+            time.sleep(2)
+            theirs = report("Kubeflow Trainer controller", args.jobs, base, result,
+                            cp.audit_requests(kubeflow_user)[before:])
+            print(
+                f"trainjob / Kubeflow: jobs/s {ours['jobs_per_s'] / theirs['jobs_per_s']:.2f}x, "
+                f"time to all JobSets {ours['elapsed'] / theirs['elapsed']:.2f}x, "
+                f"API requests per job {ours['requests'] / theirs['requests']:.2f}x, "
+                f"peak RSS {ours['rss'] / theirs['rss']:.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
-from kubetest.cluster import TrainJobCluster, wait_for
+from kubetest.cluster import TrainJobCluster, no_retries, wait_for
 from kubetest.conformance import (
     Case,
     Difference,
@@ -213,3 +215,104 @@ def test_jobsets_and_podgroups_match_kubeflow(side_by_side: dict[str, dict[str, 
 
 def test_suspended_status_matches_kubeflow(side_by_side: dict[str, dict[str, Outcome]]) -> None:
     _check_against_doc(_differences(side_by_side, "status"), "Status of a suspended job")
+
+
+# -- status through a job's life -----------------------------------------------------------------------------------
+
+SCRIPT = str(Path(__file__).resolve().parent / "ddp_script.py")
+#: When each TrainJob's status is recorded, and whether its ``jobsStatus`` is compared then (it is not while pods
+#: come and go after a resume).
+MILESTONES = {"running": True, "suspended": True, "resumed": False, "complete": True, "failed": True}
+
+
+def _trainer(nodes: int, *args: str) -> dict[str, Any]:
+    return {
+        "numNodes": nodes,
+        "command": [str(Path(sys.executable).parent / "torchrun"), SCRIPT, *args],
+        "resourcesPerNode": {"requests": {"cpu": "1"}},
+    }
+
+
+def _life(k8s: TrainJobCluster, controller: str) -> dict[str, dict[str, Any]]:
+    """Three jobs in one namespace: one completes, one fails (rank 1 raises), one runs, is suspended and resumed.
+    The status of each is recorded at each milestone, once the controller's writes have settled."""
+    namespace = f"{controller[:2]}-lifecycle"
+    k8s.cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}])
+    runtime = k8s.namespaced_runtime(namespace, "no-retries", no_retries)
+    jobs = {
+        "done": _trainer(2, "--steps", "5"),
+        "broken": _trainer(2, "--fail-rank", "1"),
+        "pausing": _trainer(1, "--steps", "600", "--step-seconds", "0.5"),
+    }
+    for name, trainer in jobs.items():
+
+        def created(name: str = name, trainer: dict[str, Any] = trainer) -> bool:
+            try:
+                k8s.create_job(name, namespace, runtime=runtime, runtime_kind="TrainingRuntime", trainer=trainer)
+            except BackendError as exc:  # Kubeflow's webhook answers from its cache, which may lag the runtime
+                if "must be created before" not in str(exc):
+                    raise
+                return False
+            return True
+
+        wait_for(created, 30, f"{controller}: TrainJob {name} to be accepted")
+    seen: dict[str, dict[str, Any]] = {}
+
+    def record(milestone: str, job: str) -> None:
+        _settle(k8s, [namespace])
+        status = (k8s.job(job, namespace).get("status")) or {}
+        seen[milestone] = normalise({"spec": status}, namespace)["spec"]  # type: ignore[index]
+
+    def ready_pods() -> int:
+        return sum(
+            1
+            for p in k8s.pods("pausing", namespace)
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
+        )
+
+    try:
+        wait_for(lambda: ready_pods() == 1, 120, f"{controller}: the pausing job's pod to be ready")
+        record("running", "pausing")
+        k8s.api.patch(TRAINJOBS, namespace, "pausing", {"spec": {"suspend": True}})
+        k8s.wait_for_condition("pausing", "Suspended", namespace=namespace, timeout=60)
+        wait_for(lambda: not k8s.pods("pausing", namespace), 60, f"{controller}: the suspended job's pod to go")
+        record("suspended", "pausing")
+        k8s.api.patch(TRAINJOBS, namespace, "pausing", {"spec": {"suspend": False}})
+        k8s.wait_for_condition("pausing", "Suspended", "False", namespace=namespace, timeout=60)
+        record("resumed", "pausing")
+        k8s.wait_for_condition("done", "Complete", namespace=namespace, timeout=180)
+        record("complete", "done")
+        k8s.wait_for_condition("broken", "Failed", namespace=namespace, timeout=180)
+        record("failed", "broken")
+    finally:
+        for name in jobs:
+            k8s.api.delete(TRAINJOBS, namespace, name)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def lifecycle(k8s: TrainJobCluster) -> dict[str, dict[str, dict[str, Any]]]:
+    """:func:`_life` under trainjob's operator, then under Kubeflow's controller."""
+    if not k8s.operator.alive():
+        k8s.operator.start()
+    ours = _life(k8s, "trainjob")
+    k8s.operator.stop()
+    kubeflow = KubeflowController(k8s.cp)
+    try:
+        kubeflow.start()
+        theirs = _life(k8s, "kubeflow")
+    finally:
+        kubeflow.stop()
+        k8s.operator.start()
+    return {"kubeflow": theirs, "trainjob": ours}
+
+
+def test_status_through_a_jobs_life_matches_kubeflow(lifecycle: dict[str, dict[str, dict[str, Any]]]) -> None:
+    differences = []
+    for milestone, with_jobs in MILESTONES.items():
+        kf, tj = (_comparable_status(lifecycle[c][milestone]) for c in CONTROLLERS)
+        if not with_jobs:
+            kf.pop("jobsStatus", None)
+            tj.pop("jobsStatus", None)
+        differences += diff(milestone, kf, tj, "status")
+    _check_against_doc(differences, "Status through a job's life")
