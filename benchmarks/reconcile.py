@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -148,8 +149,9 @@ def run_kubeflow(cp: ControlPlane, api: KubeApi, jobs: int) -> tuple[float, floa
 def empty(api: KubeApi, namespace: str) -> None:
     """Delete every TrainJob in ``namespace`` (their JobSets go with them) and wait until they are gone, so the
     next controller has only its own backlog."""
-    for job in api.list(TRAINJOBS, namespace):
-        api.delete(TRAINJOBS, namespace, job["metadata"]["name"])
+    custom_objects(api).delete_collection_namespaced_custom_object(
+        TRAINJOBS.group, TRAINJOBS.version, namespace, TRAINJOBS.plural
+    )
     while api.list(TRAINJOBS, namespace):
         time.sleep(0.5)
 
@@ -165,7 +167,15 @@ def report(name: str, jobs: int, base: float, result: tuple[float, float, int], 
     return {"first": first, "elapsed": elapsed, "jobs_per_s": steady, "rss": peak, "requests": len(requests) / jobs}
 
 
+def custom_objects(api: KubeApi) -> Any:
+    import kubernetes.client
+
+    return kubernetes.client.CustomObjectsApi(api.client)
+
+
 def main() -> None:
+    # SIGTERM (a timeout, a CI cancel) unwinds like Ctrl-C, so the control plane's processes are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
