@@ -9,3 +9,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -c constraints.txt -e ".[dev]"
+# The dashboard's browser tests drive Debian's chromium headless (Playwright never downloads a browser here).
+# Installed when missing and we are root; otherwise those tests skip with the reason (CI requires them).
+if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "setup.sh: installing Debian's chromium for the browser tests"
+  if ! { DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null \
+         && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; then
+    echo "setup.sh: could not install chromium; the browser tests will be skipped (or fail under TRAINJOB_REQUIRE_BROWSER=1)"
+  fi
+fi

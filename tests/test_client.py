@@ -83,14 +83,18 @@ def offline_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return wheels
 
 
-def test_the_seeds_sdk_example_runs_with_only_its_import_changed(client, offline_index, tmp_path):
+def test_the_seeds_sdk_example_runs_with_only_its_import_changed(client, offline_index, tmp_path, monkeypatch):
     example = tmp_path / "example.py"
     example.write_text(SEED_EXAMPLE, encoding="utf-8")
+    # It asks for 4 nodes x 8 CPUs, 32Gi and 2 GPUs, more than this machine has: the local queue would refuse it.
+    monkeypatch.setenv("TRAINJOB_OVERSUBSCRIBE", "1")
 
     result = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=240)
 
     assert result.returncode == 0, result.stderr[-2000:]
-    assert sorted(result.stdout.splitlines()) == ["[rank0]: Training on rank 0/8", "[rank1]: Training on rank 1/8"]
+    # the SDK's lines carry the prefix `trainjob logs` prints
+    assert sorted(result.stdout.splitlines()) == ["node-0/rank-0 | Training on rank 0/8",
+                                                  "node-0/rank-1 | Training on rank 1/8"]
     (job,) = client.list_jobs()
     assert (job.status, job.num_nodes, job.num_proc_per_node) == ("Complete", 4, 2)
     reasons = {e.reason: e.message for e in client.get_job_events(job.name)}
@@ -112,7 +116,7 @@ def test_function_arguments_reach_the_function_verbatim(client, offline_index):
     ))
 
     assert client.wait_for_job_status(name, timeout=120).status == "Complete"
-    assert list(client.get_job_logs(name)) == [f"[rank0]: {text!r}|42|4.53.0"]
+    assert list(client.get_job_logs(name)) == [f"node-0/rank-0 | {text!r}|42|4.53.0"]
 
 
 def test_a_failed_package_install_fails_the_job_with_pips_message(client, offline_index):
@@ -187,7 +191,7 @@ def test_a_function_with_a_decorator_over_several_lines_runs_undecorated(client,
     name = client.train(trainer=CustomTrainer(func=train, func_args={"greeting": "hello"}))
 
     assert client.wait_for_job_status(name, timeout=120).status == "Complete"
-    assert list(client.get_job_logs(name)) == ["[rank0]: hello 0 1"]
+    assert list(client.get_job_logs(name)) == ["node-0/rank-0 | hello 0 1"]
 
 
 @pytest.mark.parametrize(

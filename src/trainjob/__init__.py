@@ -1,8 +1,9 @@
 """trainjob: distributed PyTorch training as real multi-node jobs, on one machine or on Kubernetes.
 
-The SDK's names are importable from here, as in the Kubeflow SDK::
+The SDK's names are importable from here, as in the Kubeflow SDK (``kubeflow.trainer``)::
 
     from trainjob import TrainerClient, CustomTrainer
+    from trainjob import update_trainjob_status        # inside a training function: progress for the job's status
 """
 
 from __future__ import annotations
@@ -11,17 +12,29 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-_CLIENT_NAMES = ("TrainerClient", "CustomTrainer", "LocalProcessBackendConfig", "KubernetesBackendConfig")
+_CLIENT_NAMES = (
+    "TrainerClient", "CustomTrainer", "CustomTrainerContainer", "LocalProcessBackendConfig", "KubernetesBackendConfig"
+)
 
 if TYPE_CHECKING:
     from trainjob.client import (
         CustomTrainer,
+        CustomTrainerContainer,
         KubernetesBackendConfig,
         LocalProcessBackendConfig,
         TrainerClient,
     )
+    from trainjob.torch.metrics import update_trainjob_status
 
-__all__ = ["CustomTrainer", "KubernetesBackendConfig", "LocalProcessBackendConfig", "TrainerClient", "__version__"]
+__all__ = [
+    "CustomTrainer",
+    "CustomTrainerContainer",
+    "KubernetesBackendConfig",
+    "LocalProcessBackendConfig",
+    "TrainerClient",
+    "__version__",
+    "update_trainjob_status",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -30,4 +43,8 @@ def __getattr__(name: str) -> Any:
         from trainjob import client
 
         return getattr(client, name)
+    if name == "update_trainjob_status":
+        from trainjob.torch.metrics import update_trainjob_status
+
+        return update_trainjob_status
     raise AttributeError(f"module 'trainjob' has no attribute {name!r}")

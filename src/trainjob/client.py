@@ -12,7 +12,11 @@
 >>> for line in client.get_job_logs(name, follow=True): print(line)        # doctest: +SKIP
 
 The backend follows the config's type: ``LocalProcessBackendConfig`` (the default: processes on this machine,
-state under ``$TRAINJOB_HOME``) or ``KubernetesBackendConfig`` (TrainJobs on a cluster).
+state under ``$TRAINJOB_HOME``) or ``KubernetesBackendConfig`` (TrainJobs on a cluster). ``train`` takes the
+Kubeflow SDK's ``options`` (:mod:`trainjob.options`: ``Name``, ``Labels``, ``Annotations``, ``TrainerCommand``,
+``TrainerArgs``, ``RuntimePatch``) and a ``CustomTrainer`` or ``CustomTrainerContainer``; inside the job,
+:func:`trainjob.torch.metrics.update_trainjob_status` reports progress (``from trainjob import
+update_trainjob_status``, as ``from kubeflow.trainer import update_trainjob_status``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from trainjob.errors import ValidationError
 from trainjob.types import (
     COMPLETE,
     CustomTrainer,
+    CustomTrainerContainer,
     Event,
     Runtime,
     RuntimeTrainer,
@@ -67,14 +72,26 @@ class TrainerClient:
     def get_runtime(self, name: str) -> Runtime:
         return self.backend.get_runtime(name)
 
+    def get_runtime_packages(self, runtime: Runtime | str) -> None:
+        """Print the Python version, the installed packages and (where there are any) the GPUs that a job on
+        ``runtime`` runs with."""
+        return self.backend.get_runtime_packages(runtime)
+
     def train(
         self,
         runtime: Runtime | str | None = None,
         initializer: Any | None = None,
-        trainer: CustomTrainer | None = None,
+        trainer: CustomTrainer | CustomTrainerContainer | None = None,
+        options: Sequence[Any] | None = None,
     ) -> str:
-        """Start ``trainer.func`` on every process of every node; returns the new job's name."""
-        return self.backend.train(runtime=runtime, initializer=initializer, trainer=trainer)
+        """Start ``trainer`` on every node; returns the new job's name.
+
+        A ``CustomTrainer``'s function runs on every process of every node; ``options`` change the TrainJob
+        before it is created::
+
+            client.train(trainer=CustomTrainer(func=train), options=[Name("mnist"), Labels({"team": "cv"})])
+        """
+        return self.backend.train(runtime=runtime, initializer=initializer, trainer=trainer, options=options)
 
     def list_jobs(self, runtime: Runtime | None = None) -> list[TrainJob]:
         return self.backend.list_jobs(runtime=runtime)
@@ -99,8 +116,10 @@ class TrainerClient:
     ) -> TrainJob:
         """Wait until the job reaches one of ``status`` (default ``{"Complete"}``).
 
-        Raises :class:`trainjob.errors.JobFailedError` (a ``RuntimeError``) as soon as the job fails, and
-        ``TimeoutError`` after ``timeout`` seconds. ``callbacks`` are called with the job at every poll.
+        Raises :class:`trainjob.errors.JobFailedError` (a ``RuntimeError``) as soon as the job fails, its message
+        naming the rank and the exception (``node-1 rank 1: NameError: name 'lr' is not defined``), and
+        ``TimeoutError`` after ``timeout`` seconds. ``callbacks`` are called with the job every
+        ``polling_interval`` seconds, and with the job the wait ends on.
         """
         return self.backend.wait_for_job_status(
             name, status=status or {COMPLETE}, timeout=timeout, polling_interval=polling_interval, callbacks=callbacks
@@ -119,6 +138,7 @@ class TrainerClient:
 
 __all__ = [
     "CustomTrainer",
+    "CustomTrainerContainer",
     "Event",
     "LocalProcessBackendConfig",
     "Runtime",

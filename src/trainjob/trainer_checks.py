@@ -6,7 +6,8 @@ A trainer's function runs alone: its source, without decorators, goes into a gen
 ===============================  ==================================================================================
 ``func``                         a plain function defined with ``def`` whose source is available (not a lambda,
                                  an ``async def``, a builtin, or a function typed into a REPL)
-its name                         not one of :data:`SCRIPT_IMPORTS`, which the script needs (``def json(): ...``)
+its name                         not one of :data:`SCRIPT_IMPORTS` or :data:`RECORD_ERROR_FUNCTION`, which the
+                                 script needs (``def json(): ...``)
 its decorators                   removed, one line or many; the function runs undecorated
 names it uses                    imported or defined inside it, built-ins, or :data:`SCRIPT_IMPORTS`; not
                                  variables of an enclosing function, module-level helpers or constants (also in
@@ -37,6 +38,8 @@ from trainjob.errors import ValidationError
 
 #: The modules a generated training script imports before the function: the function may use them unimported.
 SCRIPT_IMPORTS = ("atexit", "json", "os", "sys")
+#: The function the generated script defines beside the user's, to record the exception the user's function raises.
+RECORD_ERROR_FUNCTION = "_trainjob_record_error"
 
 _NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 _VERSION_ONE = r"(?:~=|===|==|!=|<=|>=|<|>)\s*[A-Za-z0-9_.*+!-]+"
@@ -184,10 +187,10 @@ def function_source(func: Callable[..., Any], path: str = "trainer.func") -> Fun
     node = tree.body[0] if tree.body else None
     if not isinstance(node, ast.FunctionDef):
         raise ValidationError(path, f"its source is not a def statement of its own; define {func.__name__} in a file")
-    if node.name in SCRIPT_IMPORTS:
+    if node.name in SCRIPT_IMPORTS or node.name == RECORD_ERROR_FUNCTION:
         raise ValidationError(
-            path, f"is named {node.name!r}, which the job's script imports as a module "
-            f"({', '.join(SCRIPT_IMPORTS)}); rename the function",
+            path, f"is named {node.name!r}, which the job's script imports as a module or defines "
+            f"({', '.join((*SCRIPT_IMPORTS, RECORD_ERROR_FUNCTION))}); rename the function",
         )
     if func.__code__.co_freevars:
         raise ValidationError(

@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-#: Job statuses, as in the Kubeflow SDK, plus ``Suspended``.
+#: Job statuses, as in the Kubeflow SDK, plus ``Suspended`` and ``Queued`` (waiting in the local queue for resources).
+QUEUED = "Queued"
 CREATED = "Created"
 RUNNING = "Running"
 COMPLETE = "Complete"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
-STATUSES = (CREATED, RUNNING, COMPLETE, FAILED, SUSPENDED)
+STATUSES = (QUEUED, CREATED, RUNNING, COMPLETE, FAILED, SUSPENDED)
 TERMINAL_STATUSES = frozenset({COMPLETE, FAILED})
 
 UNKNOWN = "Unknown"
@@ -34,6 +35,7 @@ DEFAULT_PIP_INDEX_URLS = ("https://pypi.org/simple",)
 class CustomTrainer:
     """A self-contained training function, shipped as source and called with ``**func_args`` on every rank.
 
+    ``image`` replaces the runtime's trainer image (on a cluster; local jobs run in this Python environment).
     ``resources_per_node`` takes ``cpu``, ``memory``, ``gpu`` (meaning ``nvidia.com/gpu``) or any Kubernetes
     resource name; ``packages_to_install`` (PEP 508 requirements, never pip options) go into a per-job
     environment that still sees the installed torch, from ``pip_index_urls`` (the first is the index, the others
@@ -45,6 +47,7 @@ class CustomTrainer:
 
     func: Callable[..., Any]
     func_args: dict[str, Any] | None = None
+    image: str | None = None
     packages_to_install: list[str] | None = None
     pip_index_urls: list[str] = field(default_factory=lambda: list(DEFAULT_PIP_INDEX_URLS))
     num_nodes: int | None = None
@@ -57,6 +60,23 @@ class CustomTrainer:
         if self.packages_to_install is not None:
             self.packages_to_install = check_requirements(self.packages_to_install)
         self.pip_index_urls = check_index_urls(self.pip_index_urls)
+
+
+@dataclass
+class CustomTrainerContainer:
+    """A trainer image that holds the whole training program: the runtime's trainer runs ``image`` (its command and
+    arguments come from the image, or the ``TrainerCommand`` / ``TrainerArgs`` options)::
+
+        client.train(trainer=CustomTrainerContainer(image="ghcr.io/me/train:1", num_nodes=2),
+                     options=[TrainerCommand(["torchrun", "/app/train.py"])])
+
+    Local jobs do not run images: they need the command (the ``TrainerCommand`` option) and run it here.
+    """
+
+    image: str
+    num_nodes: int | None = None
+    resources_per_node: dict[str, Any] | None = None
+    env: dict[str, str] | None = None
 
 
 @dataclass
@@ -94,17 +114,22 @@ class Step:
 
 @dataclass
 class Progress:
-    """Training progress from the metrics rank 0 reports (``trainjob.torch.report``)."""
+    """Training progress from what rank 0 reports (``trainjob.torch.report``, ``update_trainjob_status``)."""
 
     step: int | None = None
     total_steps: int | None = None
     metrics: dict[str, float | None] = field(default_factory=dict)
     updated: datetime | None = None
-    #: Seconds left at the rate observed so far, when steps and total steps are known.
+    #: Seconds left: as reported (``update_trainjob_status``), else at the step rate observed so far.
     eta_seconds: float | None = None
+    #: Percent done as reported (``update_trainjob_status(progress_percent=...)``); else from the steps.
+    percent: float | None = None
 
     @property
     def fraction(self) -> float | None:
+        """How much is done, 0 to 1: the reported percentage, else step / total steps; ``None`` when unknown."""
+        if self.percent is not None:
+            return max(0.0, min(1.0, self.percent / 100))
         if self.step is None or not self.total_steps:
             return None
         return min(1.0, self.step / self.total_steps)
@@ -148,11 +173,13 @@ class Event:
 
 @dataclass
 class LogLine:
-    """One line of a node's output; ``rank`` is the global rank when the line came from a training process."""
+    """One line of a node's output; ``rank`` is the global rank when the line came from a training process,
+    ``time`` when it was written (Unix seconds) when the backend knows."""
 
     node: int
     rank: int | None
     text: str
+    time: float | None = None
 
     def __str__(self) -> str:
         where = f"node-{self.node}" if self.rank is None else f"node-{self.node}/rank-{self.rank}"

@@ -202,7 +202,7 @@ RUNTIME_ERRORS = [
         {"torch": {"elasticPolicy": {"minNodes": 1}}},
         "spec.mlPolicy.torch.elasticPolicy.maxNodes: required field is missing",
     ),
-    ("spec.mlPolicy.mpi", {"numProcPerNode": 1}, "spec.mlPolicy: only one of torch and mpi can be set"),
+    ("spec.mlPolicy.mpi", {"numProcPerNode": 1}, "spec.mlPolicy: only one of torch, mpi, flux, jax and xgboost can be set, got torch, mpi"),
     (
         "spec.mlPolicy.torch.numProcPerNode",
         "all",

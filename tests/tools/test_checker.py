@@ -125,7 +125,6 @@ SEED_000_SCRIPT = textwrap.dedent(
         dist.init_process_group(backend=backend)
         rank = dist.get_rank()
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        torch.manual_seed(42)
         model = Net().to(device)
         model = DDP(model, device_ids=[local_rank] if device == "cuda" else None)
         sampler = DistributedSampler(dataset)
@@ -207,3 +206,54 @@ def test_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
 def test_missing_file_is_bad_input(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="cannot read the script"):
         check_file(tmp_path / "missing.py")
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.py")))
+def test_the_examples_are_clean(example: str) -> None:
+    assert [f.render() for f in check_file(EXAMPLES / example)] == []
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        # DDP broadcasts rank 0's parameters when it wraps the model: the ranks agree without a seed
+        DIST + "model = DDP(Net())\n",
+        DIST + "from torch.nn.parallel import DistributedDataParallel\nmodel = DistributedDataParallel(Net())\n",
+        "import trainjob.torch as tt\nctx = tt.init()\nmodel = tt.prepare_model(Net())\n",
+        "import trainjob.torch as tt\nctx = tt.init()\nmodel = tt.prepare_model(Net(), 'ddp')\n",
+        DIST + "model = FSDP(Net(), sync_module_states=True)\n",
+        # seeded through trainjob.torch, under another name, or in a helper of the script's own
+        "import trainjob.torch as tt\nctx = tt.init()\ntt.seed_everything(0)\nmodel = tt.prepare_model(Net(), 'fsdp')\n",
+        DIST + "from trainjob.torch import seed_everything as init_rng\ninit_rng(0)\nmodel = Net()\n",
+        DIST + "def setup(seed):\n    torch.manual_seed(seed)\nsetup(0)\nmodel = Net()\n",
+        DIST + "from common import seed_all\nseed_all(1234)\nmodel = Net()\n",
+        DIST + "import random\ntorch.random.manual_seed(0)\nmodel = Net()\n",
+    ],
+)
+def test_no_seed_stays_quiet_on_correct_scripts(script: str) -> None:
+    assert [f.rule for f in check_source(script) if f.rule == "TJ010"] == []
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        DIST + "model = Net()\n",  # nothing makes the ranks' weights agree
+        "import trainjob.torch as tt\nctx = tt.init()\nmodel = tt.prepare_model(Net(), 'fsdp')\n",  # no broadcast
+        DIST + "from torch.distributed.fsdp import fully_shard\nmodel = fully_shard(Net())\n",
+        DIST + "seed = tt.rank_seed(0)\nmodel = Net()\n",  # derives a number, seeds nothing
+    ],
+)
+def test_no_seed_still_warns_when_nothing_makes_the_weights_agree(script: str) -> None:
+    assert [f.rule for f in check_source(script) if f.rule == "TJ010"] == ["TJ010"]
+
+
+def test_a_seed_set_in_a_helper_module_beside_the_script_counts(tmp_path: Path) -> None:
+    (tmp_path / "helpers.py").write_text("import torch\n\ndef setup(seed):\n    torch.manual_seed(seed)\n")
+    script = tmp_path / "train.py"
+    script.write_text(DIST + "from helpers import setup\nsetup(0)\nmodel = Net()\n")
+    assert [f.rule for f in check_file(script) if f.rule == "TJ010"] == []
+    (tmp_path / "helpers.py").write_text("def setup(seed):\n    print(seed)\n")
+    assert [f.rule for f in check_file(script) if f.rule == "TJ010"] == ["TJ010"]

@@ -9,7 +9,7 @@ import pytest
 
 MODULES = [
     "trainjob.tools.units",
-    "trainjob.tools.setup",
+    "trainjob.tools.training_setup",
     "trainjob.tools.comm",
     "trainjob.tools.planner",
     "trainjob.tools.plan_report",

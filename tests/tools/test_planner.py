@@ -163,3 +163,28 @@ def test_bad_setups_name_the_field_and_what_is_accepted(fields: dict, path: str,
         TrainingSetup(**fields)
     assert caught.value.path == path
     assert fragment in caught.value.message
+
+
+# The planner and the library share one rank layout (ParallelDims: TP innermost, then PP, DP outermost). On 2 nodes
+# of 4 GPUs at tp=2, pp=2, dp=2 the library builds PP groups [0, 2] [1, 3] [4, 6] [5, 7] (inside a node) and DP
+# groups [0, 4] [1, 5] [2, 6] [3, 7] (across nodes); a planner ordering ranks TP, DP, PP had these two swapped.
+def test_which_groups_cross_nodes_follows_the_library_layout() -> None:
+    setup = TrainingSetup(params=1e9, layers=4, hidden=256, heads=4, seq=128, gpus=4, nodes=2, tp=2, pp=2, zero=0)
+    assert {g: setup.group_spans_nodes(g) for g in ("tp", "pp", "dp")} == {"tp": False, "pp": False, "dp": True}
+    comm = plan_communication(setup)
+    assert {c.group: c.inter_node for c in comm.collectives} == {"dp": True, "tp": False, "pp": False}
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+@pytest.mark.parametrize("nodes", [1, 2, 3, 4])
+def test_node_crossing_matches_parallel_dims_groups(gpus: int, nodes: int) -> None:
+    from trainjob.torch.parallel import ParallelDims
+
+    world = gpus * nodes
+    for tp in (d for d in range(1, world + 1) if world % d == 0):
+        for pp in (d for d in range(1, world // tp + 1) if world // tp % d == 0):
+            setup = TrainingSetup(params=1e9, gpus=gpus, nodes=nodes, tp=tp, pp=pp)
+            dims = ParallelDims(dp_shard=-1, tp=tp, pp=pp, world_size=world)
+            for group in ("tp", "pp", "dp"):
+                crosses = any(len({rank // gpus for rank in g}) > 1 for g in dims.groups(group))
+                assert setup.group_spans_nodes(group) == crosses, (gpus, nodes, tp, pp, group)

@@ -53,11 +53,31 @@ class TorchElasticPolicy(KubeModel):
         return self
 
 
+class EnvInjectionTarget(KubeModel):
+    """Containers of replicated job ``jobName`` (other than ``node``) that get the trainer's ``PET_*`` env too."""
+
+    job_name: Annotated[str, Field(min_length=1, max_length=253)]
+    container_names: Annotated[list[Annotated[str, Field(max_length=63)]], Field(min_length=1, max_length=8)]
+
+    @field_validator("container_names")
+    @classmethod
+    def _not_the_trainer(cls, names: list[str]) -> list[str]:
+        if "node" in names:
+            raise ValueError("must not include 'node': the trainer container always gets the PET_* env")
+        return names
+
+
+class EnvInjection(KubeModel):
+    targets: Annotated[list[EnvInjectionTarget], Field(max_length=16)] | None = None
+
+
 class TorchMLPolicy(KubeModel):
-    """``numProcPerNode`` (default ``auto``) and the optional ``elasticPolicy``."""
+    """v2.1: ``numProcPerNode`` (default ``auto``) and the optional ``elasticPolicy``; v2.3: ``envInjection``
+    (``torch: {}`` is the v2.2+ runtime, whose processes per node come from ``trainer.numProcPerNode``)."""
 
     num_proc_per_node: NumProcPerNode | None = None
     elastic_policy: TorchElasticPolicy | None = None
+    env_injection: EnvInjection | None = None
 
 
 class MPIMLPolicy(KubeModel):
@@ -67,17 +87,32 @@ class MPIMLPolicy(KubeModel):
     run_launcher_as_node: bool | None = None
 
 
+class FluxMLPolicy(KubeModel):
+    """Kubeflow Trainer v2.2+'s Flux HPC policy (loaded and checked; no plugin runs it here)."""
+
+    num_proc_per_node: Annotated[int, Field(ge=1, le=MAX_NUM_PROC_PER_NODE)] | None = None
+
+
+class EmptyMLPolicy(KubeModel):
+    """``jax: {}`` and ``xgboost: {}`` (Kubeflow Trainer v2.2+; loaded and checked, no plugin runs them here)."""
+
+
 class MLPolicy(KubeModel):
-    """Default node count plus at most one framework policy (``torch`` or ``mpi``)."""
+    """Default node count plus at most one framework policy (``torch``, ``mpi``; v2.2+: ``flux``, ``jax``,
+    ``xgboost``, which load and validate but have no plugin to run them)."""
 
     num_nodes: NumNodes | None = None
     torch: TorchMLPolicy | None = None
     mpi: MPIMLPolicy | None = None
+    flux: FluxMLPolicy | None = None
+    jax: EmptyMLPolicy | None = None
+    xgboost: EmptyMLPolicy | None = None
 
     @model_validator(mode="after")
     def _one_policy_and_no_fixed_size_when_elastic(self) -> Self:
-        if self.torch is not None and self.mpi is not None:
-            raise ValueError("only one of torch and mpi can be set")
+        chosen = [name for name in ("torch", "mpi", "flux", "jax", "xgboost") if getattr(self, name) is not None]
+        if len(chosen) > 1:
+            raise ValueError(f"only one of torch, mpi, flux, jax and xgboost can be set, got {', '.join(chosen)}")
         if self.num_nodes is not None and self.torch is not None and self.torch.elastic_policy is not None:
             raise ValueError(
                 "numNodes must not be set together with torch.elasticPolicy "

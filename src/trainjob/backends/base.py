@@ -8,6 +8,9 @@ Method names follow the Kubeflow SDK (``train``, ``list_jobs``, ``get_job_logs``
 Waiting is shared: a backend's ``wait_for_job_status`` can delegate to :func:`wait_for_status`::
 
     job = wait_for_status(backend.get_job, "mnist", {"Complete"}, timeout=600, polling_interval=2)
+
+``train`` takes the Kubeflow SDK's trainers (``CustomTrainer``, ``CustomTrainerContainer``) and ``options``
+(:mod:`trainjob.options`); ``get_runtime_packages`` prints what a runtime's trainer runs with.
 """
 
 from __future__ import annotations
@@ -32,9 +35,14 @@ class Backend(Protocol):
         self,
         runtime: types.Runtime | str | None = None,
         initializer: Any | None = None,
-        trainer: types.CustomTrainer | None = None,
+        trainer: types.CustomTrainer | types.CustomTrainerContainer | None = None,
+        options: Sequence[Any] | None = None,
     ) -> str:
-        """Create a job from an SDK trainer; returns its generated name."""
+        """Create a job from an SDK trainer and options; returns its name."""
+        ...
+
+    def get_runtime_packages(self, runtime: types.Runtime | str) -> None:
+        """Print the Python version, the installed packages and the GPUs a job on ``runtime`` runs with."""
         ...
 
     def apply(
@@ -50,9 +58,20 @@ class Backend(Protocol):
     def get_job_logs(self, name: str, step: str = "node-0", follow: bool = False) -> Iterator[str]: ...
 
     def logs(
-        self, name: str, node: int | None = None, rank: int | None = None, follow: bool = False
+        self,
+        name: str,
+        node: int | None = None,
+        rank: int | None = None,
+        follow: bool = False,
+        *,
+        since: float | None = None,
+        tail: int | None = None,
+        previous: bool = False,
+        stop_output: bool = False,
     ) -> Iterator[types.LogLine]:
-        """Lines of every node (or one ``node``, or one global ``rank``), in order per node."""
+        """Lines of every node (or one ``node``, or one global ``rank``), merged by the time they were written:
+        only those since ``since`` (Unix time), the last ``tail``, of the attempt before the last restart
+        (``previous``); a ``node``/``rank`` pair that names no process is a ``ValidationError``."""
         ...
 
     def wait_for_job_status(
@@ -95,21 +114,31 @@ def wait_for_status(
     timeout: float,
     polling_interval: float,
     callbacks: Sequence[Callable[[types.TrainJob], None]] | None = None,
+    check_interval: float | None = None,
 ) -> types.TrainJob:
     """Poll ``get_job(name)`` until its status is in ``status``.
 
     Raises :class:`JobFailedError` as soon as the job is ``Failed`` (unless ``Failed`` is wanted) with the
-    job's reason and message, and :class:`TimeoutError` after ``timeout`` seconds. ``callbacks`` get every
-    polled job.
+    job's reason and message, and :class:`TimeoutError` after ``timeout`` seconds. The job is read every
+    ``check_interval`` seconds (default ``polling_interval``; a backend whose reads are cheap checks more often,
+    so that a failure ends the wait at once), and ``callbacks`` get it every ``polling_interval`` seconds, as in
+    the Kubeflow SDK: at the first read, then at most once per interval, and once more with the job the wait
+    ends on.
     """
     wanted = check_wanted_statuses(status)
-    if timeout <= 0 or polling_interval <= 0:
+    check_every = polling_interval if check_interval is None else min(check_interval, polling_interval)
+    if timeout <= 0 or check_every <= 0:
         raise ValidationError("timeout", f"timeout and polling_interval must be > 0, got {timeout}, {polling_interval}")
     deadline = time.monotonic() + timeout
+    called_back: float | None = None
     while True:
         job = get_job(name)
-        for callback in callbacks or ():
-            callback(job)
+        now = time.monotonic()
+        settled = job.status in wanted or job.status in types.TERMINAL_STATUSES or now >= deadline
+        if callbacks and (settled or called_back is None or now - called_back >= polling_interval - 1e-3):
+            called_back = now
+            for callback in callbacks:
+                callback(job)
         if job.status in wanted:
             return job
         if job.status == types.FAILED:
@@ -121,4 +150,4 @@ def wait_for_status(
             raise TimeoutError(
                 f"TrainJob {name} is {job.status}, not {' or '.join(sorted(wanted))}, after {timeout:g} s"
             )
-        time.sleep(min(polling_interval, left))
+        time.sleep(min(check_every, left))

@@ -1,7 +1,9 @@
-"""Job commands: ``list``, ``get``, ``events``, ``delete``, ``suspend``, ``resume``, ``runtimes`` (here) and
-``run``, ``apply``, ``logs``, ``wait`` (:mod:`trainjob.cli.jobs_run`).
+"""Job commands: ``list``, ``get``, ``describe``, ``events``, ``delete``, ``suspend``, ``resume``, ``runtimes``
+(here); ``run``, ``apply``, ``logs``, ``wait`` (:mod:`trainjob.cli.jobs_run`); ``submit`` (:mod:`trainjob.cli.arena`)
+and ``top`` (:mod:`trainjob.cli.top`).
 
-Every command takes ``--backend local|kubernetes`` (default ``$TRAINJOB_BACKEND``, else ``local``). Errors print
+Every command takes ``--backend local|kubernetes`` and, for Kubernetes, ``-n/--namespace``, ``--kubeconfig`` and
+``--context`` (defaults from ``$TRAINJOB_BACKEND`` and the config file: :mod:`trainjob.cli.target`). Errors print
 one line to stderr; exit codes: 0 ok, 1 the job or operation failed, 2 bad input, 3 timeout, 130 interrupted.
 """
 
@@ -15,7 +17,11 @@ from typing import Any, TypeVar
 
 import click
 
+from trainjob.cli.target import BACKENDS, Target, backend_option, make_backend
 from trainjob.errors import AlreadyExistsError, JobFailedError, NotFoundError, TrainJobError, ValidationError
+
+__all__ = ["BACKENDS", "EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_TIMEOUT", "Target",
+           "backend_option", "fail", "handle_errors", "make_backend"]
 
 #: Exit codes of every ``trainjob`` command (one table for the CLI).
 EXIT_OK = 0
@@ -23,7 +29,6 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_TIMEOUT = 3
 EXIT_INTERRUPTED = 130
-BACKENDS = ("local", "kubernetes")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,41 +59,32 @@ def handle_errors(command: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def backend_option(command: F) -> F:
-    return click.option(
-        "--backend",
-        type=click.Choice(BACKENDS),
-        default="local",
-        envvar="TRAINJOB_BACKEND",
-        show_default=True,
-        help="Where jobs run: processes on this machine, or a Kubernetes cluster.",
-    )(command)
-
-
-def make_backend(kind: str) -> Any:
-    """A backend of ``kind``; the Kubernetes one is imported only when asked for."""
-    from trainjob.client import backend_for
-
-    if kind == "kubernetes":
-        from trainjob.backends.kubernetes.config import KubernetesBackendConfig
-
-        return backend_for(KubernetesBackendConfig())
-    return backend_for(None)
-
-
 @click.command("list")
+@click.option("-o", "--output", type=click.Choice(["table", "wide", "json", "yaml", "name"]), default="table",
+              show_default=True, help="table; wide: also restarts, reason and labels; json/yaml: the TrainJobs as a "
+              "List; name: trainjob/NAME lines.")
+@click.option("-l", "--selector", metavar="SELECTOR",
+              help="Only jobs whose metadata.labels match: key=value, key!=value, key, !key, key in (a,b); "
+                   "comma-separated, all must hold.")
+@click.option("-w", "--watch", is_flag=True, help="After listing, print jobs again as they change (Ctrl-C stops).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="With --watch: stop watching after this long (exit 0).")
 @backend_option
 @handle_errors
-def list_command(backend: str) -> None:
-    """List jobs: name, status, nodes x processes, runtime, progress, age, duration."""
-    import time
+def list_command(output: str, selector: str | None, watch: bool, timeout: float | None, backend: Target) -> None:
+    """List jobs: name, status, nodes x processes, runtime, progress, age, duration (kubectl get style)."""
+    from trainjob.cli import listing
 
-    from trainjob.cli.jobs_format import LIST_HEADER, list_rows, summary_rows, table
+    matches = None
+    if selector is not None:
+        from trainjob.cli.selectors import parse_selector
 
+        matches = parse_selector(selector)
     client = make_backend(backend)
-    fast = getattr(client, "list_summaries", None)  # the local backend lists without building job objects
-    rows = summary_rows(fast(), time.time()) if fast else list_rows(client.list_jobs())
-    sys.stdout.write(table(LIST_HEADER, rows) + "\n")
+    if watch:
+        listing.watch(client, output, matches, timeout)
+    else:
+        listing.print_once(client, output, matches)
 
 
 @click.command("get")
@@ -97,7 +93,7 @@ def list_command(backend: str) -> None:
               help="text: a summary; yaml/json: the TrainJob resource with its status.")
 @backend_option
 @handle_errors
-def get_command(name: str, output: str, backend: str) -> None:
+def get_command(name: str, output: str, backend: Target) -> None:
     """Show one job."""
     job = make_backend(backend).get_job(name)
     if output == "json":
@@ -116,7 +112,7 @@ def get_command(name: str, output: str, backend: str) -> None:
 @click.argument("name")
 @backend_option
 @handle_errors
-def events_command(name: str, backend: str) -> None:
+def events_command(name: str, backend: Target) -> None:
     """Show what happened to a job, oldest first."""
     from trainjob.cli.jobs_format import table
 
@@ -128,25 +124,61 @@ def events_command(name: str, backend: str) -> None:
     click.echo(table(["TIME", "TYPE", "REASON", "OBJECT", "MESSAGE"], rows))
 
 
-@click.command("delete")
-@click.argument("names", nargs=-1, required=True)
+@click.command("describe")
+@click.argument("names", nargs=-1, required=True, metavar="[trainjob] NAME...")
 @backend_option
 @handle_errors
-def delete_command(names: tuple[str, ...], backend: str) -> None:
-    """Delete jobs: stop every process they started and remove their state and logs."""
+def describe_command(names: tuple[str, ...], backend: Target) -> None:
+    """Show jobs in detail, as kubectl describe does: spec, status, conditions, nodes and ranks, events."""
+    from trainjob.cli.describe import describe_job
+
+    if names and names[0] in ("trainjob", "trainjobs", "tj") and len(names) > 1:
+        names = names[1:]  # `describe trainjob NAME`, as kubectl takes it
     client = make_backend(backend)
-    for name in names:
-        client.get_job(name)
-    for name in names:
-        client.delete_job(name)
+    click.echo("\n\n".join(describe_job(client, name) for name in names))
+
+
+@click.command("delete")
+@click.argument("names", nargs=-1)
+@click.option("--all", "all_jobs", is_flag=True, help="Delete every job (of the namespace, on Kubernetes).")
+@click.option("-l", "--selector", metavar="SELECTOR", help="Delete the jobs whose labels match (see `list -l`).")
+@backend_option
+@handle_errors
+def delete_command(names: tuple[str, ...], all_jobs: bool, selector: str | None, backend: Target) -> None:
+    """Delete jobs: stop every process they started and remove their state and logs.
+
+    Jobs that exist are deleted even when others named do not; those are reported and the exit code is 2.
+    """
+    if bool(names) + all_jobs + (selector is not None) != 1:
+        raise ValidationError("NAME", "give job names, --all, or -l SELECTOR (one of them)")
+    client = make_backend(backend)
+    if not names:
+        from trainjob.cli.listing import selected
+        from trainjob.cli.selectors import parse_selector
+
+        matches = parse_selector(selector) if selector is not None else None
+        names = tuple(job.name for job, _ in selected(client, matches))
+        if not names:
+            click.echo("No jobs found" + (f" matching {selector!r}" if selector else ""), err=True)
+            return
+    missing = []
+    for name in dict.fromkeys(names):
+        try:
+            client.delete_job(name)
+        except NotFoundError:
+            missing.append(name)
+            click.echo(f"error: trainjob/{name} not found", err=True)
+            continue
         click.echo(f"trainjob/{name} deleted")
+    if missing:
+        sys.exit(EXIT_BAD_INPUT)
 
 
 @click.command("suspend")
 @click.argument("name")
 @backend_option
 @handle_errors
-def suspend_command(name: str, backend: str) -> None:
+def suspend_command(name: str, backend: Target) -> None:
     """Stop a job's processes but keep the job; resume starts them again."""
     make_backend(backend).suspend_job(name)
     click.echo(f"trainjob/{name} suspended")
@@ -156,7 +188,7 @@ def suspend_command(name: str, backend: str) -> None:
 @click.argument("name")
 @backend_option
 @handle_errors
-def resume_command(name: str, backend: str) -> None:
+def resume_command(name: str, backend: Target) -> None:
     """Start a suspended job again."""
     make_backend(backend).resume_job(name)
     click.echo(f"trainjob/{name} resumed")
@@ -165,7 +197,7 @@ def resume_command(name: str, backend: str) -> None:
 @click.command("runtimes")
 @backend_option
 @handle_errors
-def runtimes_command(backend: str) -> None:
+def runtimes_command(backend: Target) -> None:
     """List the runtimes jobs can use."""
     from trainjob.cli.jobs_format import table
 
@@ -176,9 +208,11 @@ def runtimes_command(backend: str) -> None:
 
 def register(group: click.Group) -> None:
     """Add the job commands to the ``trainjob`` group."""
-    from trainjob.cli import jobs_run
+    from trainjob.cli import arena, jobs_run, top
 
-    for command in (list_command, get_command, events_command, delete_command, suspend_command, resume_command,
-                    runtimes_command):
+    for command in (list_command, get_command, describe_command, events_command, delete_command, suspend_command,
+                    resume_command, runtimes_command):
         group.add_command(command)
     jobs_run.register(group)
+    arena.register(group)
+    top.register(group)

@@ -44,12 +44,18 @@ def progress_text(progress: types.Progress | None) -> str:
     """``37% 120/320 loss=0.412 eta 1m5s`` from whatever the job reported; ``-`` when nothing was."""
     if progress is None:
         return "-"
-    return progress_summary(progress.step, progress.total_steps, progress.metrics.get("loss"), progress.eta_seconds)
+    return progress_summary(progress.step, progress.total_steps, progress.metrics.get("loss"), progress.eta_seconds,
+                            progress.percent)
 
 
-def progress_summary(step: int | None, total: int | None, loss: float | None, eta: float | None) -> str:
+def progress_summary(
+    step: int | None, total: int | None, loss: float | None, eta: float | None, percent: float | None = None
+) -> str:
+    """``percent`` is what ``update_trainjob_status`` reported; it wins over step / total."""
     parts = []
-    if step is not None and total:
+    if percent is not None:
+        parts.append(f"{min(100.0, max(0.0, percent)):.0f}%" + (f" {step}/{total}" if step is not None and total else ""))
+    elif step is not None and total:
         parts.append(f"{min(1.0, step / total):.0%} {step}/{total}")
     elif step is not None:
         parts.append(f"step {step}")
@@ -85,11 +91,14 @@ def summary_rows(summaries: list[tuple], now: float) -> list[list[str]]:
 
     rows = []
     for (name, status, nodes, procs, runtime, created, started, finished, step, total, loss, last_time,
-         first_step, first_time, _pid, _pid_started) in summaries:
+         first_step, first_time, percent, remaining, _pid, _pid_started) in summaries:
         progress = "-"
         if last_time is not None:
-            eta = eta_seconds(status, step, total, first_step, first_time, last_time)
-            progress = progress_summary(step, total, loss, eta)
+            if percent is None and remaining is None:
+                remaining = eta_seconds(status, step, total, first_step, first_time, last_time)
+            elif status not in ("Created", "Running"):
+                remaining = None
+            progress = progress_summary(step, total, loss if isinstance(loss, int | float) else None, remaining, percent)
         duration = None if started is None else (finished or now) - started
         rows.append([name, status, f"{nodes}x{procs}", runtime, progress, human_duration(now - created),
                      human_duration(duration)])

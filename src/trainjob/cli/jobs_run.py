@@ -2,7 +2,11 @@
 
 ``trainjob run train.py --nodes 2 --nproc-per-node 2 -- --epochs 3`` builds a TrainJob on the default runtime
 (command ``torchrun train.py --epochs 3``), starts it and streams its logs; the exit code is the job's: 0 when
-it completes, 1 when it fails. ``--detach`` prints the job's name and returns at once.
+it completes, 1 when it fails. ``--detach`` prints the job's name and returns at once. As with torchrun,
+``-m pkg.train`` runs a module and ``--no-python run.sh`` a shell script or binary.
+
+``trainjob logs NAME`` prints every node's lines merged by the time they were written; ``--tail``, ``--since``,
+``--previous`` and ``--timestamps`` work as in ``kubectl logs``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,14 @@ from typing import Any
 import click
 
 from trainjob import types
-from trainjob.cli.jobs import EXIT_FAILED, EXIT_INTERRUPTED, backend_option, handle_errors, make_backend
+from trainjob.cli.jobs import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    Target,
+    backend_option,
+    handle_errors,
+    make_backend,
+)
 from trainjob.errors import AlreadyExistsError, NotFoundError, ValidationError
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -42,6 +53,37 @@ def parse_env(pairs: tuple[str, ...]) -> list[dict[str, str]]:
     return env
 
 
+def launch_command(script: str, module: bool = False, no_python: bool = False) -> list[str]:
+    """The torchrun command for ``trainjob run``'s SCRIPT: a Python file (made absolute), a module (``-m``), or a
+    program that is not Python (``--no-python``: a file, made absolute, or a name on ``PATH``)."""
+    import os
+    import shutil
+
+    if module and no_python:
+        raise ValidationError("-m", "cannot be combined with --no-python (torchrun refuses both at once)")
+    if module:
+        from trainjob.backends.local.commands import check_module
+
+        try:
+            check_module(script, os.getcwd())
+        except ValidationError as exc:
+            raise ValidationError("MODULE", exc.message) from None
+        return ["torchrun", "-m", script]
+    path = Path(script)
+    if no_python:
+        if path.is_file():
+            if not os.access(path, os.X_OK):
+                raise ValidationError("SCRIPT", f"{script} is not executable; chmod +x {script}")
+            return ["torchrun", "--no-python", str(path.resolve())]
+        if "/" not in script and shutil.which(script):
+            return ["torchrun", "--no-python", script]
+        raise ValidationError("SCRIPT", f"no such file or program on PATH: {script}")
+    if not path.is_file():
+        hint = " (a module? use -m; a shell script or binary? use --no-python)" if not script.endswith(".py") else ""
+        raise ValidationError("SCRIPT", f"no such file: {script}{hint}")
+    return ["torchrun", str(path.resolve())]
+
+
 def run_trainjob(
     script: str,
     script_args: tuple[str, ...],
@@ -52,12 +94,17 @@ def run_trainjob(
     cpu: str | None,
     gpu: int | None,
     env: tuple[str, ...],
+    *,
+    module: bool = False,
+    no_python: bool = False,
+    image: str | None = None,
+    memory: str | None = None,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The TrainJob (Kubernetes shape) ``trainjob run`` submits."""
-    path = Path(script)
-    if not path.is_file():
-        raise ValidationError("SCRIPT", f"no such file: {script}")
-    trainer: dict[str, Any] = {"command": ["torchrun", str(path.resolve())]}
+    """The TrainJob (Kubernetes shape) ``trainjob run`` (and ``trainjob submit pytorchjob``) submits."""
+    trainer: dict[str, Any] = {"command": launch_command(script, module, no_python)}
+    if image:
+        trainer["image"] = image
     if script_args:
         trainer["args"] = list(script_args)
     if nodes is not None:
@@ -67,16 +114,21 @@ def run_trainjob(
     requests = {}
     if cpu is not None:
         requests["cpu"] = cpu
+    if memory is not None:
+        requests["memory"] = memory
     if gpu:
         requests["nvidia.com/gpu"] = str(gpu)
     if requests:
         trainer["resourcesPerNode"] = {"requests": requests}
     if env:
         trainer["env"] = parse_env(env)
+    metadata: dict[str, Any] = {"name": name or default_job_name(script.rsplit(".", 1)[-1] if module else script)}
+    if labels:
+        metadata["labels"] = labels
     return {
         "apiVersion": API_VERSION,
         "kind": "TrainJob",
-        "metadata": {"name": name or default_job_name(script)},
+        "metadata": metadata,
         "spec": {"runtimeRef": {"name": runtime}, "trainer": trainer},
     }
 
@@ -84,6 +136,9 @@ def run_trainjob(
 @click.command("run")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("-m", "--module", is_flag=True, help="SCRIPT is a Python module to run (python -m), as torchrun -m.")
+@click.option("--no-python", is_flag=True,
+              help="SCRIPT is a shell script or binary to run as it is (torchrun --no-python).")
 @click.option("--nodes", type=click.IntRange(min=1), help="Number of nodes (default: the runtime's).")
 @click.option("--nproc-per-node", help="Processes per node: a number, auto, cpu or gpu.")
 @click.option("--cpu", help="CPUs per node (a Kubernetes quantity: 2, 500m).")
@@ -92,18 +147,43 @@ def run_trainjob(
 @click.option("--name", help="Job name (an RFC 1035 label); default: the script's name plus a random suffix.")
 @click.option("--runtime", default="torch-distributed", show_default=True, help="ClusterTrainingRuntime to use.")
 @click.option("-d", "--detach", is_flag=True, help="Print the job name and return instead of streaming logs.")
+@click.option("--inherit-env", is_flag=True,
+              help="Local jobs: pass every process this shell's whole environment (default: what a pod would get, "
+                   "plus PATH, HOME, locale and the Python environment).")
 @backend_option
 @handle_errors
-def run_command(script: str, script_args: tuple[str, ...], nodes: int | None, nproc_per_node: str | None,
-                cpu: str | None, gpu: int | None, env: tuple[str, ...], name: str | None, runtime: str,
-                detach: bool, backend: str) -> None:
-    """Run SCRIPT with torchrun on every node; arguments after -- go to the script."""
+def run_command(script: str, script_args: tuple[str, ...], module: bool, no_python: bool, nodes: int | None,
+                nproc_per_node: str | None, cpu: str | None, gpu: int | None, env: tuple[str, ...], name: str | None,
+                runtime: str, detach: bool, inherit_env: bool, backend: Target) -> None:
+    """Run SCRIPT with torchrun on every node; arguments after -- go to the script.
+
+    SCRIPT is a Python file, a module with -m (trainjob run -m pkg.train), or a shell script or binary with
+    --no-python (trainjob run --no-python ./train.sh).
+    """
     from trainjob.api import TrainJob
+
+    resource = TrainJob.from_dict(run_trainjob(script, script_args, name, runtime, nodes, nproc_per_node, cpu, gpu,
+                                               env, module=module, no_python=no_python))
+    submit_and_follow(resource, backend, detach, inherit_env=inherit_env)
+
+
+def apply_options(backend: Target, inherit_env: bool) -> dict[str, Any]:
+    """Keyword arguments for ``apply`` from ``--inherit-env`` (local jobs only: a pod never gets this shell's)."""
+    if not inherit_env:
+        return {}
+    if backend.backend != "local":
+        raise ValidationError("--inherit-env", "applies to local jobs only; on Kubernetes set spec.trainer.env "
+                              "(trainjob run --env KEY=VALUE)")
+    return {"inherit_env": True}
+
+
+def submit_and_follow(resource: Any, backend: Target, detach: bool, inherit_env: bool = False) -> None:
+    """Create the job; print its name (``detach``) or stream its logs until it ends, exiting with its outcome."""
     from trainjob.cli.jobs_watch import follow
 
-    resource = TrainJob.from_dict(run_trainjob(script, script_args, name, runtime, nodes, nproc_per_node, cpu, gpu, env))
+    options = apply_options(backend, inherit_env)
     client = make_backend(backend)
-    job = client.apply(resource)
+    job = client.apply(resource, **options)
     if detach:
         click.echo(job.name)
         return
@@ -134,13 +214,27 @@ def _report_final(job: types.TrainJob) -> None:
 @click.command("apply")
 @click.option("-f", "--filename", "files", multiple=True, required=True, type=click.Path(dir_okay=False),
               help="YAML with TrainJobs and (Cluster)TrainingRuntimes; repeatable.")
+@click.option("--dry-run", is_flag=True,
+              help="Check and resolve everything, print what would be created, create nothing.")
+@click.option("-o", "--output", type=click.Choice(["name", "yaml", "json"]),
+              help="With --dry-run: the TrainJobs as they would be created (yaml/json), or trainjob/NAME lines.")
+@click.option("--inherit-env", is_flag=True,
+              help="Local jobs: pass every process this shell's whole environment (default: what a pod would get, "
+                   "plus PATH, HOME, locale and the Python environment).")
 @backend_option
 @handle_errors
-def apply_command(files: tuple[str, ...], backend: str) -> None:
-    """Create the TrainJobs in FILE(s); runtimes in the files are used before the built-in ones."""
+def apply_command(files: tuple[str, ...], dry_run: bool, output: str | None, inherit_env: bool,
+                  backend: Target) -> None:
+    """Create the TrainJobs in FILE(s); runtimes in the files are used before the built-in ones.
+
+    Everything is checked first (fields, runtimes, names not taken, and locally the script each command runs), so
+    either every job in the files is created or none is.
+    """
     from trainjob.api import TrainJob, load_resources
     from trainjob.runtime import find_runtime, resolve
 
+    if output is not None and not dry_run:
+        raise ValidationError("-o", "applies with --dry-run (apply prints trainjob/NAME created otherwise)")
     for file in files:
         if not Path(file).is_file():
             raise ValidationError("-f", f"no such file: {file}")
@@ -149,8 +243,10 @@ def apply_command(files: tuple[str, ...], backend: str) -> None:
     runtimes = [r for r in resources if not isinstance(r, TrainJob)]
     if not jobs:
         raise ValidationError("-f", f"no TrainJob in {', '.join(files)}")
+    options = apply_options(backend, inherit_env)
     client = make_backend(backend)
     seen: set[str] = set()
+    plans = []
     for job in jobs:  # check everything before creating anything
         if job.name in seen:
             raise ValidationError("metadata.name", f"TrainJob {job.name!r} appears twice in the files")
@@ -161,11 +257,17 @@ def apply_command(files: tuple[str, ...], backend: str) -> None:
             pass
         else:
             raise AlreadyExistsError(f"TrainJob {job.name!r} already exists; delete it first or choose another name")
-        resolve(job, find_runtime(job.spec.runtime_ref, runtimes, namespace=job.namespace))
+        plan = resolve(job, find_runtime(job.spec.runtime_ref, runtimes, namespace=job.namespace))
+        if backend.backend == "local":
+            _check_local_command(job, plan)
+        plans.append(plan)
+    if dry_run:
+        _print_dry_run(jobs, plans, output)
+        return
     created: list[str] = []
     try:
         for job in jobs:
-            client.apply(job, runtimes)
+            client.apply(job, runtimes, **options)
             created.append(job.name)
     except BaseException:
         for name in created:  # all or none: a job the backend refuses takes the file's earlier ones with it
@@ -176,17 +278,79 @@ def apply_command(files: tuple[str, ...], backend: str) -> None:
         click.echo(f"trainjob/{name} created")
 
 
+def _check_local_command(job: Any, plan: Any) -> None:
+    """The script a job's command runs must exist here before any job of the files starts."""
+    import os
+
+    from trainjob.backends.local.commands import check_command_files
+
+    container = plan.trainer().container()
+    try:
+        check_command_files([*container.command, *container.args], container.working_dir or os.getcwd())
+    except ValidationError as exc:
+        raise ValidationError(f"TrainJob {job.name}: {exc.path}", exc.message) from None
+
+
+def _print_dry_run(jobs: list[Any], plans: list[Any], output: str | None) -> None:
+    import json
+
+    documents = []
+    for job, plan in zip(jobs, plans, strict=True):
+        resource = job.to_dict()
+        resource.pop("status", None)
+        documents.append(resource)
+        if output is None:
+            container = plan.trainer().container()
+            command = " ".join([*container.command, *container.args]) or "<the image's entrypoint>"
+            click.echo(f"trainjob/{job.name} created (dry run): {plan.num_nodes} node(s) x {plan.num_proc_per_node} "
+                       f"process(es) on runtime {plan.runtime_name}; command: {command}")
+        elif output == "name":
+            click.echo(f"trainjob/{job.name}")
+    if output == "json":
+        click.echo(json.dumps(documents[0] if len(documents) == 1 else {"apiVersion": "v1", "kind": "List",
+                                                                         "items": documents}, indent=2))
+    elif output == "yaml":
+        from trainjob.api import dump_yaml
+
+        click.echo(dump_yaml(documents), nl=False)
+
+
 @click.command("logs")
 @click.argument("name")
 @click.option("--node", type=click.IntRange(min=0), help="Only this node's lines.")
 @click.option("--rank", type=click.IntRange(min=0), help="Only this global rank's lines.")
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines until the job ends.")
+@click.option("--tail", type=click.IntRange(min=-1), default=-1, metavar="N",
+              help="Only the last N lines (of all selected nodes together); -1: all.")
+@click.option("--since", metavar="DURATION|TIME",
+              help="Only lines written since then: a duration (30s, 5m, 2h, 1h30m) or an RFC 3339 time.")
+@click.option("-p", "--previous", is_flag=True,
+              help="The attempt before the last restart or resume (kubectl: the previous container).")
+@click.option("--timestamps", is_flag=True, help="Start each line with the time it was written (RFC 3339).")
+@click.option("--stop-output", is_flag=True,
+              help="Also show what processes printed after a requested stop (suspend, delete, deadline).")
 @backend_option
 @handle_errors
-def logs_command(name: str, node: int | None, rank: int | None, follow: bool, backend: str) -> None:
-    """Print a job's logs, each line prefixed by node and rank."""
-    for line in make_backend(backend).logs(name, node=node, rank=rank, follow=follow):
-        click.echo(str(line))
+def logs_command(name: str, node: int | None, rank: int | None, follow: bool, tail: int, since: str | None,
+                 previous: bool, timestamps: bool, stop_output: bool, backend: Target) -> None:
+    """Print a job's logs: every node's lines merged by time, each prefixed by node and rank."""
+    from trainjob.cli.timespec import parse_since, rfc3339
+
+    since_time = parse_since(since) if since is not None else None
+    if previous and follow:
+        raise ValidationError("--previous", "cannot be followed: the previous attempt is over (drop -f)")
+    lines = make_backend(backend).logs(name, node=node, rank=rank, follow=follow, since=since_time,
+                                       tail=None if tail < 0 else tail, previous=previous, stop_output=stop_output)
+    printed = 0
+    for line in lines:
+        printed += 1
+        click.echo(f"{rfc3339(line.time)} {line}" if timestamps else str(line))
+    if not printed:
+        wanted = [f"node-{node}" if node is not None else "", f"rank-{rank}" if rank is not None else ""]
+        where = "/".join(w for w in wanted if w) or "any node"
+        when = f" since {since}" if since else ""
+        attempt = "the previous attempt of " if previous else ""
+        click.echo(f"no log lines from {where}{when} in {attempt}trainjob/{name}", err=True)
 
 
 @click.command("wait")
@@ -197,7 +361,7 @@ def logs_command(name: str, node: int | None, rank: int | None, follow: bool, ba
               help="Seconds to wait; exit code 3 when they run out.")
 @backend_option
 @handle_errors
-def wait_command(name: str, wanted: tuple[str, ...], timeout: float, backend: str) -> None:
+def wait_command(name: str, wanted: tuple[str, ...], timeout: float, backend: Target) -> None:
     """Wait for a job to reach a status, showing its progress; exit code 1 if it fails instead."""
     from trainjob.cli.jobs_watch import live_display, status_line
 

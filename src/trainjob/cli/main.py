@@ -12,7 +12,7 @@ import sys
 import click
 
 from trainjob import __version__
-from trainjob.cli import jobs, kube, render, tools
+from trainjob.cli import jobs, kube, render, tools, ui
 from trainjob.cli.jobs import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT
 from trainjob.errors import AlreadyExistsError, NotFoundError, TrainJobError, ValidationError
 
@@ -27,6 +27,8 @@ def cli() -> None:
 
 for module in (render, jobs, kube, tools):
     module.register(cli)
+cli.add_command(ui.ui_command)
+cli.add_command(ui.gc_command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
     trainjob plan --params 7e9 --gpus 8 --nodes 2 --zero 3 --gpu-memory 80Gi
     trainjob plan --layers 96 --hidden 12288 --heads 96 --seq 2048 --micro-batch 4 --global-batch 512 \\
         --tp 8 --pp 4 --gpus 8 --nodes 8 --dtype fp16 -o json
+    trainjob plan --auto --params 70B --gpus 8 --nodes 8 --gpu-memory 80GB --bandwidth intra=300GB/s,inter=25GB/s
     trainjob check train.py
     trainjob bench collectives --op all_reduce --nproc 2 --min-bytes 1K --max-bytes 1M
 
@@ -22,8 +23,15 @@ import rich
 from trainjob.cli.jobs import EXIT_BAD_INPUT, EXIT_FAILED
 from trainjob.errors import ValidationError
 from trainjob.tools.comm import COLLECTIVES, Link
-from trainjob.tools.planner import DEFAULT_INTER_NODE, DEFAULT_INTRA_NODE, plan_communication, plan_memory
-from trainjob.tools.setup import TrainingSetup
+from trainjob.tools.planner import (
+    DEFAULT_INTER_NODE,
+    DEFAULT_INTRA_NODE,
+    Hardware,
+    plan_auto,
+    plan_communication,
+    plan_memory,
+)
+from trainjob.tools.training_setup import TrainingSetup
 from trainjob.tools.units import parse_bandwidth, parse_bytes, parse_count
 
 
@@ -59,6 +67,11 @@ def _links(values: tuple[str, ...]) -> tuple[Link, Link]:
     )
 
 
+# Flags whose value --auto chooses itself, and their defaults (given anything else, --auto refuses them).
+_AUTO_CHOOSES = {"zero": 0, "tp": 1, "pp": 1, "micro_batch": 1, "micro_batches": None, "offload": False,
+                 "cpu_offload": False, "activation_checkpointing": False, "schedule": "1F1B"}  # fmt: skip
+
+
 @click.command()
 @click.option(
     "--params", help="Parameter count: 7e9, 7B, 350M. Derived from --layers/--hidden when left out."
@@ -66,14 +79,14 @@ def _links(values: tuple[str, ...]) -> tuple[Link, Link]:
 @click.option("--layers", type=int, help="Transformer layers.")
 @click.option("--hidden", type=int, help="Hidden size.")
 @click.option("--heads", type=int, help="Attention heads.")
-@click.option("--seq", type=int, help="Sequence length.")
+@click.option("--seq", type=int, help="Sequence length (--auto: 2048 unless given).")
 @click.option("--vocab", type=int, help="Vocabulary size (adds vocab × hidden parameters when derived).")
 @click.option("--micro-batch", type=int, default=1, show_default=True, help="Micro-batch size per GPU.")
 @click.option(
     "--micro-batches", type=int, help="Micro-batches per step (gradient accumulation / pipeline m)."
 )
 @click.option(
-    "--global-batch", type=int, help="Global batch; sets micro-batches = global / (micro-batch × dp)."
+    "--global-batch", type=int, help="Global batch; sets micro-batches = global / (micro-batch × dp). --auto: 512."
 )
 @click.option("--gpus", type=int, default=1, show_default=True, help="GPUs per node.")
 @click.option("--nodes", type=int, default=1, show_default=True, help="Nodes.")
@@ -82,9 +95,13 @@ def _links(values: tuple[str, ...]) -> tuple[Link, Link]:
 )
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel degree.")
 @click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel degree.")
+@click.option("--schedule", default="1F1B", show_default=True, help="Pipeline schedule: 1F1B, GPipe, Interleaved1F1B.")
 @click.option("--dtype", default="bf16", show_default=True, help="bf16, fp16 (mixed precision) or fp32.")
 @click.option("--optimizer", default="adam", show_default=True, help="adam, adamw or sgd (with momentum).")
 @click.option("--offload", is_flag=True, help="Keep optimizer states in host memory (needs --zero >= 1).")
+@click.option(
+    "--cpu-offload", is_flag=True, help="FSDP2 CPU offload, as parallelize(cpu_offload=True): shards in host memory."
+)
 @click.option("--activation-checkpointing", is_flag=True, help="Count checkpointed activations in the total.")
 @click.option(
     "--flash-attention", is_flag=True, help="Fused attention: no s×s score matrices in activations."
@@ -93,12 +110,23 @@ def _links(values: tuple[str, ...]) -> tuple[Link, Link]:
 @click.option(
     "--bandwidth", multiple=True, help="Per-GPU link speeds: intra=300GB/s,inter=25GB/s (repeatable)."
 )
+@click.option("--auto", "auto", is_flag=True, help="Search ZeRO, TP, PP, schedule, checkpointing, offload, micro-batch.")
+@click.option("--gpu-tflops", type=float, default=312.0, show_default=True, help="--auto: dense peak per GPU.")
+@click.option("--host-memory", help="--auto: host memory per node for CPU offload (default 2TB).")
+@click.option("--top", type=int, default=5, show_default=True, help="--auto: layouts to print.")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def plan(
-    params: str | None, gpu_memory: str | None, bandwidth: tuple[str, ...], output: str, **fields: Any
-) -> None:
-    """Estimate per-GPU memory and per-step communication of a training run."""
+    params: str | None, gpu_memory: str | None, bandwidth: tuple[str, ...], output: str, auto: bool,
+    gpu_tflops: float, host_memory: str | None, top: int, **fields: Any,
+) -> None:  # fmt: skip
+    """Estimate per-GPU memory and per-step communication of a training run, or (--auto) find the best layouts."""
+    if auto:
+        _plan_auto(params, gpu_memory, bandwidth, output, gpu_tflops, host_memory, top, fields)
+        return
     try:
+        for name in ("gpu_tflops", "host_memory", "top"):
+            if click.get_current_context().get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+                raise ValidationError(name, "is an option of --auto")
         setup = TrainingSetup(params=parse_count(params, field="params") if params else None, **fields)
         capacity = parse_bytes(gpu_memory, field="gpu_memory") if gpu_memory else None
         intra, inter = _links(bandwidth)
@@ -111,6 +139,47 @@ def plan(
         click.echo(json.dumps(plan_to_dict(memory, comm, capacity), indent=2))
     else:
         rich.print(plan_tables(memory, comm, capacity))
+
+
+def _plan_auto(
+    params: str | None, gpu_memory: str | None, bandwidth: tuple[str, ...], output: str, gpu_tflops: float,
+    host_memory: str | None, top: int, fields: dict[str, Any],
+) -> None:  # fmt: skip
+    try:
+        for name, default in _AUTO_CHOOSES.items():
+            if fields.pop(name) != default:
+                raise ValidationError(name, "is what --auto chooses; leave it out")
+        if gpu_memory is None:
+            raise ValidationError("gpu_memory", "is needed with --auto: the memory of one GPU (80GB, 80Gi)")
+        if not gpu_tflops > 0:
+            raise ValidationError("gpu_tflops", f"must be > 0, got {gpu_tflops}")
+        intra, inter = _links(bandwidth)
+        gpus, nodes = fields.pop("gpus"), fields.pop("nodes")
+        global_batch = fields.pop("global_batch") or 512
+        hardware = Hardware(
+            gpus=gpus, nodes=nodes, gpu_memory=parse_bytes(gpu_memory, field="gpu_memory"),
+            gpu_flops=gpu_tflops * 1e12, intra_node=intra, inter_node=inter,
+            host_memory=parse_bytes(host_memory, field="host_memory") if host_memory else 2e12,
+        )  # fmt: skip
+        model = {k: v for k, v in fields.items() if v is not None}
+        if params:
+            model["params"] = parse_count(params, field="params")
+        result = plan_auto(hardware, global_batch=global_batch, top=top, **model)
+    except ValidationError as exc:
+        _fail(exc)
+    from trainjob.tools.plan_report import auto_plan_tables, auto_plan_to_dict
+
+    if output == "json":
+        click.echo(json.dumps(auto_plan_to_dict(result), indent=2))
+    else:
+        from rich.console import Console
+
+        console = Console()
+        if console.width < 120:  # the layout table and the parallelize calls need the room
+            console = Console(width=120)
+        console.print(auto_plan_tables(result))
+    if not result.ranked:
+        raise SystemExit(EXIT_FAILED)
 
 
 @click.command()

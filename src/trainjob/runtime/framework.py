@@ -212,7 +212,8 @@ def _check_runtime_matches(trainjob: TrainJob, runtime: Runtime) -> None:
 
 def _no_ml_plugin(runtime: Runtime, active: list[Plugin]) -> ValidationError:
     policy = runtime.spec.ml_policy
-    kind = "mpi" if policy is not None and policy.mpi is not None else "this"
+    kinds = [name for name in ("mpi", "flux", "jax", "xgboost") if policy is not None and getattr(policy, name)]
+    kind = kinds[0] if kinds else "this"
     return ValidationError(
         "spec.mlPolicy",
         f"no installed plugin runs {kind} ML policy (plugins: {', '.join(p.name for p in active)}); "

@@ -1,7 +1,8 @@
 """Tools around a training run: plan its memory and communication, check its script, measure collectives.
 
-* :mod:`trainjob.tools.planner`: ``plan_memory`` / ``plan_communication`` for a :class:`TrainingSetup`
-  (``trainjob plan``);
+* :mod:`trainjob.tools.planner`: ``plan_memory`` / ``plan_communication`` for a
+  :class:`~trainjob.tools.training_setup.TrainingSetup` (``trainjob plan``), and ``plan_auto``, the layout search
+  (``trainjob plan --auto``), printed by :mod:`trainjob.tools.plan_report`;
 * :mod:`trainjob.tools.checker`: ``check_file`` finds the classic distributed-training mistakes
   (``trainjob check``), with the rules in :mod:`trainjob.tools.check_rules`;
 * :mod:`trainjob.tools.collectives`: nccl-tests-style benchmarks over real process groups

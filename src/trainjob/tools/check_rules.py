@@ -12,7 +12,7 @@ TJ006  missing-destroy-process-group   warning  ``init_process_group`` without `
 TJ007  hard-coded-backend              warning  ``"nccl"`` without a CUDA check, or ``"gloo"`` on GPUs
 TJ008  cuda-without-local-rank         error    ``.cuda()`` / ``"cuda:0"`` and no LOCAL_RANK: all ranks on GPU 0
 TJ009  ddp-before-device               error    DDP wraps a model that is moved to the device afterwards
-TJ010  no-seed                         warning  no seed: ranks start from different weights and data order
+TJ010  no-seed                         warning  no seed and no DDP: ranks start from different weights
 TJ011  sync-in-hot-loop                warning  ``.item()`` / collectives every step inside the training loop
 TJ012  unscaled-learning-rate          hint     a literal lr: the global batch grows with the world size
 TJ013  batchnorm-without-syncbn        hint     BatchNorm under DDP computes statistics per rank
@@ -181,15 +181,36 @@ def ddp_before_device(script: Script) -> Found:
             )
 
 
+def _seeds(name: str) -> bool:
+    """Whether a called name seeds: ``manual_seed``, ``seed_everything``, ``set_seed``, a helper such as
+    ``seed_all`` / ``init_seeds`` / ``fix_random_seed``; ``rank_seed`` only derives a number."""
+    tail = name.rsplit(".", 1)[-1].lower()
+    return "seed" in tail and tail not in ("rank_seed", "initial_seed", "get_seed")
+
+
 def no_seed(script: Script) -> Found:
-    seeded = script.calls_to("manual_seed", "manual_seed_all", "seed", "seed_everything", "set_seed")
-    if script.is_distributed and not seeded:
-        yield (
-            script.tree.body[0] if script.tree.body else script.tree,
-            "no random seed is set: ranks build different initial weights and runs cannot be reproduced",
-            "torch.manual_seed(seed) before building the model (seed + rank for data augmentation), "
-            "or trainjob.torch.seed_everything(seed)",
-        )
+    if not script.is_distributed:
+        return
+    for name, _ in script.calls:
+        head = name.split(".")[0]
+        helper = script.helper_calls.get(head, [])
+        if _seeds(name) or _seeds(script.imported_as.get(head, "")) or any(_seeds(inner) for inner in helper):
+            return
+    # DDP (also through trainjob.torch's prepare_model) broadcasts rank 0's parameters and buffers when it wraps
+    # the model, and DistributedSampler shuffles with the same seed on every rank: the ranks agree without one.
+    wrapped = script.calls_to("DistributedDataParallel", "DDP") or [
+        call for call in script.calls_to("prepare_model")
+        if not call.args[1:2] or _is_constant(call.args[1], "ddp")
+    ] or [call for call in script.calls_to("FullyShardedDataParallel", "FSDP")
+          if _is_constant(_keyword(call, "sync_module_states"), True)]  # fmt: skip
+    if wrapped:
+        return
+    yield (
+        script.tree.body[0] if script.tree.body else script.tree,
+        "no random seed is set: ranks build different initial weights and runs cannot be reproduced",
+        "torch.manual_seed(seed) on every rank before building the model (the same seed, so the weights agree), "
+        "or trainjob.torch.seed_everything(seed)",
+    )
 
 
 def sync_in_hot_loop(script: Script) -> Found:

@@ -67,8 +67,20 @@ class Script:
     calls: list[tuple[str, ast.Call]] = field(default_factory=list)
     names: set[str] = field(default_factory=set)
     strings: set[str] = field(default_factory=set)
+    #: Local names of imports and what they name: ``{"tt": "trainjob.torch", "seed": "helpers.seed_all"}``.
+    imported_as: dict[str, str] = field(default_factory=dict)
+    #: Functions of modules beside the script (``from helpers import setup``) with the calls they make,
+    #: by the name the script imported them as; filled by :func:`check_file`.
+    helper_calls: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    self.imported_as[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom) and node.module is not None:
+                for alias in node.names:
+                    self.imported_as[alias.asname or alias.name] = f"{node.module}.{alias.name}"
         for node in ast.walk(self.tree):
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
@@ -183,8 +195,11 @@ def _ignored(source_lines: list[str], finding: Finding) -> bool:
     return rules is None or finding.rule in {r.strip() for r in rules.split(",")}
 
 
-def check_source(source: str, path: str = "<string>", ignore: frozenset[str] = frozenset()) -> list[Finding]:
-    """Findings for a script's text, errors first, then by line. A syntax error raises ``ValidationError``."""
+def check_source(
+    source: str, path: str = "<string>", ignore: frozenset[str] = frozenset(), helper_dir: Path | None = None
+) -> list[Finding]:
+    """Findings for a script's text, errors first, then by line. A syntax error raises ``ValidationError``.
+    ``helper_dir``: where the modules it imports helpers from live (:func:`check_file` passes the script's)."""
     from trainjob.tools.check_rules import RULES
 
     try:
@@ -192,6 +207,8 @@ def check_source(source: str, path: str = "<string>", ignore: frozenset[str] = f
     except SyntaxError as exc:
         raise ValidationError(path, f"line {exc.lineno}: cannot parse the script: {exc.msg}") from None
     script = Script(path, tree, source)
+    if helper_dir is not None:
+        script.helper_calls = helper_calls(tree, helper_dir)
     lines = source.splitlines()
     findings = [
         Finding(
@@ -213,9 +230,33 @@ def check_source(source: str, path: str = "<string>", ignore: frozenset[str] = f
 
 
 def check_file(path: str | Path, ignore: frozenset[str] = frozenset()) -> list[Finding]:
-    """Findings for a script on disk: ``check_file("train.py")``. A missing file raises ``ValidationError``."""
+    """Findings for a script on disk: ``check_file("train.py")``. A missing file raises ``ValidationError``.
+
+    Functions the script imports from modules beside it (``from helpers import setup``) are looked into, so a
+    seed set in such a helper counts."""
     try:
         source = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ValidationError(str(path), f"cannot read the script: {exc.strerror or exc}") from None
-    return check_source(source, str(path), ignore)
+    return check_source(source, str(path), ignore, helper_dir=Path(path).parent)
+
+
+def helper_calls(tree: ast.Module, directory: Path) -> dict[str, list[str]]:
+    """``{local name: [calls it makes]}`` for functions imported from modules in ``directory``."""
+    found: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or not node.module or node.level > 1:
+            continue
+        module = directory / (node.module.replace(".", "/") + ".py")
+        try:
+            helper = ast.parse(module.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+            continue
+        functions = {f.name: f for f in helper.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
+        for alias in node.names:
+            if alias.name in functions:
+                body = functions[alias.name]
+                found[alias.asname or alias.name] = [
+                    dotted_name(n.func) for n in ast.walk(body) if isinstance(n, ast.Call)
+                ]
+    return found

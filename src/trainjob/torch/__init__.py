@@ -40,6 +40,7 @@ _EXPORTS = {
     "DistContext": "env",
     "DistributedDataLoader": "data",
     "GradientAccumulation": "accumulate",
+    "COMM_HOOKS": "comm_hooks",
     "apply_activation_checkpointing": "wrap",
     "apply_ddp": "wrap",
     "apply_fsdp": "wrap",
@@ -53,6 +54,7 @@ _EXPORTS = {
     "move_to_device": "data",
     "prepare_data_loader": "data",
     "prepare_model": "prepare",
+    "register_comm_hook": "comm_hooks",
     "print0": "log",
     "report": "metrics",
     "seed_everything": "seed",
@@ -61,6 +63,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "COMM_HOOKS",
     "Checkpointer",
     "DistContext",
     "DistributedDataLoader",
@@ -79,6 +82,7 @@ __all__ = [
     "prepare_data_loader",
     "prepare_model",
     "print0",
+    "register_comm_hook",
     "report",
     "seed_everything",
     "select_blocks",
@@ -89,6 +93,7 @@ if TYPE_CHECKING:
     from trainjob.torch.accumulate import GradientAccumulation
     from trainjob.torch.checkpoint import Checkpointer
     from trainjob.torch.clip import clip_grad_norm_, grad_norm
+    from trainjob.torch.comm_hooks import COMM_HOOKS, register_comm_hook
     from trainjob.torch.data import DistributedDataLoader, move_to_device, prepare_data_loader
     from trainjob.torch.env import DistContext, context, init, shutdown
     from trainjob.torch.log import get_logger, print0

@@ -12,6 +12,11 @@ loader had             the distributed loader
 ``drop_last=False``    the last samples are repeated so every rank runs the same number of steps
 =====================  =====================================================================================
 
+With tensor or pipeline parallelism (a model from :func:`trainjob.torch.parallel.parallelize`, or
+``prepare_model(parallel=...)``) the data is sharded by *data-parallel* rank: the ranks of one tensor-parallel or
+pipeline group hold one model replica and read the same batches. That happens without being asked, also for a
+loader prepared before the model (it re-shards on its next iteration); ``rank=``/``world_size=`` override it.
+
 Each ``for batch in loader`` is one epoch and calls ``sampler.set_epoch`` itself, so forgetting it (and training
 every epoch on the same order) cannot happen. The loader's :meth:`~DistributedDataLoader.state_dict` records the
 epoch and the samples already consumed, so a resumed run continues mid-epoch, also at another world size::
@@ -26,8 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, Sampler
@@ -35,6 +40,9 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Ra
 from trainjob.errors import ValidationError
 from trainjob.torch.env import init
 from trainjob.torch.seed import rank_seed
+
+if TYPE_CHECKING:
+    from trainjob.torch.parallel.dims import ParallelDims
 
 __all__ = ["DistributedDataLoader", "move_to_device", "prepare_data_loader"]
 
@@ -100,7 +108,11 @@ class DistributedDataLoader:
     def __init__(self, loader: DataLoader, device: torch.device, world_size: int) -> None:
         self.loader = loader
         self.device = device
-        self.world_size = world_size
+        self.world_size = world_size  # data-parallel ranks sharing each global batch
+        self.rank = 0  # this rank's data-parallel index
+        # Set when the shard follows the data-parallel layout (no rank= given): rebuilt if the layout changes.
+        self._reshard: Callable[[ParallelDims | None], tuple[DataLoader, int, int]] | None = None
+        self._layout: ParallelDims | None = None
         self.epoch = 0
         self._batches_done = 0  # in the current epoch, on this rank
         self._resume_samples = 0  # global samples to skip at the start of the next iteration
@@ -116,6 +128,7 @@ class DistributedDataLoader:
         return self.loader.dataset
 
     def __len__(self) -> int:
+        self._follow_layout()
         return len(self.loader)
 
     def set_epoch(self, epoch: int) -> None:
@@ -127,7 +140,19 @@ class DistributedDataLoader:
     def _samples_per_batch(self) -> int:
         return (self.loader.batch_size or 1) * self.world_size
 
+    def _follow_layout(self) -> None:
+        """Re-shard if a model was parallelized since this loader was built (by data-parallel rank from then on)."""
+        if self._reshard is None:
+            return
+        from trainjob.torch.parallel.dims import current_layout
+
+        layout = current_layout()
+        if layout is not self._layout:
+            self.loader, self.rank, self.world_size = self._reshard(layout)
+            self._layout = layout
+
     def __iter__(self) -> Iterator[Any]:
+        self._follow_layout()
         sampler = self.loader.sampler
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)
@@ -171,6 +196,14 @@ def _shuffles(sampler: Sampler[int]) -> bool:
     return isinstance(sampler, RandomSampler)
 
 
+def _data_parallel_position(layout: ParallelDims | None) -> tuple[int, int]:
+    """This process's (data-parallel rank, data-parallel size) under ``layout``; all ranks when there is none."""
+    ctx = init()
+    if layout is None or layout.world_size != ctx.world_size:
+        return ctx.rank, ctx.world_size
+    return layout.coordinates(ctx.rank)["dp"], layout.dp
+
+
 def prepare_data_loader(
     loader: DataLoader, *, seed: int = 0, shard: bool = True, rank: int | None = None, world_size: int | None = None
 ) -> DistributedDataLoader:
@@ -178,43 +211,72 @@ def prepare_data_loader(
 
     ``seed`` fixes the shuffle order (the same on every rank, different each epoch). A loader that already has
     a ``DistributedSampler`` keeps it. ``shard=False`` leaves the data as is (an ``IterableDataset`` that shards
-    itself) and still moves batches and counts epochs. ``rank``/``world_size`` default to the process group's::
+    itself) and still moves batches and counts epochs. ``rank``/``world_size`` default to the data-parallel rank
+    and size: the process group's, or, once a model is parallelized with tensor or pipeline parallelism, its
+    data-parallel coordinates (so tensor-parallel peers get the same batches)::
 
         loader = prepare_data_loader(DataLoader(ds, batch_size=64, shuffle=True, drop_last=True))
     """
+    follow = rank is None and world_size is None
     ctx = init() if rank is None or world_size is None else None
-    rank = ctx.rank if rank is None else rank
-    world_size = ctx.world_size if world_size is None else world_size
     device = ctx.device if ctx is not None else torch.device("cpu")
-    settings = {name: getattr(loader, name) for name in _LOADER_SETTINGS if hasattr(loader, name)}
-    if settings.get("num_workers", 0) == 0:
-        settings.pop("prefetch_factor", None)
-    # Unless the loader brought its own, a per-rank generator: workers' augmentation seeds differ across ranks,
-    # and iterating does not draw from the global generator (which model init and dropout use).
-    generator = loader.generator or torch.Generator().manual_seed(rank_seed(seed, rank))
     if not shard:
         return DistributedDataLoader(loader, device, world_size=1)
+    _check_shardable(loader)
+    if follow:
+        from trainjob.torch.parallel.dims import current_layout
+
+        layout = current_layout()
+
+        def reshard(new_layout: ParallelDims | None) -> tuple[DataLoader, int, int]:
+            dp_rank, dp_size = _data_parallel_position(new_layout)
+            return _sharded(loader, seed, dp_rank, dp_size), dp_rank, dp_size
+
+        rebuilt, rank, world_size = reshard(layout)
+        built = DistributedDataLoader(rebuilt, device, world_size)
+        built.rank, built._layout, built._reshard = rank, layout, reshard
+        return built
+    assert ctx is not None or (rank is not None and world_size is not None)
+    rank = ctx.rank if rank is None else rank  # type: ignore[union-attr]
+    world_size = ctx.world_size if world_size is None else world_size  # type: ignore[union-attr]
+    built = DistributedDataLoader(_sharded(loader, seed, rank, world_size), device, world_size)
+    built.rank = rank
+    return built
+
+
+def _check_shardable(loader: DataLoader) -> None:
     if isinstance(loader.dataset, IterableDataset):
         raise ValidationError(
             "loader.dataset",
             f"an IterableDataset ({type(loader.dataset).__name__}) cannot be sharded by a sampler; shard it inside "
             "the dataset by rank and pass shard=False",
         )
-    if settings.get("batch_size") is None:
+    if loader.batch_size is None:
         raise ValidationError(
             "loader.batch_sampler",
             "a custom batch_sampler cannot be sharded; give the DataLoader batch_size= and a sampler, "
             "or a batch_sampler that shards by rank with shard=False",
         )
+    if not isinstance(loader.sampler, DistributedSampler | RandomSampler | torch.utils.data.SequentialSampler):
+        raise ValidationError(
+            "loader.sampler",
+            f"{type(loader.sampler).__name__} cannot be combined with sharding; use shuffle=True/False, "
+            "a DistributedSampler, or shard=False",
+        )
+
+
+def _sharded(loader: DataLoader, seed: int, rank: int, world_size: int) -> DataLoader:
+    """``loader`` rebuilt over this rank's shard, with its other settings kept."""
+    settings = {name: getattr(loader, name) for name in _LOADER_SETTINGS if hasattr(loader, name)}
+    if settings.get("num_workers", 0) == 0:
+        settings.pop("prefetch_factor", None)
+    # Unless the loader brought its own, a per-rank generator: workers' augmentation seeds differ across
+    # data-parallel ranks (and agree within a tensor-parallel group, which must see identical inputs), and
+    # iterating does not draw from the global generator (which model init and dropout use).
+    generator = loader.generator or torch.Generator().manual_seed(rank_seed(seed, rank))
     if isinstance(loader.sampler, DistributedSampler):
         sampler: Sampler[int] = loader.sampler
     else:
-        if not isinstance(loader.sampler, RandomSampler | torch.utils.data.SequentialSampler):
-            raise ValidationError(
-                "loader.sampler",
-                f"{type(loader.sampler).__name__} cannot be combined with sharding; use shuffle=True/False, "
-                "a DistributedSampler, or shard=False",
-            )
         sampler = DistributedSampler(
             loader.dataset,
             num_replicas=world_size,
@@ -223,5 +285,4 @@ def prepare_data_loader(
             seed=seed,
             drop_last=loader.drop_last,
         )
-    rebuilt = DataLoader(loader.dataset, sampler=_SkipFirst(sampler), generator=generator, **settings)
-    return DistributedDataLoader(rebuilt, device, world_size)
+    return DataLoader(loader.dataset, sampler=_SkipFirst(sampler), generator=generator, **settings)

@@ -1,11 +1,16 @@
-"""Training metrics from rank 0, to stdout and to the job's metrics file.
+"""Training metrics and progress from rank 0, to stdout and to the job's metrics file.
 
 The local backend sets ``TRAINJOB_METRICS_FILE`` in every process; each :func:`report` on global rank 0 appends
 one JSON object per line, which ``trainjob get`` and ``trainjob list`` read for progress, ETA and the last loss::
 
     {"time": 1763712000.5, "step": 120, "total_steps": 1000, "metrics": {"loss": 0.4312, "lr": 0.001}}
 
-Without the variable, metrics only go to stdout. Other ranks do nothing, so call it unconditionally::
+:func:`update_trainjob_status` is the Kubeflow SDK's in-job progress call (percent done, seconds left, metrics);
+both print a line that the Kubernetes operator reads from node-0's log for the TrainJob's
+``status.trainerStatus`` (the lines and records: :mod:`trainjob.progress`).
+
+Without the variable, metrics only go to stdout. With ``TRAINJOB_TENSORBOARD=1`` they also go to TensorBoard
+event files, one run per job (:mod:`trainjob.torch.tensorboard`). Other ranks do nothing, so call it unconditionally::
 
     report({"loss": loss, "lr": scheduler.get_last_lr()[0]}, step=step, total_steps=total_steps)
 """
@@ -13,6 +18,7 @@ Without the variable, metrics only go to stdout. Other ranks do nothing, so call
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -21,9 +27,13 @@ from collections.abc import Mapping
 import torch
 
 from trainjob.errors import ValidationError
+from trainjob.progress import MAX_METRICS, numeric_metrics, progress_line, step_line
+from trainjob.torch import kubeflow_status, tensorboard
 from trainjob.torch.env import global_rank
 
-__all__ = ["METRICS_FILE_ENV", "report"]
+__all__ = ["METRICS_FILE_ENV", "report", "update_trainjob_status"]
+
+_log = logging.getLogger(__name__)
 
 METRICS_FILE_ENV = "TRAINJOB_METRICS_FILE"
 
@@ -46,10 +56,6 @@ def _optional_step(field: str, value: int | None) -> int | None:
     return value
 
 
-def _format(value: float) -> str:
-    return f"{value:.6g}" if math.isfinite(value) else str(value)
-
-
 def report(metrics: Mapping[str, object], step: int | None = None, total_steps: int | None = None) -> None:
     """Record ``metrics`` (name -> number or one-element tensor) for ``step`` of ``total_steps`` on rank 0."""
     step = _optional_step("step", step)
@@ -57,18 +63,69 @@ def report(metrics: Mapping[str, object], step: int | None = None, total_steps: 
     if global_rank() != 0:
         return
     values = {str(name): _as_float(str(name), value) for name, value in metrics.items()}
-    progress = "" if step is None else f"step {step}" + ("" if total_steps is None else f"/{total_steps}") + " "
-    print(progress + " ".join(f"{k}={_format(v)}" for k, v in values.items()), flush=True)
+    print(step_line(step, total_steps, values), flush=True)
+    tensorboard.write_scalars(values, step)  # only with TRAINJOB_TENSORBOARD=1 (trainjob.torch.tensorboard)
+    _append_record({"step": step, "total_steps": total_steps, "metrics": values})
+
+
+def _append_record(record: dict[str, object]) -> bool:
+    """Append ``record`` (with the time) to the job's metrics file; ``False`` where there is none (not a local job)."""
     path = os.environ.get(METRICS_FILE_ENV)
     if not path:
-        return
+        return False
+    metrics = record["metrics"]
     # NaN and infinity are written as null: JSON has no spelling for them.
-    record = {
-        "time": time.time(),
-        "step": step,
-        "total_steps": total_steps,
-        "metrics": {k: (v if math.isfinite(v) else None) for k, v in values.items()},
-    }
+    record = {"time": time.time(), **record, "metrics": {
+        k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()  # type: ignore[union-attr]
+    }}
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
+    return True
+
+
+def update_trainjob_status(
+    progress_percent: int | None = None,
+    estimated_remaining_seconds: int | None = None,
+    metrics: Mapping[str, float | int | str] | None = None,
+) -> bool:
+    """Report training progress for the job's status, as the Kubeflow SDK's ``update_trainjob_status`` does.
+
+    On global rank 0 (other ranks return ``False``): prints ``progress 42% eta 120s loss=0.43``, which
+    ``trainjob get`` / ``list`` show and, on Kubernetes, the operator turns into the TrainJob's
+    ``status.trainerStatus`` (Kubeflow v2.2 shape); in a local job the record goes to the job's metrics file. Under
+    Kubeflow Trainer's own controller (``KUBEFLOW_TRAINER_SERVER_URL`` set) it is also sent there, at most once
+    every 5 s, as the Kubeflow SDK sends it. Like the Kubeflow SDK's, it never raises: bad values are logged and
+    ``False`` returned. Returns ``True`` on rank 0 once the update is reported::
+
+        update_trainjob_status(progress_percent=42, estimated_remaining_seconds=120, metrics={"loss": 0.43})
+    """
+    try:
+        if global_rank() != 0:
+            return False
+        percent = _optional_int("progress_percent", progress_percent, 0, 100)
+        remaining = _optional_int("estimated_remaining_seconds", estimated_remaining_seconds, 0, None)
+        values = {str(k): _metric_value(str(k), v) for k, v in list((metrics or {}).items())[:MAX_METRICS]}
+        print(progress_line(percent, remaining, values), flush=True)
+        # The job's record keeps the numbers (text values are in the line): ``trainjob get`` shows numbers.
+        _append_record({"progress_percent": percent, "estimated_remaining_seconds": remaining,
+                        "metrics": numeric_metrics(values)})
+        kubeflow_status.send(percent, remaining, values)
+        return True
+    except Exception as exc:  # the Kubeflow SDK's contract: safe to call anywhere, never raises
+        _log.warning("update_trainjob_status: %s", exc)
+        return False
+
+
+def _optional_int(name: str, value: object, low: int, high: int | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValidationError(name, f"must be a number or None, got {value!r}")
+    return int(max(low, value if high is None else min(high, value)))
+
+
+def _metric_value(name: str, value: object) -> float | str:
+    if isinstance(value, str):
+        return value
+    return _as_float(name, value)

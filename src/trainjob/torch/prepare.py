@@ -9,12 +9,16 @@ strategy   what happens
            sharded across ranks, gathered block by block for compute (ZeRO-3)
 =========  ============================================================================================
 
+``comm_hook`` (DDP only) compresses the gradient all-reduce: ``"fp16"``, ``"bf16"``, ``"powersgd"`` or ``"topk"``
+with ``comm_hook_options`` (see :mod:`trainjob.torch.comm_hooks`).
+
 Blocks (the FSDP units and the activation-checkpointing units) are chosen by ``wrap`` (see
 :func:`trainjob.torch.wrap.select_blocks`). With ``parallel=ParallelDims(...)`` the model goes to
 :func:`trainjob.torch.parallel.parallelize` instead, which uses the same FSDP, DDP and checkpointing wrappers::
 
     model = prepare_model(Net(), "fsdp", mixed_precision="bf16", activation_checkpointing=True, wrap=Block)
     model = prepare_model(GPT(cfg), parallel=ParallelDims(tp=2, pp=2), pipeline=PipelineConfig("GPipe"))
+    model = prepare_model(Net(), "ddp", comm_hook="topk", comm_hook_options={"ratio": 0.01})
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 from torch import nn
 
 from trainjob.errors import ValidationError
+from trainjob.torch.comm_hooks import CommHook, check_comm_hook, register_comm_hook
 from trainjob.torch.env import init
 from trainjob.torch.precision import Precision, autocast_forward, precision_dtype
 from trainjob.torch.wrap import Wrap, apply_activation_checkpointing, apply_ddp, apply_fsdp, select_blocks
@@ -49,6 +54,8 @@ def prepare_model(
     cpu_offload: bool = False,
     wrap: Wrap = None,
     parallel: ParallelDims | None = None,
+    comm_hook: CommHook | None = None,
+    comm_hook_options: dict[str, Any] | None = None,
     **parallel_options: Any,
 ) -> nn.Module:
     """Return ``model`` ready for training under ``strategy`` (``"ddp"`` unless ``parallel`` is given).
@@ -62,6 +69,9 @@ def prepare_model(
     :func:`trainjob.torch.parallel.parallelize` for tensor, pipeline and 3-D parallelism, together with
     ``parallel_options``: any of parallelize's own keywords (``pipeline``, ``zero_stage``, ``sequence_parallel``,
     ``tp_plan``, ``loss_fn``, ``mesh``).
+    ``comm_hook`` compresses DDP's gradient all-reduce (``"fp16"``, ``"bf16"``, ``"powersgd"``, ``"topk"``), tuned
+    by ``comm_hook_options`` (``{"ratio": 0.01}`` for top-k, ``{"rank": 2}`` for PowerSGD; see
+    :mod:`trainjob.torch.comm_hooks`). It needs DDP: ``strategy="ddp"``, or ``parallel=`` with ``zero_stage=0``.
 
     Create the optimizer from the returned model's parameters::
 
@@ -72,6 +82,7 @@ def prepare_model(
     precision_dtype(mixed_precision)  # validate early
     if parallel_options:
         _check_parallel_options(parallel_options, parallel)
+    hook_options = _check_hook(comm_hook, comm_hook_options, strategy, parallel, parallel_options)
     if parallel is not None:
         if strategy is not None:
             raise ValidationError("strategy", f"leave it out when parallel= is given, got {strategy!r}")
@@ -81,7 +92,7 @@ def prepare_model(
             )
         from trainjob.torch.parallel import parallelize
 
-        return parallelize(
+        parallel_model = parallelize(
             model,
             parallel,
             mixed_precision=mixed_precision,
@@ -89,7 +100,15 @@ def prepare_model(
             cpu_offload=cpu_offload,
             **parallel_options,
         )
+        if comm_hook is not None:
+            for part in parallel_model.parts:
+                if isinstance(part, nn.parallel.DistributedDataParallel):
+                    register_comm_hook(part, comm_hook, hook_options)
+        return parallel_model
     strategy = strategy or "ddp"
+    from trainjob.torch.parallel.dims import set_current_layout
+
+    set_current_layout(None)  # data parallel over every rank: loaders shard by global rank again
     if strategy not in _STRATEGIES:
         raise ValidationError(
             "strategy", f"must be one of {', '.join(map(repr, _STRATEGIES))}, got {strategy!r}"
@@ -124,8 +143,47 @@ def prepare_model(
     if mixed_precision is not None:
         autocast_forward(model, mixed_precision, ctx.device)
     if strategy == "none" or ctx.world_size == 1:
-        return model
-    return apply_ddp(model)
+        return model  # nothing is all-reduced: a comm hook would have nothing to compress
+    ddp = apply_ddp(model)
+    if comm_hook is not None:
+        register_comm_hook(ddp, comm_hook, hook_options)
+    return ddp
+
+
+def _check_hook(
+    name: CommHook | None,
+    options: dict[str, Any] | None,
+    strategy: str | None,
+    parallel: ParallelDims | None,
+    parallel_options: dict[str, Any],
+) -> dict[str, Any]:
+    """A comm hook needs DDP: refuse FSDP, tensor parallelism and ``"none"`` with the reason, before any work."""
+    if name is None:
+        if options is not None:
+            raise ValidationError("comm_hook_options", "needs comm_hook= (fp16, bf16, powersgd or topk)")
+        return {}
+    settings = check_comm_hook(name, options)
+    if parallel is None:
+        if strategy == "fsdp":
+            raise ValidationError(
+                "comm_hook",
+                "needs strategy='ddp': FSDP reduce-scatters sharded gradients itself and has no DDP comm hooks",
+            )
+        if strategy == "none":
+            raise ValidationError("comm_hook", "needs strategy='ddp': with 'none' nothing is all-reduced")
+        return settings
+    zero_stage = parallel_options.get("zero_stage", 3)
+    if zero_stage != 0:
+        raise ValidationError(
+            "comm_hook",
+            f"needs DDP, which parallelize uses for zero_stage=0; got zero_stage={zero_stage} (FSDP reduce-scatters "
+            "sharded gradients itself and has no DDP comm hooks)",
+        )
+    if parallel.tp > 1:
+        raise ValidationError(
+            "comm_hook", f"needs DDP, which cannot wrap tensor-parallel layers (tp={parallel.tp})"
+        )
+    return settings
 
 
 def _check_parallel_options(options: dict[str, Any], parallel: ParallelDims | None) -> None:

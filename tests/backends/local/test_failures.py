@@ -74,7 +74,7 @@ def test_a_report_from_an_earlier_attempt_is_not_this_attempts_failure(tmp_path:
 
     (failure,) = node_failures(tmp_path, 0, ended, 1)
 
-    assert (failure.rank, failure.exit_code, failure.detail) == (None, 1, "ValueError: bad batch")
+    assert (failure.rank, failure.exit_code, failure.exception) == (None, 1, "ValueError: bad batch")
 
 
 def test_a_node_whose_keeper_was_killed_says_so(tmp_path: Path):
@@ -98,10 +98,76 @@ def test_rank_prefixes_are_parsed_from_node_logs():
 @pytest.mark.parametrize(
     ("failure", "text"),
     [
-        (NodeFailure(1, 1, 3, 1, detail="ValueError: boom"), "node-1 rank 3 (local rank 1) exited with code 1: ValueError: boom"),
+        (NodeFailure(1, 1, 3, 1, exception="ValueError: boom"), "node-1 rank 3: ValueError: boom"),
+        (NodeFailure(1, 1, exception="ValueError: boom"), "node-1: ValueError: boom"),
+        # a rank killed by a signal did not die of the exception it may have printed (and handled) before
+        (NodeFailure(1, -9, 3, 1, exception="ValueError: boom"), "node-1 rank 3 (local rank 1) was killed by SIGKILL"),
+        (NodeFailure(1, 1, 3, 1), "node-1 rank 3 (local rank 1) exited with code 1"),
         (NodeFailure(0, -9), "node-0 was killed by SIGKILL"),
         (NodeFailure(2, 7), "node-2 exited with code 7"),
     ],
 )
 def test_failures_read_as_one_sentence(failure, text):
     assert failure.describe() == text
+
+
+# What torchrun prints when rank 1 (node 1) raised after init_process_group: torch prefixes the traceback with
+# "[rank1]: " itself, torchrun's tee adds its own, and the report names no error file.
+RAISED_AFTER_INIT = """\
+[rank1]: [rank1]: Traceback (most recent call last):
+[rank1]: [rank1]:   File "/tmp/bad.py", line 5, in <module>
+[rank1]: [rank1]:     print(lr)
+[rank1]: [rank1]: NameError: name 'lr' is not defined
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-01-01_10:00:05
+  host      : box
+  rank      : 1 (local_rank: 0)
+  exitcode  : 1 (pid: 5001)
+  error_file: {error_file}
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def _node_log(tmp_path: Path, node: int, text: str) -> None:
+    (tmp_path / "logs").mkdir(exist_ok=True)
+    (tmp_path / "logs" / f"node-{node}.log").write_text(text)
+
+
+def test_the_exception_is_found_behind_torchs_own_rank_prefix(tmp_path: Path):
+    _node_log(tmp_path, 1, RAISED_AFTER_INIT.format(error_file="<N/A>"))
+    ended = NodeExit(code=1, time=106.0, ranks=[{"pid": 5001, "rank": 1, "local_rank": 0, "time": 100.5}])
+
+    (failure,) = node_failures(tmp_path, 1, ended, 1)
+
+    assert failure.describe() == "node-1 rank 1: NameError: name 'lr' is not defined"
+
+
+def test_the_error_file_names_the_exception_even_when_the_rank_printed_none(tmp_path: Path):
+    error_file = tmp_path / "error.json"
+    error_file.write_text(json.dumps({"message": {
+        "message": "RuntimeError: Error(s) in loading state_dict for Net:\n\tMissing key(s): fc.weight",
+        "extraInfo": {"py_callstack": "Traceback ...", "timestamp": "1767261605"},
+    }}))
+    report = RAISED_AFTER_INIT.format(error_file=error_file)
+    _node_log(tmp_path, 1, report[report.index("torch.distributed"):])  # the rank's own output is lost
+
+    (failure,) = node_failures(tmp_path, 1, NodeExit(code=1, time=106.0, ranks=[]), 1)
+
+    assert failure.describe() == "node-1 rank 1: RuntimeError: Error(s) in loading state_dict for Net:"
+
+
+def test_a_peer_that_lost_its_connection_names_no_exception(tmp_path: Path):
+    _node_log(tmp_path, 0, TORCHRUN_REPORT)
+    ended = NodeExit(code=1, time=106.0, ranks=[{"pid": 4002, "rank": 2, "local_rank": 0, "time": 100.31},
+                                                {"pid": 4003, "rank": 3, "local_rank": 1, "time": 100.12}])
+
+    failures = {f.rank: f for f in node_failures(tmp_path, 0, ended, 1)}
+
+    assert failures[2].exception is None, "'Connection closed by peer' is a consequence, not a cause"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -63,12 +64,15 @@ def test_node_environment_points_rendezvous_at_this_machine(monkeypatch):
 
 def test_launch_spec_keeps_the_pod_env_and_adds_the_local_one(monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    for name in [n for n in os.environ if n.startswith(launcher.TRAINING_ENV_PREFIXES) and n != "CUDA_VISIBLE_DEVICES"]:
+        monkeypatch.delenv(name)  # else an EnvironmentNotInherited note names them
+    (tmp_path / "train.py").touch()
     job = trainjob_resource(
         "spec", ["torchrun", "train.py"], args=["--epochs", "3"], num_nodes=2, num_proc_per_node=2,
         env=[{"name": "NCCL_DEBUG", "value": "INFO"}], resources_per_node={"requests": {"nvidia.com/gpu": "2"}},
     )
     plan = resolve(job, find_runtime("torch-distributed"))
-    spec = launcher.build_launch_spec(plan, tmp_path, "/work")
+    spec = launcher.build_launch_spec(plan, tmp_path, str(tmp_path))
 
     assert [node.command for node in spec.nodes] == [["torchrun", "train.py", "--epochs", "3"]] * 2
     for index, node in enumerate(spec.nodes):

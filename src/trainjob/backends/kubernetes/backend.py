@@ -12,12 +12,14 @@ only talks to the API server::
 
 from __future__ import annotations
 
+import heapq
 import json
+import math
 import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trainjob import types
@@ -86,18 +88,53 @@ class KubernetesBackend:
         self,
         runtime: types.Runtime | str | None = None,
         initializer: Any | None = None,
-        trainer: types.CustomTrainer | None = None,
+        trainer: types.CustomTrainer | types.CustomTrainerContainer | None = None,
+        options: Sequence[Any] | None = None,
     ) -> str:
-        """Create a TrainJob running ``trainer.func`` under torchrun on every node; returns the job's name."""
+        """Create a TrainJob for ``trainer`` (a ``CustomTrainer``'s function runs under torchrun on every node, a
+        ``CustomTrainerContainer`` runs its image) with ``options`` (:mod:`trainjob.options`); its name."""
         from trainjob.api import TrainJob
+        from trainjob.options import apply_options
+        from trainjob.trainers import check_trainer, sdk_trainjob
 
         runtime_name = runtime.name if isinstance(runtime, types.Runtime) else runtime or "torch-distributed"
         name = f"t{uuid.uuid4().hex[:11]}"
-        spec: dict[str, Any] = {"runtimeRef": {"name": runtime_name}}
-        if trainer is not None:
-            spec["trainer"] = trainer_spec(trainer)
-        job = TrainJob.from_dict({"metadata": {"name": name, "namespace": self.namespace}, "spec": spec})
-        return self.apply(job).name
+        if trainer is None:
+            job = apply_options({"metadata": {"name": name, "namespace": self.namespace},
+                                 "spec": {"runtimeRef": {"name": runtime_name}}}, options, None, self)
+        else:
+            job = sdk_trainjob(check_trainer(trainer), runtime_name, name, options, self, namespace=self.namespace)
+        if self.api.get(TRAINING_RUNTIMES, self.namespace, runtime_name) is not None:
+            job["spec"]["runtimeRef"]["kind"] = "TrainingRuntime"  # as get_runtime finds it: the namespace's first
+        if isinstance(trainer, types.CustomTrainer):
+            shipped = trainer_spec(trainer)
+            job["spec"]["trainer"]["command"] = shipped["command"]
+            job["spec"]["trainer"]["env"] = shipped["env"] + job["spec"]["trainer"].get("env", [])
+        return self.apply(TrainJob.from_dict(job)).name
+
+    def get_runtime_packages(self, runtime: types.Runtime | str, timeout: float = 600) -> None:
+        """Print the Python version, ``pip list`` and ``nvidia-smi`` of ``runtime``'s trainer image, from a
+        one-node TrainJob that runs them (deleted afterwards), as the Kubeflow SDK does."""
+        from trainjob.api import TrainJob
+
+        runtime_name = runtime.name if isinstance(runtime, types.Runtime) else runtime
+        self.get_runtime(runtime_name)  # NotFoundError naming the runtimes there are
+        script = ("import subprocess, sys; print('Python:', sys.version, flush=True); "
+                  "subprocess.run([sys.executable, '-m', 'pip', 'list']); "
+                  "subprocess.run('nvidia-smi || true', shell=True)")
+        name = f"p{uuid.uuid4().hex[:11]}"
+        job = TrainJob.from_dict({
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {"runtimeRef": {"name": runtime_name},
+                     "trainer": {"numNodes": 1, "command": ["python", "-c", script]}},
+        })
+        self.apply(job)
+        try:
+            self.wait_for_job_status(name, {types.COMPLETE, types.FAILED}, timeout=timeout)
+            for line in self.logs(name, node=0):
+                print(line.text, flush=True)
+        finally:
+            self.delete_job(name)
 
     # -- reading ----------------------------------------------------------------------------------------------------
 
@@ -150,49 +187,77 @@ class KubernetesBackend:
     # -- logs -------------------------------------------------------------------------------------------------------
 
     def get_job_logs(self, name: str, step: str = "node-0", follow: bool = False) -> Iterator[str]:
-        """Lines of one step's pod (``node-0``, ``node-1`` ...), as the Kubeflow SDK names them."""
+        """Lines of one step's pod (``node-0``, ``node-1`` ...), as the Kubeflow SDK names them, prefixed as
+        ``trainjob logs`` prints them (``node-0/rank-1 | ...``, :class:`~trainjob.types.LogLine`)."""
         prefix, _, index = step.rpartition("-")
         if prefix != "node" or not index.isdigit():
             raise NotFoundError(f"step {step!r} does not exist; steps are named node-0, node-1, ...")
         for line in self.logs(name, node=int(index), follow=follow):
-            yield line.text
+            yield str(line)  # prefixed as `trainjob logs` prints it: node-0/rank-1 | ...
 
     def logs(
-        self, name: str, node: int | None = None, rank: int | None = None, follow: bool = False
+        self,
+        name: str,
+        node: int | None = None,
+        rank: int | None = None,
+        follow: bool = False,
+        *,
+        since: float | None = None,
+        tail: int | None = None,
+        previous: bool = False,
+        stop_output: bool = True,
     ) -> Iterator[types.LogLine]:
-        """Lines of every node (or one ``node``; a global ``rank`` selects its node), in order per node.
+        """Lines of every node (or one ``node``; a global ``rank`` selects its node), merged by the time the
+        kubelet stamped them.
 
-        With ``follow`` the lines stream as the pods write them; a pod that has not started yet is waited for
-        (up to ``pod_start_timeout``), and the stream ends when the pods finish.
+        ``since`` (Unix time), ``tail`` (lines in all) and ``previous`` (the pods' previous containers) are
+        passed to the API server's ``pods/log``. With ``follow`` the lines stream as the pods write them; a pod
+        that has not started yet is waited for (up to ``pod_start_timeout``), and the stream ends when the pods
+        finish. ``stop_output`` is accepted for the local backend's sake: a pod's log is what the pod wrote.
         """
+        from trainjob.backends.log_selection import select_nodes
+
         job = self.get_job(name)
-        if rank is not None:
-            node = rank // (job.num_proc_per_node or 1)
-        nodes = [node] if node is not None else list(range(job.num_nodes))
-        if node is not None and not 0 <= node < job.num_nodes:
-            raise NotFoundError(f"TrainJob {name} has nodes 0..{job.num_nodes - 1}, not {node}")
-        if not follow:
+        nodes = select_nodes(name, job.num_nodes, job.num_proc_per_node, node, rank)
+        options: dict[str, Any] = {"timestamps": True}
+        if since is not None:
+            options["since_seconds"] = max(1, math.ceil(time.time() - since))
+        if tail is not None:
+            options["tail_lines"] = tail
+        if previous:
+            options["previous"] = True
+
+        def wanted(line: types.LogLine) -> bool:
+            return (rank is None or line.rank in (None, rank)) and (since is None or (line.time or 0) >= since)
+
+        if not follow or previous:
             pods = self._trainer_pods(name)
+            per_node = []
             for index in nodes:
                 if (pod := pods.get(index)) is not None:
-                    text = self.api.core.read_namespaced_pod_log(pod["metadata"]["name"], self.namespace)
-                    yield from (types.LogLine(index, None, line) for line in text.splitlines())
+                    text = self.api.read_pod_log(self.namespace, pod["metadata"]["name"], **options)
+                    per_node.append([line for line in _stamped_lines(index, text.splitlines()) if wanted(line)])
+            merged = list(heapq.merge(*per_node, key=lambda line: line.time or 0.0))
+            if tail is not None:  # the last ``tail`` lines of all nodes together
+                merged = merged[-tail:] if tail else []
+            yield from merged
             return
-        yield from _merge([lambda i=i: self._follow_node(name, i) for i in nodes])
+        yield from (line for line in _merge([lambda i=i: self._follow_node(name, i, options) for i in nodes])
+                    if wanted(line))
 
-    def _follow_node(self, name: str, index: int) -> Iterator[types.LogLine]:
+    def _follow_node(self, name: str, index: int, options: dict[str, Any]) -> Iterator[types.LogLine]:
         pod = self._wait_for_pod(name, index)
         response = self.api.core.read_namespaced_pod_log(
-            pod["metadata"]["name"], self.namespace, follow=True, _preload_content=False
+            pod["metadata"]["name"], self.namespace, follow=True, _preload_content=False, **options
         )
         buffer = b""
         try:
             for chunk in response.stream(4096):
                 buffer += chunk
                 *lines, buffer = buffer.split(b"\n")
-                yield from (types.LogLine(index, None, line.decode(errors="replace")) for line in lines)
+                yield from _stamped_lines(index, (line.decode(errors="replace") for line in lines))
             if buffer:
-                yield types.LogLine(index, None, buffer.decode(errors="replace"))
+                yield from _stamped_lines(index, [buffer.decode(errors="replace")])
         finally:
             response.release_conn()
 
@@ -288,7 +353,8 @@ os.execvp("torchrun", ["torchrun", "/tmp/trainjob_train.py"])
 
 
 def trainer_spec(trainer: types.CustomTrainer) -> dict[str, Any]:
-    """``spec.trainer`` for a ``CustomTrainer``: its function shipped as source and run by torchrun on every node.
+    """The ``command`` and ``env`` of ``spec.trainer`` that ship a ``CustomTrainer``'s function as source and run
+    it with torchrun on every node (its other fields: :func:`trainjob.trainers.trainer_fields`).
 
     The program, the packages and the index URLs travel in environment variables, read by a small launcher run
     with ``python -c``: no shell sees them."""
@@ -301,20 +367,26 @@ def trainer_spec(trainer: types.CustomTrainer) -> dict[str, Any]:
         "TRAINJOB_PACKAGES": json.dumps(check_requirements(trainer.packages_to_install)),
         "TRAINJOB_PIP_INDEX_URLS": json.dumps(check_index_urls(trainer.pip_index_urls)),
     }
-    spec: dict[str, Any] = {
+    return {
         "command": ["python", "-c", _LAUNCHER],
         "env": [{"name": k, "value": v} for k, v in shipped.items()],
     }
-    if trainer.num_nodes is not None:
-        spec["numNodes"] = trainer.num_nodes
-    if trainer.resources_per_node:
-        resources = {
-            ("nvidia.com/gpu" if k == "gpu" else k): v for k, v in trainer.resources_per_node.items()
-        }
-        spec["resourcesPerNode"] = {"requests": resources, "limits": dict(resources)}
-    if trainer.env:
-        spec["env"] += [{"name": k, "value": v} for k, v in trainer.env.items()]
-    return spec
+
+
+def _stamped_lines(node: int, lines: Iterable[str]) -> Iterator[types.LogLine]:
+    """Log lines the API server prefixed with their RFC 3339 time (``timestamps=true``), as ``LogLine`` objects
+    with the time and, when torchrun prefixed the line (``[rank3]: ``), the rank."""
+    from trainjob.backends.local.logs import parse_line
+
+    for raw in lines:
+        stamp, _, text = raw.partition(" ")
+        try:
+            when = views.parse_time(stamp) if stamp[:1].isdigit() else None
+        except ValueError:
+            when = None
+        line = parse_line(node, text if when is not None else raw)
+        line.time = when.timestamp() if when is not None else None
+        yield line
 
 
 def _merge(sources: list[Callable[[], Iterator[types.LogLine]]]) -> Iterator[types.LogLine]:

@@ -94,6 +94,11 @@ def _integer_format(schema: dict[str, Any]) -> None:
                 schema.pop("minimum")
 
 
+#: Deeper than any model of ours (``runtimePatches`` down to a container's env source is about 60 steps: every
+#: level is a reference, an optional and its properties), shallow enough to stop a recursive model at once.
+_MAX_DEPTH = 120
+
+
 def openapi_schema(json_schema: dict[str, Any]) -> dict[str, Any]:
     """The structural OpenAPI v3 schema for a pydantic ``model_json_schema(by_alias=True)``."""
     defs = json_schema.get("$defs", {})
@@ -101,7 +106,7 @@ def openapi_schema(json_schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _convert(node: dict[str, Any], defs: dict[str, Any], depth: int) -> dict[str, Any]:
-    if depth > 40:
+    if depth > _MAX_DEPTH:
         raise ValueError("schema nests too deep (a recursive model cannot become a structural schema)")
     if "$ref" in node:
         target = defs[node["$ref"].rsplit("/", 1)[-1]]

@@ -8,8 +8,8 @@ the end of its log::
 
     node-1 rank 1: NameError: name 'lr' is not defined
 
-:func:`exception_line` finds the last Python exception line in text; :func:`failed_rank` reads the rank from
-torchrun's "Root Cause" summary.
+:func:`~trainjob.backends.rootcause.exception_line` (shared with the local backend) finds the last Python exception
+line in text; :func:`failed_rank` reads the rank from torchrun's "Root Cause" summary.
 """
 
 from __future__ import annotations
@@ -19,36 +19,11 @@ from collections.abc import Callable
 from typing import Any
 
 from trainjob.backends.kubernetes.resources import COMPLETION_INDEX_LABEL
+from trainjob.backends.rootcause import exception_line, root_cause_line
 
-# "NameError: name 'lr' is not defined", "torch.OutOfMemoryError: ...", "ValueError" alone.
-_EXCEPTION = re.compile(
-    r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning)\b(?::.*)?$"
-)
-# Exceptions that report another failure rather than being one.
-_CONSEQUENCES = (
-    "ChildFailedError",
-    "DistNetworkError",
-    "DistBackendError",
-    "RendezvousClosedError",
-    "RendezvousConnectionError",
-    "SignalException",
-)
-_PEER_LOST = re.compile(r"Connection (?:closed|reset) by peer|connection closed|Broken pipe|ECONNRESET", re.I)
+__all__ = ["exception_line", "failed_rank", "root_cause"]
+
 _ROOT_RANK = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", re.S)
-_LOG_PREFIX = re.compile(r"^\[(?:default|rank)?\d+\]:")
-
-
-def exception_line(text: str) -> str | None:
-    """The last line of ``text`` that states a Python exception and is not a peer's or torchrun's echo of it."""
-    best = None
-    for raw in text.splitlines():
-        line = _LOG_PREFIX.sub("", raw).strip()
-        if not _EXCEPTION.match(line) or line.split(":", 1)[0].rsplit(".", 1)[-1] in _CONSEQUENCES:
-            continue
-        if _PEER_LOST.search(line):
-            continue
-        best = line
-    return best
 
 
 def failed_rank(text: str) -> int | None:
@@ -90,10 +65,8 @@ def root_cause(pods: list[dict[str, Any]], read_log: Callable[[dict[str, Any], s
         )
         rank = failed_rank(text)
         where = f"node-{node}" if node is not None else pod["metadata"]["name"]
-        if rank is not None:
-            where += f" rank {rank}"
         code = state.get("exitCode")
         signal = f" (signal {state['signal']})" if state.get("signal") else ""
-        described.append((line is not None, f"{where}: {line}" if line else f"{where}: exited with code {code}{signal}"))
+        described.append((line is not None, root_cause_line(where, rank, line or f"exited with code {code}{signal}")))
     # The first failure that states an exception; else the first failure.
     return next((text for has_line, text in described if has_line), described[0][1])

@@ -140,6 +140,18 @@ class KubeApi:
         except Exception as exc:
             raise _backend_error(exc, f"read the log of pod {pod['metadata']['name']}") from exc
 
+    def read_pod_log(self, namespace: str, pod_name: str, **options: Any) -> str:
+        """A pod's log (``options``: ``timestamps``, ``tail_lines``, ``since_seconds``, ``previous`` ...);
+        ``NotFoundError`` when there is none to read (no previous container, pod gone)."""
+        from trainjob.errors import NotFoundError
+
+        try:
+            return str(self.core.read_namespaced_pod_log(pod_name, namespace, **options))
+        except Exception as exc:
+            if _status(exc) in (400, 404):
+                raise NotFoundError(str(_backend_error(exc, f"read the log of pod {pod_name}"))) from exc
+            raise _backend_error(exc, f"read the log of pod {pod_name}") from exc
+
     def list_events(
         self, namespace: str, involved_name: str, include_children: bool = False
     ) -> list[dict[str, Any]]:

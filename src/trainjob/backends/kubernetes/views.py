@@ -22,6 +22,7 @@ from trainjob.backends.kubernetes.resources import (
     SUSPENDED,
 )
 from trainjob.backends.kubernetes.status import find_condition
+from trainjob.progress import progress_of_trainer_status
 
 _EPOCH = datetime.datetime.fromtimestamp(0, tz=datetime.UTC)
 
@@ -100,6 +101,9 @@ def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]]) -> types.Trai
     status, cond = job_status(job)
     nodes = trainer.get("numNodes") or runtime.trainer.num_nodes
     nproc = trainer.get("numProcPerNode")
+    resolved = resolved_shape(job, snapshot, pods)
+    if resolved is not None:  # numProcPerNode auto|cpu|gpu, or taken from the runtime: the numbers the pods run
+        nodes, nproc = resolved[0] or nodes, resolved[1]
     running = _condition(job, RUNNING)
     finished = _condition(job, COMPLETE) or _condition(job, FAILED)
     steps = [
@@ -122,8 +126,52 @@ def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]]) -> types.Trai
         num_proc_per_node=nproc if isinstance(nproc, int) else None,
         start_time=parse_time(running.get("lastTransitionTime")) if running else None,
         completion_time=parse_time(finished.get("lastTransitionTime")) if finished else None,
+        progress=progress_of_trainer_status((job.get("status") or {}).get("trainerStatus")),
         resource=job,
     )
+
+
+def resolved_shape(
+    job: dict[str, Any], snapshot: dict[str, Any] | None, pods: list[dict[str, Any]]
+) -> tuple[int | None, int] | None:
+    """``(nodes, processes per node)`` as the job runs them: resolved from the runtime snapshot the operator
+    recorded (so ``numProcPerNode: auto`` counts the requested GPUs or CPUs), else read from a trainer pod's
+    ``PET_NNODES`` / ``PET_NPROC_PER_NODE`` (nodes ``None`` when elastic); ``None`` when neither is there yet."""
+    if snapshot is not None:
+        plan = _plan(job, snapshot)
+        if plan is not None:
+            return plan.num_nodes, plan.num_proc_per_node
+    for pod in trainer_pods(pods).values():
+        for container in ((pod.get("spec") or {}).get("containers")) or []:
+            env = {e.get("name"): e.get("value") for e in container.get("env") or []}
+            nnodes, nproc = env.get("PET_NNODES") or "", env.get("PET_NPROC_PER_NODE") or ""
+            if nproc.isdigit():
+                return (int(nnodes) if nnodes.isdigit() else None), int(nproc)
+    return None
+
+
+def _plan(job: dict[str, Any], snapshot: dict[str, Any]) -> Any:
+    """The job resolved against its runtime snapshot, as the operator resolved it; ``None`` when it cannot be."""
+    from trainjob.api import TrainJob, resource_from_dict
+    from trainjob.errors import TrainJobError
+    from trainjob.runtime import resolve
+
+    meta = job["metadata"]
+    try:
+        model = TrainJob.from_dict({
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "TrainJob",
+            "metadata": {k: meta[k] for k in ("name", "namespace", "labels") if meta.get(k)},
+            "spec": job.get("spec") or {},
+        })
+        runtime_meta = {"name": snapshot["name"], "labels": snapshot.get("labels") or {}}
+        if snapshot.get("kind") == "TrainingRuntime":
+            runtime_meta["namespace"] = meta.get("namespace", "default")
+        runtime = resource_from_dict({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": snapshot["kind"],
+                                      "metadata": runtime_meta, "spec": snapshot["spec"]})
+        return resolve(model, runtime)
+    except (TrainJobError, KeyError, TypeError, ValueError):
+        return None
 
 
 def event_view(event: dict[str, Any]) -> types.Event:

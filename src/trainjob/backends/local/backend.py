@@ -29,9 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 from trainjob import types
 from trainjob.backends.base import wait_for_status
-from trainjob.backends.local import processes, views
-from trainjob.backends.local.logs import read_logs
-from trainjob.backends.local.store import ACTIVE_STATUSES, Store, check_job_name
+from trainjob.backends.local import processes, queue, views
+from trainjob.backends.local.commands import check_command_files
+from trainjob.backends.local.logs import log_dir, read_logs
+from trainjob.backends.local.store import ACTIVE_STATUSES, UNFINISHED_STATUSES, Store, check_job_name
+from trainjob.backends.local.ttl import expired_jobs
+from trainjob.backends.ttl import ttl_seconds
 from trainjob.errors import NotFoundError, ValidationError
 
 if TYPE_CHECKING:
@@ -53,12 +56,16 @@ MAX_SUPERVISOR_REPLACEMENTS = 5
 class LocalProcessBackendConfig:
     """Where local jobs keep their state: ``home`` defaults to ``$TRAINJOB_HOME``, then ``~/.trainjob``.
 
+    Nodes get what a pod would of the environment a job is created from (a ``PATH``, ``HOME``, locale, this
+    Python environment: :data:`~trainjob.backends.local.launcher.PASSED_ENV`), not an exported ``NCCL_DEBUG``;
+    ``inherit_env=True`` passes them everything (an ``EnvironmentInherited`` event names what).
     ``cleanup_venv`` is accepted for compatibility with the Kubeflow SDK; a job's environment is removed with
     the job (``delete_job``).
     """
 
     home: str | Path | None = None
     cleanup_venv: bool = True
+    inherit_env: bool = False
 
 
 class LocalBackend:
@@ -70,36 +77,63 @@ class LocalBackend:
 
     # creating jobs
 
-    def apply(self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = ()) -> types.TrainJob:
-        """Create and start ``trainjob``; nothing is created when it is invalid or its name is taken."""
-        self._submit(trainjob, runtimes)
+    def apply(
+        self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = (), *, inherit_env: bool | None = None
+    ) -> types.TrainJob:
+        """Create and start ``trainjob``; nothing is created when it is invalid or its name is taken.
+
+        ``inherit_env`` (default: the config's) passes the nodes this whole environment, not only what a pod
+        would get."""
+        self._submit(trainjob, runtimes, inherit_env=inherit_env)
         return self.get_job(trainjob.name)
 
     def train(
         self,
         runtime: types.Runtime | str | None = None,
         initializer: Any | None = None,
-        trainer: types.CustomTrainer | None = None,
+        trainer: types.CustomTrainer | types.CustomTrainerContainer | None = None,
+        options: Sequence[Any] | None = None,
     ) -> str:
-        """Run ``trainer.func`` on every rank of a new job; returns the generated job name."""
+        """Run ``trainer`` on every node of a new job (``options`` from :mod:`trainjob.options`); its name.
+
+        A ``CustomTrainer``'s function runs on every rank; a ``CustomTrainerContainer`` runs its command (the
+        ``TrainerCommand`` option: images are not run here)."""
         from trainjob.api import TrainJob
-        from trainjob.backends.local.function import SCRIPT_NAME, function_script, function_trainjob
+        from trainjob.backends.local.function import SCRIPT_NAME, function_script
         from trainjob.runtime import DEFAULT_RUNTIME
         from trainjob.trainer_checks import check_index_urls, check_requirements
+        from trainjob.trainers import check_trainer, sdk_trainjob
 
         if initializer is not None:
             raise ValidationError("initializer", "dataset and model initializers are not run by the local backend")
-        if not isinstance(trainer, types.CustomTrainer):
-            raise ValidationError("trainer", f"the local backend runs a CustomTrainer, got {trainer!r}")
+        trainer = check_trainer(trainer)
         runtime_name = runtime.name if isinstance(runtime, types.Runtime) else (runtime or DEFAULT_RUNTIME)
-        name = "j" + uuid.uuid4().hex[:11]
+        job = sdk_trainjob(trainer, runtime_name, "j" + uuid.uuid4().hex[:11], options, self)
+        name = check_job_name(job["metadata"].get("name"))
+        if not isinstance(trainer, types.CustomTrainer):
+            self._submit(TrainJob.from_dict(job), ())
+            return name
         script = function_script(trainer.func, trainer.func_args)
         packages = check_requirements(trainer.packages_to_install)  # again: the fields may have changed since
         pip_index_urls = check_index_urls(trainer.pip_index_urls)
-        script_path = self.store.job_dir(name) / SCRIPT_NAME
-        resource = TrainJob.from_dict(function_trainjob(name, trainer, runtime_name, str(script_path)))
-        self._submit(resource, (), packages=packages, pip_index_urls=pip_index_urls, files={SCRIPT_NAME: script})
+        job["spec"]["trainer"]["command"] = ["torchrun", str(self.store.job_dir(name) / SCRIPT_NAME)]
+        self._submit(TrainJob.from_dict(job), (), packages=packages, pip_index_urls=pip_index_urls,
+                     files={SCRIPT_NAME: script})
         return name
+
+    def get_runtime_packages(self, runtime: types.Runtime | str) -> None:
+        """Print what a job on ``runtime`` runs with here: the Python version, ``pip list`` of this environment
+        and, where there are GPUs, ``nvidia-smi`` (as the Kubeflow SDK prints them for a runtime's image)."""
+        from trainjob.runtime import find_runtime
+
+        find_runtime(runtime.name if isinstance(runtime, types.Runtime) else runtime)  # NotFoundError naming the known
+        print(f"Python: {sys.version}", flush=True)
+        listed = subprocess.run([sys.executable, "-m", "pip", "list", "--disable-pip-version-check"],
+                                capture_output=True, text=True)
+        print((listed.stdout or listed.stderr or "pip not found").rstrip(), flush=True)
+        if shutil.which("nvidia-smi"):
+            gpus = subprocess.run(["nvidia-smi"], capture_output=True, text=True)
+            print((gpus.stdout or gpus.stderr).rstrip(), flush=True)
 
     def _submit(
         self,
@@ -108,6 +142,7 @@ class LocalBackend:
         packages: list[str] | None = None,
         pip_index_urls: list[str] | None = None,
         files: dict[str, str] | None = None,
+        inherit_env: bool | None = None,
     ) -> None:
         from trainjob.backends.local.launcher import build_launch_spec
         from trainjob.runtime import find_runtime, resolve
@@ -116,18 +151,31 @@ class LocalBackend:
         job_dir = self.store.job_dir(name)
         runtime = find_runtime(trainjob.spec.runtime_ref, runtimes, namespace=trainjob.namespace)
         plan = resolve(trainjob, runtime)
-        spec = build_launch_spec(plan, job_dir, os.getcwd(), packages, pip_index_urls)
+        inherit = self.config.inherit_env if inherit_env is None else inherit_env
+        spec = build_launch_spec(plan, job_dir, os.getcwd(), packages, pip_index_urls, inherit_env=inherit)
+        check_command_files(spec.nodes[0].command, spec.cwd, provided=job_dir)  # a missing script: nothing starts
+        ttl = ttl_seconds(trainjob.metadata.annotations)
+        priority = queue.job_priority(trainjob)
+        request = queue.job_request(plan)
+        queued = not request.empty and not queue.oversubscribing(trainjob)
+        if queued:
+            queue.check_fits(request, queue.Machine.detect())
+        else:  # best effort or oversubscribed: starts at once and holds nothing in the queue's books
+            request = queue.Request(plan.num_nodes)
+        self.collect_garbage()
         now = time.time()
         resource = trainjob.to_dict()
         resource.pop("status", None)
         uid = str(uuid.uuid4())
         resource["metadata"].update(uid=uid, creationTimestamp=views.rfc3339(now))
-        status = types.SUSPENDED if plan.suspend else types.CREATED
+        status = types.SUSPENDED if plan.suspend else types.QUEUED if queued else types.CREATED
+        reason = {types.SUSPENDED: "Suspended", types.QUEUED: queue.PENDING_REASON}.get(status, "Created")
         self.store.insert_job({
             "name": name, "namespace": trainjob.namespace, "uid": uid, "status": status,
-            "reason": "Suspended" if plan.suspend else "Created", "message": None, "runtime": runtime.name,
+            "reason": reason, "message": None, "runtime": runtime.name,
             "num_nodes": plan.num_nodes, "num_proc_per_node": plan.num_proc_per_node, "created": now,
-            "resource": resource, "launch": spec.to_dict(),
+            "resource": resource, "launch": spec.to_dict(), "priority": priority, "cpus": request.cores,
+            "memory_bytes": request.memory, "gpus": request.gpus, "ttl_seconds": ttl,
         })
         try:
             shutil.rmtree(job_dir, ignore_errors=True)  # leftovers of a job of the same name
@@ -138,8 +186,10 @@ class LocalBackend:
                                  f"on runtime {runtime.name}")
             for reason, message in spec.notes:
                 self.store.add_event(name, reason, message)
-            if not plan.suspend:
+            if status == types.CREATED:
                 self._start_supervisor(name)
+            elif status == types.QUEUED:
+                self.admit_queued()
         except BaseException:
             self.store.delete_job(name)
             shutil.rmtree(job_dir, ignore_errors=True)
@@ -159,10 +209,27 @@ class LocalBackend:
         if not replacing:
             self.store.update_job(name, supervisor_pid=process.pid, supervisor_started=processes.start_time(process.pid))
 
+    def admit_queued(self) -> list[str]:
+        """Start the queued jobs that fit what is free now (:func:`~trainjob.backends.local.queue.admit`)."""
+        admitted = queue.admit(self.store)
+        for name in admitted:
+            self._start_supervisor(name)
+        return admitted
+
+    def collect_garbage(self, now: float | None = None) -> list[str]:
+        """Delete the finished jobs whose ``trainjob/ttl-seconds-after-finished`` has run out; their names."""
+        deleted = []
+        for name in expired_jobs(self.store, time.time() if now is None else now):
+            with contextlib.suppress(NotFoundError):  # another reader removed it first
+                self.delete_job(name)
+                deleted.append(name)
+        return deleted
+
     # reading jobs
 
     def list_jobs(self, runtime: types.Runtime | None = None) -> list[types.TrainJob]:
         """Every job, oldest first (only those on ``runtime`` when given); steps are left empty."""
+        self.housekeeping()
         rows = self._checked(self.store.list_jobs())
         if runtime is not None:
             rows = [row for row in rows if row["runtime"] == runtime.name]
@@ -173,6 +240,7 @@ class LocalBackend:
 
         The fast path of ``trainjob list``: no per-job objects, so thousands of jobs list in milliseconds.
         """
+        self.housekeeping()
         summaries = self.store.list_summaries()
         stale = [
             name
@@ -184,6 +252,12 @@ class LocalBackend:
             summaries = self.store.list_summaries()
         return summaries
 
+    def housekeeping(self) -> None:
+        """What a controller would do between commands: remove expired jobs, admit queued ones that fit."""
+        self.collect_garbage()
+        if self.store._db.execute("SELECT 1 FROM jobs WHERE status = ? LIMIT 1", (types.QUEUED,)).fetchone():
+            self.admit_queued()
+
     def get_job(self, name: str) -> types.TrainJob:
         row = self._checked_one(name)
         return views.sdk_job(row, self.store.nodes(name))
@@ -193,26 +267,36 @@ class LocalBackend:
         return [views.sdk_event(row) for row in self.store.events(name)]
 
     def get_job_logs(self, name: str, step: str = "node-0", follow: bool = False) -> Iterator[str]:
-        """Raw lines of one step (``node-0``, ``node-1`` ...), as the pod's log would show them."""
+        """Lines of one step (``node-0``, ``node-1`` ...), prefixed as ``trainjob logs`` prints them
+        (``node-0/rank-1 | loss 0.41``, :class:`~trainjob.types.LogLine`)."""
         row = self.store.get_job(name)
         steps = [f"node-{i}" for i in range(row["num_nodes"])]
         if step not in steps:
             raise ValidationError("step", f"must be one of {', '.join(steps)}, got {step!r}")
-        lines = self.logs(name, node=int(step.removeprefix("node-")), follow=follow)
-        return (line.text if line.rank is None else f"[rank{line.rank}]: {line.text}" for line in lines)
+        return map(str, self.logs(name, node=int(step.removeprefix("node-")), follow=follow))
 
-    def logs(self, name: str, node: int | None = None, rank: int | None = None, follow: bool = False) -> Iterator[types.LogLine]:
-        """Lines of every node (or one ``node``, or one global ``rank``); ``follow`` streams until the job ends."""
+    def logs(
+        self,
+        name: str,
+        node: int | None = None,
+        rank: int | None = None,
+        follow: bool = False,
+        *,
+        since: float | None = None,
+        tail: int | None = None,
+        previous: bool = False,
+        stop_output: bool = False,
+    ) -> Iterator[types.LogLine]:
+        """Lines of every node (or one ``node``, or one global ``rank``) merged by time; ``follow`` streams until the
+        job ends. ``since`` (Unix time), ``tail``, ``previous`` and ``stop_output``: see :func:`read_logs`."""
+        from trainjob.backends.log_selection import select_nodes
+
         row = self.store.get_job(name)
-        nodes = list(range(row["num_nodes"]))
-        if node is not None and node not in nodes:
-            raise ValidationError("node", f"must be 0..{len(nodes) - 1} for TrainJob {name}, got {node}")
-        world = row["num_nodes"] * row["num_proc_per_node"]
-        if rank is not None and not 0 <= rank < world:
-            raise ValidationError("rank", f"must be 0..{world - 1} for TrainJob {name}, got {rank}")
-        if node is not None:
-            nodes = [node]
-        return read_logs(self.store.job_dir(name), nodes, rank=rank, follow=follow, finished=lambda: self._settled(name))
+        nodes = select_nodes(name, row["num_nodes"], row["num_proc_per_node"], node, rank)
+        if previous and not log_dir(self.store.job_dir(name), previous=True).is_dir():
+            raise NotFoundError(f"TrainJob {name} has no previous attempt: it was not restarted or resumed")
+        return read_logs(self.store.job_dir(name), nodes, rank=rank, follow=follow, finished=lambda: self._settled(name),
+                         since=since, tail=tail, previous=previous, stop_output=stop_output)
 
     def _settled(self, name: str) -> bool:
         """Whether the job has ended (or is gone); asked on every poll of a followed log, so reads a narrow row."""
@@ -220,7 +304,7 @@ class LocalBackend:
             rows = self._checked(self.store.list_jobs([name]))
         except NotFoundError:  # deleted while its supervisor was being checked
             return True
-        return not rows or rows[0]["status"] not in ACTIVE_STATUSES
+        return not rows or rows[0]["status"] not in UNFINISHED_STATUSES
 
     def wait_for_job_status(
         self,
@@ -230,8 +314,11 @@ class LocalBackend:
         polling_interval: float = 2,
         callbacks: Sequence[Callable[[types.TrainJob], None]] | None = None,
     ) -> types.TrainJob:
-        """Wait until the job's status is in ``status``; raises ``JobFailedError`` as soon as it fails."""
-        return wait_for_status(self.get_job, name, status, timeout, min(polling_interval, LOCAL_POLL_SECONDS), callbacks)
+        """Wait until the job's status is in ``status``; raises ``JobFailedError`` as soon as it fails.
+
+        The store is read every :data:`LOCAL_POLL_SECONDS`; ``callbacks`` get the job every ``polling_interval``."""
+        return wait_for_status(self.get_job, name, status, timeout, polling_interval, callbacks,
+                               check_interval=LOCAL_POLL_SECONDS)
 
     # changing jobs
 
@@ -249,6 +336,8 @@ class LocalBackend:
         self._stop_job_processes(name, row)
         self.store.delete_job(name)
         shutil.rmtree(job_dir, ignore_errors=True)
+        if row["status"] in UNFINISHED_STATUSES:
+            self.admit_queued()  # what it held is free
 
     def _stop_job_processes(self, name: str, row: dict[str, Any]) -> None:
         """Stop the node keepers (each stops its node and whatever the node left behind), then sweep."""
@@ -267,6 +356,11 @@ class LocalBackend:
         row = self._checked_one(name)
         if row["status"] == types.SUSPENDED:
             return
+        if self.store.transition(name, types.SUSPENDED, "Suspended", "suspended while queued; resume to queue it again",
+                                 from_statuses=(types.QUEUED,)):
+            self.store.add_event(name, "Suspended", "left the queue")
+            self.admit_queued()  # jobs behind it may fit now
+            return
         if row["status"] not in ACTIVE_STATUSES:
             raise ValidationError("status", f"TrainJob {name} is {row['status']}; only Created or Running jobs can be suspended")
         self.store.update_job(name, request="suspend")
@@ -274,12 +368,17 @@ class LocalBackend:
 
     def resume_job(self, name: str) -> None:
         """Start a suspended job's nodes again (from the beginning: scripts resume from their checkpoints)."""
-        if not self.store.transition(name, types.CREATED, "Resumed", "resumed by the user",
+        row = self.store.get_job(name)
+        queued = bool(row["cpus"] or row["memory_bytes"] or row["gpus"])
+        if not self.store.transition(name, types.QUEUED if queued else types.CREATED, "Resumed", "resumed by the user",
                                      from_statuses=(types.SUSPENDED,), request=None, finished=None):
             row = self.store.get_job(name)
             raise ValidationError("status", f"TrainJob {name} is {row['status']}; only Suspended jobs can be resumed")
         self.store.add_event(name, "Resumed", "node processes will start again")
-        self._start_supervisor(name)
+        if queued:
+            self.admit_queued()
+        else:
+            self._start_supervisor(name)
 
     # runtimes
 
@@ -339,6 +438,7 @@ class LocalBackend:
                                  from_statuses=ACTIVE_STATUSES, finished=time.time()):
             self.store.add_event(name, "SupervisorLost", message, type="Warning")
             self._stop_job_processes(name, self.store.get_job(name))
+            self.admit_queued()
 
 
 def sdk_runtime_of(runtime: RuntimeResource) -> types.Runtime:

@@ -14,11 +14,14 @@ torchrun's report                     whole seconds
 the node's own end                    for a node that failed without a torchrun report
 ====================================  ========================================================================
 
-Exit codes, local ranks and messages come from torchrun's report in the node's log (every failure it lists,
-not only its "root cause"), the error file's message, or the last exception line the rank printed::
+Exit codes and local ranks come from torchrun's report in the node's log (every failure it lists, not only its
+"root cause"); the exception from the rank's error file (every rank of a local job has one:
+:mod:`~trainjob.backends.local.worker_site`), else the last exception line the rank printed
+(:func:`~trainjob.backends.rootcause.exception_line`, which skips peers' "Connection closed by peer")::
 
     failures = [f for node in failed for f in node_failures(job_dir, node, exits[node])]
-    print(pick_root_cause(failures).describe())   # node-1 rank 3 (local rank 1) was killed by SIGKILL
+    print(pick_root_cause(failures).describe())   # node-1 rank 1: NameError: name 'lr' is not defined
+                                                  # node-1 rank 3 (local rank 1) was killed by SIGKILL
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from trainjob.backends.local.logs import log_tail, parse_line
+from trainjob.backends.rootcause import exception_line, first_line, root_cause_line
 
 _REPORTED_FAILURE = re.compile(
     r"\[\d+\]:\s*\n"
@@ -42,7 +46,6 @@ _REPORTED_FAILURE = re.compile(
     r"\s*exitcode\s*: (?P<exitcode>-?\d+)(?: \(pid: (?P<pid>\d+)\))?.*\n"
     r"\s*error_file: (?P<error_file>.*)\n"
 )
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
 _TAIL_BYTES = 256 * 1024
 
 
@@ -78,12 +81,17 @@ class NodeFailure:
     time: float | None = None
     detail: str | None = None
     pid: int | None = None
+    #: The exception the rank raised (``NameError: name 'lr' is not defined``), when it raised one.
+    exception: str | None = None
 
     @property
     def by_signal(self) -> bool:
         return self.exit_code < 0
 
     def describe(self) -> str:
+        """``node-1 rank 1: NameError: ...`` when the rank raised, else how it ended (code or signal)."""
+        if self.exception and not self.by_signal:
+            return root_cause_line(f"node-{self.node}", self.rank, self.exception)
         who = f"node-{self.node}"
         if self.rank is not None:
             who += f" rank {self.rank} (local rank {self.local_rank})"
@@ -109,8 +117,8 @@ def node_failures(job_dir: Path, node: int, exit: NodeExit | None, code: int) ->
             rank=rank,
             local_rank=int(report["local_rank"]),
             time=ended.get(pid) or _modified(error_file) or _report_time(report["time"]),
-            detail=_error_file_message(error_file) or _last_exception_line(tail, node, rank),
             pid=pid,
+            exception=_error_file_message(error_file) or _last_exception_line(tail, node, rank),
         ))
     # The last report in the log may be an earlier attempt's (an elastic restart appends to the same log).
     if failures and (not ended or any(f.pid in ended for f in failures)):
@@ -119,7 +127,7 @@ def node_failures(job_dir: Path, node: int, exit: NodeExit | None, code: int) ->
         return [NodeFailure(node=node, exit_code=code, time=exit.time,
                             detail="its keeper was killed before it recorded how the node ended")]
     return [NodeFailure(node=node, exit_code=code, time=exit.time if exit else None,
-                        detail=_last_exception_line(tail, node, None))]
+                        exception=_last_exception_line(tail, node, None))]
 
 
 def pick_root_cause(failures: list[NodeFailure]) -> NodeFailure:
@@ -156,18 +164,13 @@ def _error_file_message(error_file: str) -> str | None:
         data = json.loads(Path(error_file).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    message = data.get("message")
+    message = data.get("message") if isinstance(data, dict) else None
     if isinstance(message, dict):
         message = message.get("message")
-    return str(message).strip().splitlines()[-1] if message else None
+    return first_line(str(message)) or None if message else None
 
 
 def _last_exception_line(tail: str, node: int, rank: int | None) -> str | None:
-    found = None
-    for raw in tail.splitlines():
-        line = parse_line(node, raw)
-        if rank is not None and line.rank != rank:
-            continue
-        if _EXCEPTION_LINE.match(line.text.strip()):
-            found = line.text.strip()
-    return found
+    """The last root exception in the node's output: of ``rank``'s lines only, when a rank is known."""
+    lines = (parse_line(node, raw) for raw in tail.splitlines())
+    return exception_line("\n".join(line.text for line in lines if rank is None or line.rank == rank))

@@ -1,13 +1,14 @@
-"""An SDK ``CustomTrainer`` as a TrainJob: the function's source in a generated script, run by torchrun.
+"""An SDK ``CustomTrainer``'s function as the program every rank runs (both backends run this script).
 
 The script holds the function's source (checked and stripped of decorators by
 :func:`trainjob.trainer_checks.function_source`) and calls it with ``**func_args`` decoded from a JSON literal;
 nothing passes through a shell. It imports :data:`~trainjob.trainer_checks.SCRIPT_IMPORTS` first (training
 functions often use ``os`` and ``sys`` unimported), and ends the process without interpreter teardown once the
-function returned. The generated script is compiled before the job is created::
+function returned. An exception the function raises is recorded in ``TORCHELASTIC_ERROR_FILE`` as torchelastic's
+``@record`` would (without importing torch for it), so torchrun reports it as the rank's error and the job's
+status names it. The generated script is compiled before the job is created::
 
     script = function_script(train, {"epochs": 2})
-    job = function_trainjob("a1b2c3d4e5f6", trainer, "torch-distributed", "/path/to/train_function.py")
 """
 
 from __future__ import annotations
@@ -17,12 +18,23 @@ import json
 from typing import Any
 
 from trainjob.errors import ValidationError
-from trainjob.trainer_checks import SCRIPT_IMPORTS, function_source
-from trainjob.types import CustomTrainer
+from trainjob.trainer_checks import RECORD_ERROR_FUNCTION, SCRIPT_IMPORTS, function_source
 
 SCRIPT_NAME = "train_function.py"
-#: SDK resource names and the Kubernetes resource they mean.
-RESOURCE_ALIASES = {"gpu": "nvidia.com/gpu"}
+
+#: Writes what torchelastic's ``@record`` writes for an exception (``ErrorHandler.record_exception``).
+_RECORD_ERROR = f'''
+def {RECORD_ERROR_FUNCTION}(exc):
+    """Record exc where torchrun looks for a failed rank's error, in torchelastic's error file format."""
+    import time, traceback
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):
+        return
+    message = {{"message": f"{{type(exc).__name__}}: {{exc}}",
+               "extraInfo": {{"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))}}}}
+    with open(path, "w") as f:
+        json.dump({{"message": message}}, f)
+'''
 
 
 def function_script(func: Any, func_args: dict[str, Any] | None) -> str:
@@ -42,9 +54,14 @@ def function_script(func: Any, func_args: dict[str, Any] | None) -> str:
     script = (
         f'"""Runs {name}(**func_args) in every training process of the job."""\n\n'
         f"{imports}\n"
-        f"{source.text}\n\n\n"
+        f"{source.text}\n\n"
+        f"{_RECORD_ERROR}\n\n"
         'if __name__ == "__main__":\n'
-        f"    {name}(**json.loads({encoded!r}))\n"
+        "    try:\n"
+        f"        {name}(**json.loads({encoded!r}))\n"
+        "    except Exception as exc:\n"
+        f"        {RECORD_ERROR_FUNCTION}(exc)\n"
+        "        raise\n"
         "    # Exit handlers run, interpreter teardown does not: on CPU, gloo's background threads can abort a\n"
         "    # process (SIGABRT) while Python finalizes after the work is done, failing a finished job.\n"
         "    atexit._run_exitfuncs()\n"
@@ -57,26 +74,3 @@ def function_script(func: Any, func_args: dict[str, Any] | None) -> str:
     except SyntaxError as exc:
         raise ValidationError("trainer.func", f"the script made from its source does not compile: {exc}") from None
     return script
-
-
-def resources_per_node(resources: dict[str, Any] | None) -> dict[str, str]:
-    """SDK resources (``{"cpu": 2, "gpu": 1, "memory": "8Gi"}``) as Kubernetes requests."""
-    return {RESOURCE_ALIASES.get(key, key): str(value) for key, value in (resources or {}).items()}
-
-
-def function_trainjob(name: str, trainer: CustomTrainer, runtime: str, script_path: str) -> dict[str, Any]:
-    """The TrainJob (Kubernetes shape) that runs ``script_path`` with torchrun on ``runtime``."""
-    spec_trainer: dict[str, Any] = {"command": ["torchrun", script_path]}
-    if trainer.num_nodes is not None:
-        spec_trainer["numNodes"] = trainer.num_nodes
-    resources = resources_per_node(trainer.resources_per_node)
-    if resources:
-        spec_trainer["resourcesPerNode"] = {"requests": resources, "limits": resources}
-    if trainer.env:
-        spec_trainer["env"] = [{"name": key, "value": str(value)} for key, value in trainer.env.items()]
-    return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": name},
-        "spec": {"runtimeRef": {"name": runtime}, "trainer": spec_trainer},
-    }

@@ -16,7 +16,21 @@ A node process gets its pod's command, args and environment, with these local ch
 ``PET_MAX_RESTARTS``               ``0`` for elastic jobs: the supervisor restarts the whole node group
 ``TRAINJOB_RESTART_COUNT``         how many times the supervisor restarted the node group so far
 ``PYTHONUNBUFFERED``               ``1`` unless set, so logs stream while they are written
+``PYTHONPATH``                     starts with :mod:`~trainjob.backends.local.worker_site`: every rank
+                                   records its exception in its torchelastic error file, as ``@record``
+                                   would, so the job's status names it
 =================================  ====================================================================
+
+A node does not inherit the environment it was started from, as a pod does not inherit the shell of whoever
+created it: an exported ``NCCL_DEBUG`` or ``OMP_NUM_THREADS`` here would not reach a pod. It gets only
+:data:`PASSED_ENV` (a ``PATH``, ``HOME``, user, locale and temp dir, as a container has; the Python environment:
+``VIRTUAL_ENV``, Conda's, ``PYTHONPATH``, ``LD_LIBRARY_PATH``; ``CUDA_VISIBLE_DEVICES``, which restricts the GPUs
+jobs may use here; ``TRAINJOB_*``), then the pod's own env. A job created with ``inherit_env``
+(``trainjob run --inherit-env``, ``LocalProcessBackendConfig(inherit_env=True)``) inherits everything, and an
+``EnvironmentInherited`` event names what (names only, never values); without it, an ``EnvironmentNotInherited``
+event names the training settings (``NCCL_*``, ``TORCH_*`` ...) that were left out. What the nodes get is taken
+when the job is created and kept with it (:attr:`LaunchSpec.base_env`), so nodes started later by another process
+(a queued job, a resume) get the same.
 
 When the job requests CPUs, each node is also pinned (CPU affinity) to its share of this machine's cores. Each node
 runs under a keeper (:mod:`~trainjob.backends.local.node_keeper`) that writes its log, capped at the job's
@@ -30,6 +44,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,8 +58,23 @@ if TYPE_CHECKING:
 #: The prefix torchrun puts before every line of a training process (``[rank3]: ...``); logs.py parses it.
 RANK_PREFIX_TEMPLATE = "[rank${rank}]: "
 #: Inherited variables that would confuse the node processes (a job started from inside another job).
-_INHERITED_DROP_PREFIXES = ("PET_", "TORCHELASTIC_")
+_INHERITED_DROP_PREFIXES = ("PET_", "TORCHELASTIC_", "TRAINJOB_SITE_")
 _INHERITED_DROP = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
+#: What a node gets from the environment it is started from unless the job inherits all of it: what a pod's
+#: container has anyway, what this Python environment needs, and trainjob's own settings.
+PASSED_ENV = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+    "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH",
+    "CUDA_VISIBLE_DEVICES",
+})
+PASSED_ENV_PREFIXES = ("LC_", "TRAINJOB_")
+#: Settings whose absence an ``EnvironmentNotInherited`` event points out: they change how training runs.
+TRAINING_ENV_PREFIXES = (
+    "NCCL_", "GLOO_", "TORCH_", "TORCHINDUCTOR_", "PYTORCH_", "CUDA_", "CUBLAS_", "OMP_", "MKL_", "KMP_", "HF_",
+    "TRANSFORMERS_", "WANDB_",
+)
+#: At most this many names are listed in an environment event.
+_LISTED_NAMES = 40
 
 
 @dataclass
@@ -69,6 +99,11 @@ class LaunchSpec:
     log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
     #: (reason, message) events the supervisor records when the job starts.
     notes: list[tuple[str, str]] = field(default_factory=list)
+    #: What the nodes get of the environment the job was created from (:func:`passed_env`), captured then, so that
+    #: a supervisor started later (a queued job's, a replacement, a resume) starts the nodes the same way.
+    base_env: dict[str, str] = field(default_factory=dict)
+    #: ``base_env`` is the whole environment, not only :data:`PASSED_ENV`.
+    inherit_env: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; the environment every node shares is stored once (``shared_env``), so a job's stored size
@@ -91,7 +126,12 @@ class LaunchSpec:
 
 
 def build_launch_spec(
-    plan: Plan, job_dir: Path, cwd: str, packages: list[str] | None = None, pip_index_urls: list[str] | None = None
+    plan: Plan,
+    job_dir: Path,
+    cwd: str,
+    packages: list[str] | None = None,
+    pip_index_urls: list[str] | None = None,
+    inherit_env: bool = False,
 ) -> LaunchSpec:
     """The launch spec of ``plan``; ``ValidationError`` when the trainer has no command to run here."""
     trainer = plan.trainer()
@@ -112,7 +152,7 @@ def build_launch_spec(
     requested_cpus = _requested_cpus(resources)
     cpu_sets, cpu_note = share_cpus(plan.num_nodes, requested_cpus)
     gpu_sets, gpu_note = share_gpus(plan.num_nodes, _requested_gpus(resources), visible_gpus())
-    notes += [note for note in (cpu_note, gpu_note) if note]
+    notes += [note for note in (cpu_note, gpu_note, environment_note(os.environ, inherit_env)) if note]
     nodes = []
     for index in range(plan.num_nodes):
         env = container.env_dict(index)
@@ -142,7 +182,44 @@ def build_launch_spec(
         pip_index_urls=list(pip_index_urls or []),
         log_max_bytes=log_max_bytes(),
         notes=notes,
+        base_env=passed_env(os.environ, inherit_env),
+        inherit_env=inherit_env,
     )
+
+
+def passed_env(environ: Mapping[str, str], inherit_env: bool = False) -> dict[str, str]:
+    """What a node gets of ``environ``: :data:`PASSED_ENV` (everything with ``inherit_env``), never the variables
+    of a launcher that started this process (``RANK``, ``PET_*`` ...: a job started from inside another job)."""
+    return {
+        key: value
+        for key, value in environ.items()
+        if key not in _INHERITED_DROP
+        and not key.startswith(_INHERITED_DROP_PREFIXES)
+        and (inherit_env or key in PASSED_ENV or key.startswith(PASSED_ENV_PREFIXES))
+    }
+
+
+def environment_note(environ: Mapping[str, str], inherit_env: bool) -> tuple[str, str] | None:
+    """The event that says which of ``environ``'s variables (names only) the nodes inherit, or which training
+    settings they do not."""
+    extra = sorted(set(passed_env(environ, inherit_env=True)) - set(passed_env(environ)))
+    if inherit_env:
+        if not extra:
+            return None
+        return ("EnvironmentInherited",
+                f"the nodes inherit {len(extra)} variable(s) of the environment the job was created from: "
+                f"{_names(extra)}")
+    left_out = [name for name in extra if name.startswith(TRAINING_ENV_PREFIXES)]
+    if not left_out:
+        return None
+    return ("EnvironmentNotInherited",
+            f"{_names(left_out)} set where the job was created do(es) not reach the nodes, as on a cluster; set "
+            "them in spec.trainer.env (trainjob run --env) or inherit the environment (--inherit-env)")
+
+
+def _names(names: list[str]) -> str:
+    listed = ", ".join(names[:_LISTED_NAMES])
+    return listed + (f" and {len(names) - _LISTED_NAMES} more" if len(names) > _LISTED_NAMES else "")
 
 
 def _requested_cpus(resources: dict[str, str]) -> int | None:
@@ -218,14 +295,18 @@ def node_argv(command: list[str], python: str) -> list[str]:
 
 
 def node_environment(
-    node: NodeLaunch, port: int, python: str, restarts: int = 0, elastic: bool = False
+    node: NodeLaunch,
+    port: int,
+    python: str,
+    restarts: int = 0,
+    elastic: bool = False,
+    base_env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The full environment of a node process: inherited, minus stray launcher variables, plus the node's."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in _INHERITED_DROP and not key.startswith(_INHERITED_DROP_PREFIXES)
-    }
+    """The full environment of a node process: ``base_env`` (what it gets of the environment the job was created
+    from, :attr:`LaunchSpec.base_env`; default: :func:`passed_env` of this one), then the node's own."""
+    from trainjob.backends.local.worker_site import SITE_DIR
+
+    env = dict(passed_env(os.environ) if base_env is None else base_env)
     env.update(node.env)
     env.update(PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port))
     if "PET_RDZV_ENDPOINT" in node.env:
@@ -235,6 +316,7 @@ def node_environment(
         env["PET_MAX_RESTARTS"] = "0"
     env["TRAINJOB_RESTART_COUNT"] = str(restarts)
     env["PATH"] = os.pathsep.join([os.path.dirname(python), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 

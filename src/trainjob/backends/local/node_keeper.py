@@ -228,6 +228,7 @@ class Keeper:
 
     def _stop(self, now: float) -> None:
         if self.stop_deadline is None:
+            self.log.mark_stop()  # what the node prints from here on is shutdown, not a crash
             signal_group(self.node.pid, signal.SIGTERM)
             self.stop_deadline = now + STOP_GRACE_SECONDS
         elif now >= self.stop_deadline and not self.killed:

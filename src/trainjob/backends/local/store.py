@@ -28,6 +28,8 @@ from trainjob.errors import AlreadyExistsError, NotFoundError, ValidationError
 HOME_ENV = "TRAINJOB_HOME"
 DB_FILE = "trainjob.db"
 ACTIVE_STATUSES = ("Created", "Running")
+#: Statuses of a job that has not ended: active, or waiting in the local queue for resources.
+UNFINISHED_STATUSES = ("Queued", *ACTIVE_STATUSES)
 _NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
 _SCHEMA = """
@@ -97,19 +99,29 @@ _ADDED_COLUMNS = {
     "metrics_offset": "INTEGER NOT NULL DEFAULT 0",
     "supervisor_claimed": "REAL",
     "supervisor_replacements": "INTEGER NOT NULL DEFAULT 0",
+    # The local queue (:mod:`~trainjob.backends.local.queue`): what the job holds while admitted, its order.
+    "priority": "INTEGER NOT NULL DEFAULT 0",
+    "cpus": "INTEGER NOT NULL DEFAULT 0",
+    "memory_bytes": "INTEGER NOT NULL DEFAULT 0",
+    "gpus": "INTEGER NOT NULL DEFAULT 0",
+    # ``trainjob/ttl-seconds-after-finished`` (:mod:`~trainjob.backends.local.ttl`).
+    "ttl_seconds": "INTEGER",
+    # What the last ``update_trainjob_status`` said (:mod:`trainjob.progress`).
+    "progress_percent": "REAL",
+    "remaining_seconds": "REAL",
 }
 
 #: Columns ``list_jobs`` reads: everything but the two JSON documents.
 LIST_COLUMNS = (
     "name, namespace, status, reason, message, runtime, num_nodes, num_proc_per_node, created, started, "
     "finished, restarts, supervisor_pid, supervisor_started, step, total_steps, metrics, metrics_time, "
-    "first_step, first_metrics_time"
+    "first_step, first_metrics_time, progress_percent, remaining_seconds"
 )
 #: Columns of :meth:`Store.list_summaries`, in order.
 SUMMARY_COLUMNS = (
     "name, status, num_nodes, num_proc_per_node, runtime, created, started, finished, step, total_steps, "
-    "json_extract(metrics, '$.loss'), metrics_time, first_step, first_metrics_time, supervisor_pid, "
-    "supervisor_started"
+    "json_extract(metrics, '$.loss'), metrics_time, first_step, first_metrics_time, progress_percent, "
+    "remaining_seconds, supervisor_pid, supervisor_started"
 )
 
 
@@ -308,7 +320,9 @@ class Store:
         return [dict(r) for r in self._db.execute("SELECT * FROM events WHERE job = ? ORDER BY id", (job,))]
 
     def add_metrics(self, job: str, records: Sequence[dict[str, Any]], offset: int | None = None) -> None:
-        """Store metric records (the JSON lines ``trainjob.torch.report`` writes) and the job's progress.
+        """Store metric records (the JSON lines ``report`` and ``update_trainjob_status`` write,
+        :mod:`trainjob.progress`) and the job's progress: the last metrics, the last step record's step, and the
+        last progress record's percentage and time left.
 
         ``offset`` is how far the metrics file has been read; it is saved in the same transaction, so a
         supervisor that replaces a lost one continues where it stopped, neither losing nor repeating records.
@@ -326,22 +340,29 @@ class Store:
             )
             last = records[-1]
             self._db.execute(
-                "UPDATE jobs SET step = ?, total_steps = ?, metrics = ?, metrics_time = ?, "
-                "first_step = COALESCE(first_step, ?), first_metrics_time = COALESCE(first_metrics_time, ?) "
-                "WHERE name = ?",
-                (
-                    last.get("step"),
-                    last.get("total_steps"),
-                    json.dumps(last.get("metrics") or {}),
-                    last["time"],
-                    records[0].get("step"),
-                    records[0]["time"],
-                    job,
-                ),
+                "UPDATE jobs SET metrics = ?, metrics_time = ? WHERE name = ?",
+                (json.dumps(last.get("metrics") or {}), last["time"], job),
             )
+            steps = [r for r in records if "progress_percent" not in r]
+            if steps:
+                self._db.execute(
+                    "UPDATE jobs SET step = ?, total_steps = ?, progress_percent = NULL, remaining_seconds = NULL, "
+                    "first_step = COALESCE(first_step, ?), first_metrics_time = COALESCE(first_metrics_time, ?) "
+                    "WHERE name = ?",
+                    (steps[-1].get("step"), steps[-1].get("total_steps"), steps[0].get("step"), steps[0]["time"], job),
+                )
+            if "progress_percent" in last:
+                self._db.execute(
+                    "UPDATE jobs SET progress_percent = ?, remaining_seconds = ? WHERE name = ?",
+                    (last.get("progress_percent"), last.get("estimated_remaining_seconds"), job),
+                )
 
-    def metrics(self, job: str) -> list[dict[str, Any]]:
-        rows = self._db.execute("SELECT time, step, total_steps, metrics FROM metrics WHERE job = ? ORDER BY time", (job,))
+    def metrics(self, job: str, after: int = 0) -> list[dict[str, Any]]:
+        """The job's metric records in time order; ``after``: only those whose ``id`` is greater (live readers)."""
+        rows = self._db.execute(
+            "SELECT rowid AS id, time, step, total_steps, metrics FROM metrics WHERE job = ? AND rowid > ? ORDER BY time",
+            (job, after),
+        )
         return [{**dict(r), "metrics": json.loads(r["metrics"])} for r in rows]
 
 

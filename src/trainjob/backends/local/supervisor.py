@@ -13,6 +13,7 @@ still run, collects the results of nodes that ended meanwhile, ingests metrics f
 does what the lost supervisor would have done (an elastic job still restarts its node group from its
 checkpoint when a node fails). Training is not interrupted. A replacement that finds the job over or deleted
 exits with :data:`~trainjob.backends.local.node_keeper.JOB_OVER_EXIT_CODE`, and the keepers stop their nodes.
+Whatever way it exits, it admits the queued jobs that fit what its job freed (:mod:`~trainjob.backends.local.queue`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from trainjob.backends.local import launcher, processes
 from trainjob.backends.local.environment import PackageInstallError, prepare_environment
 from trainjob.backends.local.failures import node_failures, pick_root_cause
 from trainjob.backends.local.launcher import LaunchSpec
+from trainjob.backends.local.logs import note_stop_reason
 from trainjob.backends.local.node_keeper import JOB_OVER_EXIT_CODE, LEFTOVER_GRACE_SECONDS, STOP_GRACE_SECONDS
 from trainjob.backends.local.nodes import NodeHandle
 from trainjob.backends.local.store import ACTIVE_STATUSES, Store
@@ -128,7 +130,8 @@ class Supervisor:
         port = launcher.free_port()
         self.nodes, self.recorded = [], set()
         for node in self.spec.nodes:
-            env = launcher.node_environment(node, port, python, restarts=restarts, elastic=self.spec.elastic)
+            env = launcher.node_environment(node, port, python, restarts=restarts, elastic=self.spec.elastic,
+                                            base_env=self.spec.base_env or None)
             keeper_spec = {
                 "home": str(self.store.home), "name": self.name, "job_dir": str(self.job_dir), "node": node.index,
                 "argv": launcher.node_argv(node.command, python), "env": env, "cwd": self.spec.cwd,
@@ -158,7 +161,7 @@ class Supervisor:
         while True:
             self._ingest_metrics()
             if self.terminating:
-                self._stop_nodes()
+                self._stop_nodes("the job is being deleted")
                 return None
             codes = [node.poll() for node in self.nodes]
             for index, code in enumerate(codes):
@@ -172,12 +175,12 @@ class Supervisor:
                 self._finish("Complete", "Completed", f"all {len(codes)} node(s) exited with code 0")
                 return None
             if deadline is not None and time.time() > deadline:
-                self._stop_nodes()
+                self._stop_nodes(f"activeDeadlineSeconds={self.spec.active_deadline_seconds} exceeded")
                 self._finish("Failed", "DeadlineExceeded",
                              f"ran longer than activeDeadlineSeconds={self.spec.active_deadline_seconds}")
                 return None
             if self._suspend_requested():
-                self._stop_nodes()
+                self._stop_nodes("the job was suspended; `trainjob resume` starts it again")
                 self.store.transition(self.name, "Suspended", "Suspended", "node processes stopped; resume to start them again",
                                       from_statuses=("Created", "Running"), request=None)
                 self.store.add_event(self.name, "Suspended", "node processes stopped")
@@ -192,7 +195,7 @@ class Supervisor:
         failed = failed + [i for i, code in enumerate(codes) if code not in (None, 0) and i not in failed]
         for index in failed:
             self._record_exit(index, codes[index])
-        self._stop_nodes()
+        self._stop_nodes(f"node-{failed[0]} failed")
         failures = [f for i in failed for f in node_failures(self.job_dir, i, self.nodes[i].exit, codes[i])]
         return pick_root_cause(failures).describe()
 
@@ -202,8 +205,10 @@ class Supervisor:
             self.store.set_node(self.name, index, status="Succeeded" if code == 0 else "Failed", exit_code=code,
                                 finished=time.time())
 
-    def _stop_nodes(self) -> None:
+    def _stop_nodes(self, reason: str = "stop requested") -> None:
         running = [node for node in self.nodes if node.poll() is None]
+        if running:
+            note_stop_reason(self.job_dir, reason)  # each keeper writes it into its node's log before stopping it
         for node in running:
             node.terminate()
         deadline = time.monotonic() + KEEPER_STOP_SECONDS
@@ -270,6 +275,18 @@ def main(argv: list[str] | None = None) -> int:
         supervisor._stop_nodes()
         supervisor._finish("Failed", "SupervisorError", f"{type(exc).__name__}: {exc}")
         raise
+    finally:
+        admit_next(store)
+
+
+def admit_next(store: Store) -> None:
+    """Start the queued jobs that fit now that this job's nodes are gone (the local queue has no daemon)."""
+    from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+
+    try:
+        LocalBackend(LocalProcessBackendConfig(home=store.home)).admit_queued()
+    except Exception as exc:  # the next reader admits them; never mask the job's own outcome
+        print(f"admitting queued jobs failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

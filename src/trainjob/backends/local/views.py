@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from trainjob import types
+from trainjob.progress import numeric_metrics, remaining_seconds, trainer_status
 
 
 def timestamp(seconds: float | None) -> datetime | None:
@@ -21,25 +22,29 @@ def eta_seconds(
     status: str, step: int | None, total: int | None, first_step: int | None, first_time: float | None, last_time: float | None
 ) -> float | None:
     """Seconds left for an active job at the step rate seen between its first and last metrics records."""
-    if status not in (types.CREATED, types.RUNNING) or step is None or not total or first_step is None:
+    if status not in (types.CREATED, types.RUNNING):
         return None
-    if step <= first_step or last_time is None or first_time is None or last_time <= first_time:
-        return None
-    return max(0.0, (total - step) * (last_time - first_time) / (step - first_step))
+    return remaining_seconds(step, total, first_step, first_time, last_time)
 
 
 def progress(row: dict[str, Any]) -> types.Progress | None:
-    """Progress from the job's last metrics record; the ETA extrapolates the step rate seen so far."""
+    """Progress from the job's last metrics record: the percentage and time left ``update_trainjob_status``
+    reported, else from the steps ``report`` gave (the time left extrapolates the step rate seen so far)."""
     if row.get("metrics_time") is None:
         return None
     step, total = row["step"], row["total_steps"]
-    eta = eta_seconds(row["status"], step, total, row["first_step"], row["first_metrics_time"], row["metrics_time"])
+    percent, remaining = row.get("progress_percent"), row.get("remaining_seconds")
+    active = row["status"] in (types.CREATED, types.RUNNING)
+    if percent is None and remaining is None:
+        remaining = eta_seconds(row["status"], step, total, row["first_step"], row["first_metrics_time"],
+                                row["metrics_time"])
     return types.Progress(
         step=step,
         total_steps=total,
-        metrics=json.loads(row["metrics"] or "{}"),
+        metrics=numeric_metrics(json.loads(row["metrics"] or "{}")),
         updated=timestamp(row["metrics_time"]),
-        eta_seconds=eta,
+        eta_seconds=remaining if active else None,
+        percent=percent,
     )
 
 
@@ -94,6 +99,9 @@ def resource_with_status(row: dict[str, Any], nodes: list[dict[str, Any]]) -> di
     if row["status"] == types.SUSPENDED:
         counts["suspended"] = row["num_nodes"]
     resource["status"] = {"conditions": [condition], "jobsStatus": [{"name": "node", **counts}]}
+    reported = trainer_status(progress(row)) if "step" in row else None
+    if reported is not None:
+        resource["status"]["trainerStatus"] = reported
     return resource
 
 

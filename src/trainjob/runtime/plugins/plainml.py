@@ -19,7 +19,9 @@ class PlainMLPlugin(Plugin):
 
     def enabled(self, ctx: Context) -> bool:
         policy = ctx.runtime.spec.ml_policy
-        return policy is None or (policy.torch is None and policy.mpi is None)
+        return policy is None or all(
+            getattr(policy, name) is None for name in ("torch", "mpi", "flux", "jax", "xgboost")
+        )
 
     def validate(self, ctx: Context) -> list[ValidationError]:
         trainer = ctx.trainjob.spec.trainer

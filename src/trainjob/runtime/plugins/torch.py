@@ -19,7 +19,8 @@ variable                 value
 =======================  =====================================================================
 
 ``PET_*`` names in ``spec.trainer.env`` are rejected: they would silently fight the values above.
-Elastic jobs start ``maxNodes`` pods; gang scheduling requires ``minNodes`` of them.
+Elastic jobs start ``maxNodes`` pods; gang scheduling requires ``minNodes`` of them. The containers a v2.3
+runtime names in ``mlPolicy.torch.envInjection`` (sidecars, init containers) get the same ``PET_*`` variables.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from trainjob.api.quantity import cpu_count, gpu_count
 from trainjob.errors import ValidationError
 from trainjob.runtime.framework import Context, Plugin
 from trainjob.runtime.overrides import requested_num_nodes
+from trainjob.runtime.patches import pod_patches
 from trainjob.runtime.plan import (
     COMPLETION_INDEX_FIELD_PATH,
     ContainerPort,
@@ -39,7 +41,7 @@ from trainjob.runtime.plan import (
     Plan,
     Resources,
 )
-from trainjob.runtime.template import TRAINER_CONTAINER, main_container, upsert_env
+from trainjob.runtime.template import TRAINER_CONTAINER, env_to_dict, main_container, pod_spec, upsert_env
 
 RESERVED_ENV_PREFIX = "PET_"
 MASTER_PORT = 29500
@@ -129,6 +131,17 @@ class TorchPlugin(Plugin):
 
     def validate(self, ctx: Context) -> list[ValidationError]:
         problems = _reserved_env_problems(ctx.trainjob)
+        jobs = {p.name: p for p in ctx.plan.pod_sets}
+        for job, name, path in _env_injection_targets(ctx):
+            if job not in jobs:
+                problems.append(ValidationError(f"{path}.jobName", f"runtime {ctx.runtime.name!r} has no job {quote(job)}"))
+                continue
+            known = [c.name for c in jobs[job].containers]
+            known += [c.get("name") for c in pod_spec(jobs[job].template).get("initContainers") or []]
+            if name not in known:
+                problems.append(ValidationError(
+                    f"{path}.containerNames", f"job {job!r} has no container {quote(name)} ({', '.join(known)})"
+                ))
         trainer = ctx.trainjob.spec.trainer
         if trainer is not None and trainer.num_nodes is not None and _elastic_policy(ctx) is not None:
             problems.append(
@@ -164,6 +177,32 @@ class TorchPlugin(Plugin):
         upsert_env(container, torch_env(plan))
         if not any(p.container_port == plan.master_port for p in container.ports):
             container.ports.append(ContainerPort(container_port=plan.master_port))
+        _inject_env(ctx, torch_env(plan))
+
+
+def _env_injection_targets(ctx: Context) -> list[tuple[str, str, str]]:
+    """(job, container, field path) for every container ``mlPolicy.torch.envInjection`` names."""
+    policy = ctx.runtime.spec.ml_policy
+    injection = policy.torch.env_injection if policy is not None and policy.torch is not None else None
+    return [
+        (target.job_name, name, f"spec.mlPolicy.torch.envInjection.targets[{i}]")
+        for i, target in enumerate((injection.targets if injection else None) or [])
+        for name in target.container_names
+    ]
+
+
+def _inject_env(ctx: Context, env: list[EnvVar]) -> None:
+    jobs = {p.name: p for p in ctx.plan.pod_sets}
+    for job, name, _ in _env_injection_targets(ctx):
+        pod_set = jobs[job]
+        if any(c.name == name for c in pod_set.containers):
+            upsert_env(pod_set.container(name), env)
+            continue
+        for init in pod_spec(pod_set.template).get("initContainers") or []:
+            if init.get("name") == name:
+                names = {var.name for var in env}
+                init["env"] = [v for v in init.get("env") or [] if v.get("name") not in names]
+                init["env"] += [env_to_dict(var) for var in env]
 
 
 def _elastic_policy(ctx: Context) -> TorchElasticPolicy | None:
@@ -189,12 +228,11 @@ def _reserved_env_problems(trainjob: TrainJob) -> list[ValidationError]:
     for i, var in enumerate((trainer.env if trainer else None) or []):
         if var.name.startswith(RESERVED_ENV_PREFIX):
             problems.append(_reserved(f"spec.trainer.env[{i}].name", var.name))
-    for i, override in enumerate(trainjob.spec.pod_template_overrides or []):
-        for j, container in enumerate((override.spec.containers if override.spec else None) or []):
+    for patch in pod_patches(trainjob):
+        for j, container in enumerate((patch.spec.containers if patch.spec else None) or []):
             for k, var in enumerate(container.env or []):
                 if var.name.startswith(RESERVED_ENV_PREFIX):
-                    path = f"spec.podTemplateOverrides[{i}].spec.containers[{j}].env[{k}].name"
-                    problems.append(_reserved(path, var.name))
+                    problems.append(_reserved(f"{patch.path}.spec.containers[{j}].env[{k}].name", var.name))
     return problems
 
 

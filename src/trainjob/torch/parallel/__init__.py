@@ -11,14 +11,32 @@
 
 ``trainjob.torch.prepare_model(model, parallel=dims, pipeline=...)`` does the same. FSDP, DDP and activation
 checkpointing are :mod:`trainjob.torch.wrap`'s, shared with ``prepare_model`` and re-exported here.
+
+Names load on first use, so :class:`ParallelDims` (the one definition of the rank layout, which the planner in
+:mod:`trainjob.tools` uses too) can be imported without importing torch.
 """
 
-from trainjob.torch.parallel.compose import ParallelModel, parallelize
-from trainjob.torch.parallel.dims import MESH_DIM_NAMES, ParallelDims
-from trainjob.torch.parallel.pipeline import SCHEDULES, PipelineConfig, check_microbatches
-from trainjob.torch.parallel.stages import split_layers
-from trainjob.torch.parallel.tensor import apply_tp, check_tp_plan, transformer_plan
-from trainjob.torch.wrap import apply_activation_checkpointing, apply_ddp, apply_fsdp
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "MESH_DIM_NAMES": "trainjob.torch.parallel.dims",
+    "ParallelDims": "trainjob.torch.parallel.dims",
+    "ParallelModel": "trainjob.torch.parallel.compose",
+    "parallelize": "trainjob.torch.parallel.compose",
+    "SCHEDULES": "trainjob.torch.parallel.pipeline",
+    "PipelineConfig": "trainjob.torch.parallel.pipeline",
+    "check_microbatches": "trainjob.torch.parallel.pipeline",
+    "split_layers": "trainjob.torch.parallel.stages",
+    "apply_tp": "trainjob.torch.parallel.tensor",
+    "check_tp_plan": "trainjob.torch.parallel.tensor",
+    "transformer_plan": "trainjob.torch.parallel.tensor",
+    "apply_activation_checkpointing": "trainjob.torch.wrap",
+    "apply_ddp": "trainjob.torch.wrap",
+    "apply_fsdp": "trainjob.torch.wrap",
+}
 
 __all__ = [
     "MESH_DIM_NAMES",
@@ -36,3 +54,24 @@ __all__ = [
     "split_layers",
     "transformer_plan",
 ]
+
+if TYPE_CHECKING:
+    from trainjob.torch.parallel.compose import ParallelModel, parallelize
+    from trainjob.torch.parallel.dims import MESH_DIM_NAMES, ParallelDims
+    from trainjob.torch.parallel.pipeline import SCHEDULES, PipelineConfig, check_microbatches
+    from trainjob.torch.parallel.stages import split_layers
+    from trainjob.torch.parallel.tensor import apply_tp, check_tp_plan, transformer_plan
+    from trainjob.torch.wrap import apply_activation_checkpointing, apply_ddp, apply_fsdp
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trainjob.torch.parallel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

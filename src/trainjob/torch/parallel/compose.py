@@ -29,7 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from trainjob.errors import ValidationError
 from trainjob.torch.clip import clip_grad_norm_
 from trainjob.torch.env import init
-from trainjob.torch.parallel.dims import ParallelDims
+from trainjob.torch.parallel.dims import ParallelDims, set_current_layout
 from trainjob.torch.parallel.gpt import lm_loss
 from trainjob.torch.parallel.pipeline import LossFn, PipelineConfig, PipelineRunner
 from trainjob.torch.parallel.stages import build_stage_modules, meta_copy
@@ -154,7 +154,9 @@ def parallelize(
 ) -> ParallelModel:
     """Apply ``parallel``'s PP, TP, activation checkpointing and FSDP/DDP to ``model`` (modified in place).
 
-    Every rank passes the same full model (same seed) and gets back its share. ``tp_plan`` defaults to
+    Every rank passes the same full model (same seed) and gets back its share. From then on
+    :func:`trainjob.torch.prepare_data_loader` shards data by this layout's data-parallel rank: the ranks of one
+    tensor-parallel / pipeline group read the same batches. ``tp_plan`` defaults to
     :func:`~trainjob.torch.parallel.tensor.transformer_plan`; ``pipeline`` to ``PipelineConfig()`` (1F1B) when
     ``parallel.pp > 1``; ``loss_fn(outputs, targets)`` is what the last pipeline stage and ``train_step`` compute.
     Data parallelism uses FSDP2 for ``zero_stage`` 1-3 and DDP for 0 (see :mod:`trainjob.torch.wrap`, shared with
@@ -235,6 +237,7 @@ def parallelize(
             output_dtype=torch.float32 if dtype is not None and runner is None else None,
             cpu_offload=cpu_offload,
         )
+    set_current_layout(parallel)  # data loaders now shard by data-parallel rank (trainjob.torch.data)
     return ParallelModel(parts, dims=parallel, mesh=mesh, loss_fn=loss_fn, pipeline=runner)
 
 

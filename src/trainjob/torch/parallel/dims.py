@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
-
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from functools import lru_cache
+from typing import TYPE_CHECKING, Literal
 
 from trainjob.errors import ValidationError
-from trainjob.torch.env import global_world_size
 
-__all__ = ["MESH_DIM_NAMES", "ParallelDims"]
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["MESH_DIM_NAMES", "ParallelDims", "current_layout", "set_current_layout"]
 
 MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "pp", "tp")
 """Mesh dimension names, outermost first; every mesh has all four, unused ones with size 1."""
@@ -52,6 +53,8 @@ class ParallelDims:
 
     def __post_init__(self) -> None:
         if self.world_size is None:
+            from trainjob.torch.env import global_world_size  # imports torch: only when the size is not given
+
             self.world_size = global_world_size()
         sizes = self._sizes()
         for name, size in sizes.items():
@@ -128,6 +131,16 @@ class ParallelDims:
             by_key.setdefault(key, []).append(rank)
         return list(by_key.values())
 
+    def spans_nodes(self, dim: Dim, gpus_per_node: int) -> bool:
+        """Whether a group of ``dim`` has ranks on more than one node, ``gpus_per_node`` consecutive ranks per node
+        (torchrun's numbering: node ``n`` runs ranks ``n * gpus_per_node ...``)::
+
+            ParallelDims(dp_shard=2, tp=2, pp=2, world_size=8).spans_nodes("dp", 4)   # True: DP groups [0, 4] ...
+        """
+        if gpus_per_node < 1:
+            raise ValidationError("gpus_per_node", f"must be >= 1, got {gpus_per_node}")
+        return _spans_nodes(self.dp_replicate, self.dp_shard, self.pp, self.tp, dim, gpus_per_node)
+
     def layout(self) -> str:
         """A printable description: the sizes, the rank formula, each dimension's groups and a rank table."""
         lines = [
@@ -146,6 +159,8 @@ class ParallelDims:
 
     def build_mesh(self, device_type: str) -> DeviceMesh:
         """One :class:`DeviceMesh` with dims ``dp_replicate, dp_shard, pp, tp`` over the default process group."""
+        from torch.distributed.device_mesh import init_device_mesh
+
         return init_device_mesh(
             device_type,
             (self.dp_replicate, self.dp_shard, self.pp, self.tp),
@@ -155,3 +170,25 @@ class ParallelDims:
     def dp_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
         """The 2-D ``(dp_replicate, dp_shard)`` sub-mesh FSDP shards and replicates over."""
         return mesh["dp_replicate", "dp_shard"]
+
+
+@lru_cache(maxsize=4096)
+def _spans_nodes(dp_replicate: int, dp_shard: int, pp: int, tp: int, dim: str, gpus_per_node: int) -> bool:
+    dims = ParallelDims(dp_replicate=dp_replicate, dp_shard=dp_shard, pp=pp, tp=tp,
+                        world_size=dp_replicate * dp_shard * pp * tp)  # fmt: skip
+    return any(len({rank // gpus_per_node for rank in group}) > 1 for group in dims.groups(dim))  # type: ignore[arg-type]
+
+
+_current: ParallelDims | None = None
+
+
+def set_current_layout(dims: ParallelDims | None) -> None:
+    """Record the layout of the model this process prepared last (``parallelize`` sets it, a plain
+    ``prepare_model`` clears it): data loaders prepared without ``rank=`` shard by its data-parallel rank."""
+    global _current
+    _current = dims
+
+
+def current_layout() -> ParallelDims | None:
+    """The layout set by the last ``parallelize`` in this process, or ``None`` (data parallel over every rank)."""
+    return _current

@@ -8,8 +8,15 @@ Traceback (most recent call last):
 ...
 trainjob.errors.ValidationError: tp: tp × pp (3) must divide the world size gpus × nodes (16); try 1, 2, 4, 8 or 16
 
-Ranks are laid out the way Megatron-LM does it: tensor-parallel ranks are neighbours (so a TP group stays inside a
-node whenever ``tp <= gpus``), then data-parallel, then pipeline stages. ``dp = gpus × nodes / (tp × pp)``.
+Ranks are laid out as :class:`trainjob.torch.parallel.ParallelDims` lays them out for training (one definition,
+used by both): tensor-parallel ranks are neighbours (so a TP group stays inside a node whenever ``tp <= gpus``), then
+pipeline stages, then data-parallel replicas outermost. ``dp = gpus × nodes / (tp × pp)``. On 2 nodes of 4 GPUs at
+tp 2, pp 2, dp 2 the pipeline groups ([0, 2], [1, 3], ...) stay inside a node and the data-parallel groups
+([0, 4], ...) cross nodes:
+
+>>> setup = TrainingSetup(params=1e9, gpus=4, nodes=2, tp=2, pp=2)
+>>> [(group, setup.group_spans_nodes(group)) for group in ("tp", "pp", "dp")]
+[('tp', False), ('pp', False), ('dp', True)]
 """
 
 from __future__ import annotations
@@ -18,8 +25,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from trainjob.errors import ValidationError
+from trainjob.torch.parallel.dims import ParallelDims
 
-__all__ = ["DTYPES", "OPTIMIZERS", "ZERO_STAGES", "TrainingSetup"]
+__all__ = ["DTYPES", "OPTIMIZERS", "PIPELINE_SCHEDULES", "ZERO_STAGES", "TrainingSetup"]
 
 Dtype = Literal["bf16", "fp16", "fp32"]
 Optimizer = Literal["adam", "adamw", "sgd"]
@@ -28,6 +36,8 @@ Optimizer = Literal["adam", "adamw", "sgd"]
 DTYPES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 OPTIMIZERS = ("adam", "adamw", "sgd")
 ZERO_STAGES = (0, 1, 2, 3)
+#: Pipeline schedules the planner models, with the model stages each rank holds (see trainjob.torch.parallel).
+PIPELINE_SCHEDULES: dict[str, int] = {"1F1B": 1, "GPipe": 1, "Interleaved1F1B": 2}
 
 
 def _divisors(n: int) -> str:
@@ -43,6 +53,11 @@ class TrainingSetup:
     ``12·layers·hidden² + vocab·hidden`` (a GPT block has 12h² weights). ``micro_batches`` is the number of
     micro-batches per optimizer step (gradient accumulation, or the pipeline's m); ``global_batch`` sets it to
     ``global_batch / (micro_batch × dp)`` instead.
+
+    ``offload`` is DeepSpeed's ZeRO-Offload: optimizer states in host memory. ``cpu_offload`` is what
+    ``parallelize(..., cpu_offload=True)`` does (FSDP2's ``CPUOffloadPolicy``): the shard's parameters, gradients and
+    optimizer states all live in host memory and the GPU holds only the blocks being computed. ``schedule`` is the
+    pipeline schedule (``1F1B``, ``GPipe`` or ``Interleaved1F1B`` with 2 stages per rank) when ``pp > 1``.
     """
 
     params: int | float | None = None
@@ -64,6 +79,8 @@ class TrainingSetup:
     global_batch: int | None = None
     activation_checkpointing: bool = False
     flash_attention: bool = False
+    schedule: str = "1F1B"
+    cpu_offload: bool = False
 
     def __post_init__(self) -> None:
         errors = self._problems()
@@ -103,6 +120,14 @@ class TrainingSetup:
             fail("optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.offload and self.zero == 0:
             fail("offload", "needs zero >= 1 (optimizer states are offloaded per shard), got zero 0")
+        if self.cpu_offload and self.zero == 0:
+            fail("cpu_offload", "needs zero >= 1 (FSDP offloads its shards; DDP keeps full replicas), got zero 0")
+        if self.cpu_offload and self.offload:
+            fail("cpu_offload", "already offloads the optimizer states: give cpu_offload or offload, not both")
+        if self.cpu_offload and (self.layers is None or self.hidden is None):
+            fail("cpu_offload", "needs layers and hidden: the GPU holds the gathered blocks, whose size they give")
+        if self.schedule not in PIPELINE_SCHEDULES:
+            fail("schedule", f"must be one of {', '.join(PIPELINE_SCHEDULES)}, got {self.schedule!r}")
         if errors:
             return errors  # the checks below need valid degrees
         if self.world_size % (self.tp * self.pp):
@@ -112,10 +137,12 @@ class TrainingSetup:
                 f"try {_divisors(self.world_size)}",
             )
             return errors
-        if self.layers is not None and self.layers % self.pp:
+        stages = self.pp * self.stages_per_rank
+        if self.layers is not None and self.layers % stages:
+            per_rank = f" × {self.stages_per_rank} stages per rank ({self.schedule})" if self.stages_per_rank > 1 else ""
             fail(
                 "layers",
-                f"must be divisible by pp ({self.pp}) so every stage gets whole layers, got {self.layers}",
+                f"must be divisible by pp ({self.pp}){per_rank} so every stage gets whole layers, got {self.layers}",
             )
         if self.heads is not None and self.heads % self.tp:
             fail("heads", f"must be divisible by tp ({self.tp}), got {self.heads}")
@@ -130,6 +157,11 @@ class TrainingSetup:
                     f"must be a multiple of micro_batch × dp ({self.micro_batch * self.dp}), got {self.global_batch}",
                 )
         return errors
+
+    @property
+    def stages_per_rank(self) -> int:
+        """Model stages each pipeline rank holds: 2 for ``Interleaved1F1B``, else 1 (1 without pipelining)."""
+        return PIPELINE_SCHEDULES.get(self.schedule, 1) if self.pp > 1 else 1
 
     @property
     def world_size(self) -> int:
@@ -155,7 +187,11 @@ class TrainingSetup:
         """Whether layers, hidden, heads and seq are known, which activation and TP/PP estimates need."""
         return None not in (self.layers, self.hidden, self.heads, self.seq)
 
+    def parallel_dims(self) -> ParallelDims:
+        """The :class:`~trainjob.torch.parallel.ParallelDims` that trains this layout (data parallelism sharded)."""
+        return ParallelDims(dp_shard=self.dp, tp=self.tp, pp=self.pp, world_size=self.world_size)
+
     def group_spans_nodes(self, group: Literal["tp", "dp", "pp"]) -> bool:
-        """Whether a process group of this kind has members on more than one node (rank order tp, dp, pp)."""
-        span = {"tp": self.tp, "dp": self.tp * self.dp, "pp": self.world_size}[group]
-        return span > self.gpus
+        """Whether a process group of this kind has members on more than one node, in the rank layout
+        :class:`~trainjob.torch.parallel.ParallelDims` builds (TP innermost, then PP, DP outermost)."""
+        return self.parallel_dims().spans_nodes(group, self.gpus)

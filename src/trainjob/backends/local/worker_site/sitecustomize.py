@@ -1,0 +1,130 @@
+"""Run at start-up by every Python process of a local job's node; makes failures say what failed.
+
+- **A training process** (torchrun's worker: ``LOCAL_RANK`` and ``TORCHELASTIC_ERROR_FILE`` are set) that ends
+  with an uncaught exception writes it to ``TORCHELASTIC_ERROR_FILE`` in torchelastic's format, as a script
+  decorated with ``@record`` would (a script's own ``@record`` wins: an existing file is kept). torchrun then
+  reports the exception as the rank's error, and the job's status names it.
+- **The node's torchrun** prints its failure report (``ChildFailedError``) without the traceback of torchrun's own
+  frames, each failed rank's traceback cut to its exception line (the rank printed the whole traceback just
+  before), and a stop by signal (``SignalException``: the job is being stopped, suspended or deleted, or a peer
+  node failed) as one line instead of a traceback that looks like a crash.
+
+Processes the training process starts (data loader workers, subprocesses) are left alone. Costs nothing until an
+exception reaches the top: only ``os`` and ``sys`` are touched at start-up.
+"""
+
+import os
+import sys
+
+_WORKER_MARK = "TRAINJOB_SITE_WORKER_PID"
+_NODE_MARK = "TRAINJOB_SITE_NODE_PID"
+
+
+def _write_error_file(path, exc_type, exc, tb):
+    import json
+    import time
+    import traceback
+
+    if os.path.exists(path):
+        return
+    record = {
+        "message": {
+            "message": f"{exc_type.__name__}: {exc}",
+            "extraInfo": {
+                "py_callstack": "".join(traceback.format_exception(exc_type, exc, tb)),
+                "timestamp": str(int(time.time())),
+            },
+        }
+    }
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+    except OSError:
+        pass
+
+
+def _install_worker_hook(path):
+    previous = sys.excepthook
+
+    def record_then_report(exc_type, exc, tb):
+        if not issubclass(exc_type, KeyboardInterrupt):
+            _write_error_file(path, exc_type, exc, tb)
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = record_then_report
+
+
+def _short_tracebacks(report):
+    """torchrun's failure report with each ``traceback :`` block cut to the exception it ends with."""
+    import re
+
+    next_part = re.compile(r"^(=+|-+|\[\d+\]:|  (time|host|rank|exitcode|error_file|traceback) *:)")
+    out, block = [], None
+    for line in report.splitlines() + [""]:
+        if block is not None:
+            if not next_part.match(line) and line != "":
+                block.append(line)
+                continue
+            frames_end = max((k for k, text in enumerate(block) if text.startswith("    ")), default=-1)
+            rest = [text.strip() for text in block[frames_end + 1 :] if text.strip()]
+            out.append("  traceback : " + (rest[0] if rest else ""))
+            block = None
+        if line.startswith("  traceback : Traceback (most recent call last):"):
+            block = []
+            continue
+        out.append(line)
+    return "\n".join(out[:-1])
+
+
+def _install_torchrun_hook():
+    previous = sys.excepthook
+
+    def short_report(exc_type, exc, tb):
+        name = exc_type.__name__
+        if name == "ChildFailedError":
+            # The report itself (every failed rank, its exit code and error) is what matters, not torchrun's frames.
+            try:
+                report = _short_tracebacks(str(exc))
+            except Exception:
+                report = str(exc)
+            sys.stderr.write(f"{exc_type.__module__}.{name}: {report}\n")
+        elif name == "SignalException":
+            sys.stderr.write(f"torchrun stopped: {exc}\n")
+        else:
+            previous(exc_type, exc, tb)
+        sys.stderr.flush()
+
+    sys.excepthook = short_report
+
+
+def _load_shadowed_sitecustomize():
+    """The ``sitecustomize`` later on the path, as Python would have loaded it without this one."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # as site.py does for a failing sitecustomize
+        sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}\n")
+
+
+def _main():
+    env = os.environ
+    error_file = env.get("TORCHELASTIC_ERROR_FILE")
+    if "LOCAL_RANK" in env:
+        if error_file and _WORKER_MARK not in env:
+            env[_WORKER_MARK] = str(os.getpid())  # the processes it starts inherit the mark and are left alone
+            _install_worker_hook(error_file)
+    elif _NODE_MARK not in env and "TRAINJOB_JOB_DIR" in env:
+        env[_NODE_MARK] = str(os.getpid())
+        _install_torchrun_hook()
+    _load_shadowed_sitecustomize()
+
+
+_main()

@@ -1,0 +1,189 @@
+"""Where a command's jobs live: the backend and, for Kubernetes, the namespace, kubeconfig and context.
+
+Every job command takes ``--backend local|kubernetes`` and, as kubectl does, ``-n/--namespace``, ``--kubeconfig``
+and ``--context``. What is not given on the command line comes from, in order:
+
+====================  ===========================================================================================
+``--backend``         ``$TRAINJOB_BACKEND``, then ``backend:`` in the config file, then ``local``
+``-n/--namespace``    ``namespace:`` in the config file, then the kubeconfig context's namespace, then ``default``
+``--kubeconfig``      ``$KUBECONFIG``, then ``kubeconfig:`` in the config file, then ``~/.kube/config``
+``--context``         ``context:`` in the config file, then the kubeconfig's current context
+====================  ===========================================================================================
+
+The config file is the first of ``$TRAINJOB_CONFIG``, ``$TRAINJOB_HOME/config.yaml`` and
+``${XDG_CONFIG_HOME:-~/.config}/trainjob/config.yaml`` that exists::
+
+    backend: kubernetes
+    namespace: ml-team
+    context: prod
+
+Mistakes are usage errors (exit 2) that name the flag, variable or file to fix: an unknown backend, a key the
+file does not know, Kubernetes flags with the local backend, or no kubeconfig to be found.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from trainjob.errors import ValidationError
+
+BACKENDS = ("local", "kubernetes")
+BACKEND_ENV = "TRAINJOB_BACKEND"
+CONFIG_ENV = "TRAINJOB_CONFIG"
+CONFIG_KEYS = ("backend", "namespace", "kubeconfig", "context")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Target:
+    """The backend a command talks to; ``str(target)`` is the backend's name."""
+
+    backend: str = "local"
+    namespace: str | None = None
+    kubeconfig: str | None = None
+    context: str | None = None
+
+    def __str__(self) -> str:
+        return self.backend
+
+
+def config_paths() -> list[Path]:
+    """Where the config file is looked for, first match wins."""
+    from trainjob.backends.local.store import default_home
+
+    paths = [Path(os.environ[CONFIG_ENV]).expanduser()] if os.environ.get(CONFIG_ENV) else []
+    xdg = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config").expanduser()
+    return [*paths, default_home() / "config.yaml", xdg / "trainjob" / "config.yaml"]
+
+
+def load_config() -> tuple[dict[str, str], Path | None]:
+    """The config file's settings and its path (``{}, None`` when there is none); ``ValidationError`` when bad."""
+    import yaml
+
+    explicit = os.environ.get(CONFIG_ENV)
+    for path in config_paths():
+        if not path.is_file():
+            if explicit and path == Path(explicit).expanduser():
+                raise ValidationError(CONFIG_ENV, f"no such file: {path}")
+            continue
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValidationError(str(path), f"cannot read the trainjob config file: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValidationError(str(path), f"must be a mapping of {', '.join(CONFIG_KEYS)}")
+        for key, value in data.items():
+            if key not in CONFIG_KEYS:
+                raise ValidationError(f"{path}: {key}", f"unknown setting; known: {', '.join(CONFIG_KEYS)}")
+            if not isinstance(value, str) or not value:
+                raise ValidationError(f"{path}: {key}", f"must be a non-empty string, got {value!r}")
+        return data, path
+    return {}, None
+
+
+def resolve_target(
+    backend: str | None, namespace: str | None, kubeconfig: str | None, context: str | None
+) -> Target:
+    """The :class:`Target` for the flags given (``None``: not given), filled in from the environment and config."""
+    config, path = load_config()
+    if backend is None:
+        backend = os.environ.get(BACKEND_ENV) or None
+        if backend is not None and backend not in BACKENDS:
+            raise ValidationError(BACKEND_ENV, f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend is None:
+        backend = config.get("backend", "local")
+        if backend not in BACKENDS:
+            raise ValidationError(f"{path}: backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend != "kubernetes":
+        given = [flag for flag, value in (("--namespace", namespace), ("--kubeconfig", kubeconfig),
+                                          ("--context", context)) if value is not None]
+        if given:
+            raise ValidationError(
+                given[0], f"applies to the kubernetes backend only; add --backend kubernetes "
+                f"(or set {BACKEND_ENV}=kubernetes, or backend: kubernetes in {path or config_paths()[-1]})"
+            )
+        return Target(backend)
+    if kubeconfig is None and not os.environ.get("KUBECONFIG"):
+        kubeconfig = config.get("kubeconfig")
+    return Target(
+        backend,
+        namespace=namespace or config.get("namespace"),
+        kubeconfig=str(Path(kubeconfig).expanduser()) if kubeconfig else None,
+        context=context or config.get("context"),
+    )
+
+
+def check_kubeconfig(target: Target) -> None:
+    """A usage error naming ``--kubeconfig`` when no kubeconfig can be read (and this is not inside a pod)."""
+    if target.kubeconfig is not None:
+        if not Path(target.kubeconfig).is_file():
+            raise ValidationError("--kubeconfig", f"no such file: {target.kubeconfig}")
+        return
+    env = os.environ.get("KUBECONFIG")
+    if env:
+        files = [f for f in env.split(os.pathsep) if f]
+        if not any(Path(f).expanduser().is_file() for f in files):
+            raise ValidationError(
+                "--kubeconfig", f"KUBECONFIG names no file that exists ({env}); pass --kubeconfig FILE or fix KUBECONFIG"
+            )
+        return
+    if Path("~/.kube/config").expanduser().is_file() or "KUBERNETES_SERVICE_HOST" in os.environ:
+        return
+    raise ValidationError(
+        "--kubeconfig",
+        "no kubeconfig found (KUBECONFIG is not set and ~/.kube/config does not exist); pass --kubeconfig FILE, "
+        "set KUBECONFIG, or put kubeconfig: FILE in the trainjob config file",
+    )
+
+
+def backend_option(command: F) -> F:
+    """Add ``--backend``, ``-n/--namespace``, ``--kubeconfig`` and ``--context``; the command gets ``backend``,
+    a :class:`Target` (which :func:`make_backend` turns into a backend)."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        backend = kwargs.pop("backend", None)
+        namespace = kwargs.pop("namespace", None)
+        kubeconfig = kwargs.pop("kubeconfig", None)
+        context = kwargs.pop("context", None)
+        try:
+            kwargs["backend"] = resolve_target(backend, namespace, kubeconfig, context)
+        except ValidationError as exc:
+            click.echo(f"error: {exc}", err=True)
+            raise SystemExit(2) from None
+        return command(*args, **kwargs)
+
+    options = [
+        click.option("--backend", type=click.Choice(BACKENDS), default=None,
+                     help=f"Where jobs run: processes on this machine, or a Kubernetes cluster "
+                          f"[default: ${BACKEND_ENV}, the config file's backend:, else local]."),
+        click.option("-n", "--namespace", default=None, help="Kubernetes namespace (kubernetes backend)."),
+        click.option("--kubeconfig", default=None, metavar="FILE", help="kubeconfig file (kubernetes backend)."),
+        click.option("--context", default=None, help="kubeconfig context (kubernetes backend)."),
+    ]
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper  # type: ignore[return-value]
+
+
+def make_backend(target: Target | str) -> Any:
+    """A backend for ``target`` (a :class:`Target`, or a backend name); Kubernetes is imported only when asked."""
+    from trainjob.client import backend_for
+
+    if isinstance(target, str):
+        target = Target(target)
+    if target.backend == "kubernetes":
+        from trainjob.backends.kubernetes.config import KubernetesBackendConfig
+
+        check_kubeconfig(target)
+        return backend_for(KubernetesBackendConfig(namespace=target.namespace, config_file=target.kubeconfig,
+                                                   context=target.context))
+    return backend_for(None)

@@ -1,0 +1,157 @@
+"""What the dashboard shows, as JSON-ready dicts, from any backend (local processes or Kubernetes).
+
+The local backend has fast paths: the job list reads the store's summary tuples (ten thousand jobs in a few
+tens of milliseconds, no per-job objects), metrics come from the store incrementally (``after`` an id) and logs
+are followed straight from the node files, stopping as soon as the browser goes away. Other backends go through
+the SDK's methods (``list_jobs``, ``get_job``, ``logs``); their metrics are the job's reported progress, one
+point per change, which the page accumulates into a curve while it watches.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from trainjob import types
+from trainjob.backends.local import views
+from trainjob.backends.local.backend import LocalBackend
+from trainjob.backends.local.logs import read_logs
+from trainjob.backends.local.store import UNFINISHED_STATUSES
+
+#: The list shows at most this many jobs (newest first) of those matching its filter; counts cover them all.
+DEFAULT_LIST_LIMIT = 200
+MAX_LIST_LIMIT = 2000
+
+
+def _seconds(value: Any) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+def _row(name: str, status: str, nodes: int, procs: int | None, runtime: str, created: float | None,
+         started: float | None, finished: float | None, step: int | None, total: int | None, loss: float | None,
+         eta: float | None) -> dict[str, Any]:
+    return {"name": name, "status": status, "nodes": nodes, "procs": procs, "runtime": runtime, "created": created,
+            "started": started, "finished": finished, "step": step, "total_steps": total, "loss": loss, "eta": eta}
+
+
+def _sdk_row(job: types.TrainJob) -> dict[str, Any]:
+    progress = job.progress
+    return _row(job.name, job.status, job.num_nodes, job.num_proc_per_node, job.runtime_name,
+                _seconds(job.creation_timestamp), _seconds(job.start_time), _seconds(job.completion_time),
+                progress.step if progress else None, progress.total_steps if progress else None,
+                progress.metrics.get("loss") if progress else None, progress.eta_seconds if progress else None)
+
+
+def _summary_row(summary: tuple[Any, ...]) -> dict[str, Any]:
+    """A row of the list from one of the local store's summary tuples."""
+    (name, status, nodes, procs, runtime, created, started, finished, step, total, loss, metrics_time, first_step,
+     first_time, *_supervisor) = summary
+    eta = views.eta_seconds(status, step, total, first_step, first_time, metrics_time)
+    return _row(name, status, nodes, procs, runtime, created, started, finished, step, total, loss, eta)
+
+
+class Dashboard:
+    """The dashboard's view of one backend; one instance serves every request (it is thread-safe)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.local = isinstance(backend, LocalBackend)
+
+    @property
+    def backend_name(self) -> str:
+        return "local" if self.local else "kubernetes"
+
+    # the job list
+
+    def jobs(self, query: str = "", status: str = "", limit: int = DEFAULT_LIST_LIMIT) -> dict[str, Any]:
+        """The newest ``limit`` jobs whose name contains ``query`` and whose status is ``status`` (any when
+        empty), with counts per status of every job. Rows are built for the jobs shown only."""
+        if self.local:
+            jobs: list[Any] = self.backend.list_summaries()  # tuples: name, status, ... (SUMMARY_COLUMNS)
+            to_row = _summary_row
+        else:
+            jobs = [_sdk_row(job) for job in self.backend.list_jobs()]
+            to_row = dict
+        statuses = [job[1] if self.local else job["status"] for job in jobs]
+        names = [job[0] if self.local else job["name"] for job in jobs]
+        query = query.strip().lower()
+        limit = max(1, min(limit, MAX_LIST_LIMIT))
+        matching = [i for i in range(len(jobs) - 1, -1, -1) if (not status or statuses[i] == status) and query in names[i]]
+        return {"backend": self.backend_name, "now": time.time(), "total": len(jobs), "counts": dict(Counter(statuses)),
+                "matching": len(matching), "jobs": [to_row(jobs[i]) for i in matching[:limit]]}
+
+    # one job
+
+    def job(self, name: str) -> dict[str, Any]:
+        job = self.backend.get_job(name)
+        events = self.backend.get_job_events(name)
+        progress = job.progress
+        return {
+            **_sdk_row(job),
+            "backend": self.backend_name,
+            "now": time.time(),
+            "reason": job.reason,
+            "message": job.message,
+            "restarts": job.restarts,
+            "metrics": dict(progress.metrics) if progress else {},
+            "steps": [{"name": s.name, "status": s.status} for s in job.steps],
+            "events": [
+                {"time": _seconds(e.event_time), "type": e.type, "reason": e.reason,
+                 "object": f"{e.involved_object_kind}/{e.involved_object_name}", "message": e.message}
+                for e in events
+            ],
+            "resource": job.resource,
+            "world_size": job.num_nodes * (job.num_proc_per_node or 1),
+        }
+
+    def metrics(self, name: str, after: float = 0) -> dict[str, Any]:
+        """Metric records newer than ``after`` (an id from an earlier answer): ``{"records": [...], "last": id}``."""
+        if self.local:
+            self.backend.store.get_job(name)  # NotFoundError for unknown jobs
+            records = [
+                {"id": r["id"], "time": r["time"], "step": r["step"], "metrics": r["metrics"]}
+                for r in self.backend.store.metrics(name, after=int(after))
+            ]
+        else:
+            progress = self.backend.get_job(name).progress
+            records = []
+            if progress is not None and progress.updated is not None and progress.updated.timestamp() > after:
+                stamp = progress.updated.timestamp()
+                records = [{"id": stamp, "time": stamp, "step": progress.step, "metrics": dict(progress.metrics)}]
+        last = records[-1]["id"] if records else after
+        return {"records": records, "last": last}
+
+    def follow_logs(self, name: str, node: int | None, rank: int | None, follow: bool, stopped: threading.Event,
+                    on_poll: Callable[[], None] = lambda: None) -> Iterator[types.LogLine]:
+        """The job's log lines (one node or rank, or all), following while it runs until ``stopped`` is set;
+        ``on_poll`` is called each time the files were read to their end (local backend)."""
+        if not self.local:
+            return self.backend.logs(name, node=node, rank=rank, follow=follow)
+        self.backend.logs(name, node=node, rank=rank)  # checks the job, node and rank; reads nothing yet
+        row = self.backend.store.get_job(name)
+        nodes = [node] if node is not None else list(range(row["num_nodes"]))
+
+        def finished() -> bool:
+            on_poll()
+            return stopped.is_set() or not self._unfinished(name)
+
+        return read_logs(self.backend.store.job_dir(name), nodes, rank=rank, follow=follow, finished=finished,
+                         poll_interval=0.2)
+
+    def _unfinished(self, name: str) -> bool:
+        rows = self.backend.store.list_jobs([name])
+        return bool(rows) and rows[0]["status"] in UNFINISHED_STATUSES
+
+    # actions
+
+    def suspend(self, name: str) -> None:
+        self.backend.suspend_job(name)
+
+    def resume(self, name: str) -> None:
+        self.backend.resume_job(name)
+
+    def delete(self, name: str) -> None:
+        self.backend.delete_job(name)

@@ -1,0 +1,148 @@
+"""The local queue: jobs that request resources never oversubscribe this machine; they wait, in order."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from jobtest.local import trainjob_resource, wait_until
+
+from trainjob.errors import ValidationError
+
+CORES = len(os.sched_getaffinity(0))
+
+#: Records when it ran and on which cores, then sleeps a little: enough to see overlaps, without torch.
+TIMED = """
+    import json, os, sys, time
+    started = time.time()
+    time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0.6)
+    with open(os.path.join(os.environ["TRAINJOB_JOB_DIR"], "ran.json"), "w") as f:
+        json.dump({"start": started, "end": time.time(), "cpus": sorted(os.sched_getaffinity(0))}, f)
+"""
+
+
+def job(name, script, cpu=None, seconds=None, priority=None, oversubscribe=False, nodes=1):
+    command = ["python", script, *([str(seconds)] if seconds is not None else [])]
+    annotations = {}
+    if priority is not None:
+        annotations["trainjob/priority"] = str(priority)
+    if oversubscribe:
+        annotations["trainjob/oversubscribe"] = "true"
+    resource = trainjob_resource(name, command, num_nodes=nodes,
+                                 **({"resources_per_node": {"requests": {"cpu": str(cpu)}}} if cpu else {}))
+    resource.metadata.annotations = annotations or None
+    return resource
+
+
+def ran(backend, name):
+    return json.loads((backend.store.job_dir(name) / "ran.json").read_text())
+
+
+def test_three_jobs_that_each_need_the_whole_machine_run_one_after_another_in_order(backend, script):
+    timed = script("timed.py", TIMED)
+    for name in ("first", "second", "third"):
+        backend.apply(job(name, timed, cpu=CORES))
+
+    second, third = backend.get_job("second"), backend.get_job("third")
+    assert (second.status, second.reason) == ("Queued", "WaitingForResources")
+    assert second.message.startswith(f"waiting for {CORES} CPU(s) (0 of {CORES} free)")
+    assert "held by first" in second.message
+    assert third.status == "Queued" and "1 job(s) ahead in the queue" in third.message
+    assert [e.reason for e in backend.get_job_events("second") if e.reason != "ImageNotUsed"] == ["Created", "Queued"]
+
+    for name in ("first", "second", "third"):
+        assert backend.wait_for_job_status(name, timeout=120).status == "Complete"
+    runs = [ran(backend, name) for name in ("first", "second", "third")]
+    assert runs[0]["end"] <= runs[1]["start"] and runs[1]["end"] <= runs[2]["start"], "they overlapped"
+    assert all(r["cpus"] == sorted(os.sched_getaffinity(0)) for r in runs)
+    events = {e.reason: e.message for e in backend.get_job_events("third")}
+    assert events["Admitted"].startswith("resources free after")
+
+
+def test_a_job_that_could_never_fit_is_refused_at_submit_with_the_numbers(backend, script):
+    timed = script("timed.py", TIMED)
+
+    with pytest.raises(ValidationError, match=rf"2 node\(s\) x {CORES} CPU\(s\) = {2 * CORES} CPUs, this machine has {CORES}"):
+        backend.apply(job("too-big", timed, cpu=CORES, nodes=2))
+    memory = trainjob_resource("too-much-memory", ["python", timed], resources_per_node={"requests": {"memory": "4Ei"}})
+    with pytest.raises(ValidationError, match=r"1 node\(s\) x 4Ei = 4Ei of memory, this machine has \d"):
+        backend.apply(memory)
+
+    assert backend.list_jobs() == []
+    assert not backend.store.job_dir("too-big").exists()
+
+
+def test_oversubscribing_starts_at_once_as_before(backend, script):
+    timed = script("timed.py", TIMED)
+    backend.apply(job("hog", timed, cpu=CORES, seconds=1.5))
+    backend.apply(job("rude", timed, cpu=CORES, seconds=0.1, oversubscribe=True))
+    backend.apply(job("big", timed, cpu=CORES, nodes=2, seconds=0.1, oversubscribe=True))  # would never fit
+
+    for name in ("hog", "rude", "big"):
+        assert backend.wait_for_job_status(name, timeout=120).status == "Complete"
+    hog, rude = ran(backend, "hog"), ran(backend, "rude")
+    assert rude["start"] < hog["end"], "an oversubscribing job does not wait"
+    assert "CPUsShared" in [e.reason for e in backend.get_job_events("big")]
+
+
+def test_jobs_that_request_nothing_are_best_effort_and_never_wait(backend, script):
+    timed = script("timed.py", TIMED)
+    backend.apply(job("hog", timed, cpu=CORES, seconds=1.5))
+    backend.apply(job("free-rider", timed, seconds=0.1))
+
+    for name in ("hog", "free-rider"):
+        assert backend.wait_for_job_status(name, timeout=60).status == "Complete"
+    assert ran(backend, "free-rider")["start"] < ran(backend, "hog")["end"]
+
+
+def test_priority_goes_first_then_submission_order(backend, script):
+    timed = script("timed.py", TIMED)
+    backend.apply(job("running", timed, cpu=CORES, seconds=1.0))
+    backend.apply(job("early", timed, cpu=CORES))
+    backend.apply(job("urgent", timed, cpu=CORES, priority=10))
+    backend.apply(job("late", timed, cpu=CORES))
+
+    assert "1 job(s) ahead" in backend.get_job("early").message
+    for name in ("running", "early", "urgent", "late"):
+        assert backend.wait_for_job_status(name, timeout=120).status == "Complete"
+    order = sorted(("early", "urgent", "late"), key=lambda name: ran(backend, name)["start"])
+    assert order == ["urgent", "early", "late"]
+
+
+def test_jobs_that_fit_side_by_side_get_disjoint_cores(backend, script):
+    if CORES < 2:
+        pytest.skip("needs two cores")
+    timed = script("timed.py", TIMED)
+    backend.apply(job("left", timed, cpu=1, seconds=1.0))
+    backend.apply(job("right", timed, cpu=1, seconds=1.0))
+
+    for name in ("left", "right"):
+        assert backend.wait_for_job_status(name, timeout=60).status == "Complete"
+    left, right = ran(backend, "left"), ran(backend, "right")
+    assert left["start"] < right["end"] and right["start"] < left["end"], "both fit, so both ran at once"
+    assert len(left["cpus"]) == len(right["cpus"]) == 1 and left["cpus"] != right["cpus"]
+
+
+def test_deleting_or_suspending_frees_the_machine_and_a_suspended_queued_job_requeues(backend, script):
+    timed = script("timed.py", TIMED)
+    backend.apply(job("holder", timed, cpu=CORES, seconds=600))
+    backend.apply(job("waiter", timed, cpu=CORES, seconds=600))
+    backend.apply(job("later", timed, cpu=CORES, seconds=0.1))
+    wait_until(lambda: backend.get_job("holder").status == "Running", timeout=30)
+
+    backend.suspend_job("waiter")  # leaves the queue; "later" moves up but still waits for "holder"
+    assert backend.get_job("waiter").status == "Suspended"
+    assert "ahead" not in backend.get_job("later").message
+
+    backend.delete_job("holder")
+    assert backend.wait_for_job_status("later", timeout=60).status == "Complete"
+    backend.resume_job("waiter")
+    wait_until(lambda: backend.get_job("waiter").status == "Running", timeout=30, what="the resumed job to be admitted")
+
+
+def test_bad_queue_annotations_are_refused(backend, script):
+    timed = script("timed.py", TIMED)
+    with pytest.raises(ValidationError, match=r"metadata.annotations\[trainjob/priority\]: must be an integer"):
+        backend.apply(job("bad", timed, cpu=1, priority="high"))
+    assert backend.list_jobs() == []
