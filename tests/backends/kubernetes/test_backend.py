@@ -107,9 +107,9 @@ def test_logs_follow_a_running_node_until_it_ends(backend: KubernetesBackend) ->
     follower.start()
     follower.join(240)
     assert not follower.is_alive(), "following did not end when the pod finished"
-    assert any(line.startswith("rank 1/2") for line in followed), followed[:20]
+    assert any(line.startswith("node-1 | rank 1/2") for line in followed), followed[:20]
     assert [s.name for s in backend.get_job("mnist").steps] == ["node-0", "node-1"]
-    with pytest.raises(NotFoundError, match="nodes 0..1, not 5"):
+    with pytest.raises(ValidationError, match="must be 0..1 for TrainJob mnist, got 5"):
         list(backend.logs("mnist", node=5))
 
 
