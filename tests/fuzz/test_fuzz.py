@@ -264,7 +264,9 @@ def test_apply_creates_every_job_of_a_file_or_none(workdir, no_processes):
 
 def test_apply_stores_a_job_in_space_that_grows_with_its_input_not_input_times_nodes(workdir, no_processes):
     large_env = f"[{{name: A, value: {'x' * 10_000}}}]"
-    text = JOB.format(name="wide", trainer=f"{{numNodes: 1000, command: [python, t.py], env: {large_env}}}")
+    script = workdir / "t.py"  # apply refuses a command whose script does not exist
+    script.write_text("")
+    text = JOB.format(name="wide", trainer=f"{{numNodes: 1000, command: [python, {script}], env: {large_env}}}")
     with tempfile.TemporaryDirectory(dir=workdir) as home, mock.patch.dict(os.environ, {"TRAINJOB_HOME": home}):
         assert run_cli("apply", "-f", str(input_file(workdir, text)))[0] == EXIT_OK
         with contextlib.closing(sqlite3.connect(Path(home) / "trainjob.db")) as db:

@@ -364,7 +364,12 @@ class LocalBackend:
         if row["status"] not in ACTIVE_STATUSES:
             raise ValidationError("status", f"TrainJob {name} is {row['status']}; only Created or Running jobs can be suspended")
         self.store.update_job(name, request="suspend")
+        deadline = time.monotonic() + timeout
         self.wait_for_job_status(name, {types.SUSPENDED}, timeout=timeout, polling_interval=LOCAL_POLL_SECONDS)
+        # The supervisor writes Suspended, then admits queued jobs before it exits: return once it is gone too.
+        row = self.store.get_job(name)
+        while processes.is_alive(row["supervisor_pid"], row["supervisor_started"]) and time.monotonic() < deadline:
+            time.sleep(LOCAL_POLL_SECONDS)
 
     def resume_job(self, name: str) -> None:
         """Start a suspended job's nodes again (from the beginning: scripts resume from their checkpoints)."""
