@@ -100,6 +100,7 @@ def run_trainjob(
     image: str | None = None,
     memory: str | None = None,
     labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The TrainJob (Kubernetes shape) ``trainjob run`` (and ``trainjob submit pytorchjob``) submits."""
     trainer: dict[str, Any] = {"command": launch_command(script, module, no_python)}
@@ -125,6 +126,8 @@ def run_trainjob(
     metadata: dict[str, Any] = {"name": name or default_job_name(script.rsplit(".", 1)[-1] if module else script)}
     if labels:
         metadata["labels"] = labels
+    if annotations:
+        metadata["annotations"] = annotations
     return {
         "apiVersion": API_VERSION,
         "kind": "TrainJob",
@@ -150,11 +153,21 @@ def run_trainjob(
 @click.option("--inherit-env", is_flag=True,
               help="Local jobs: pass every process this shell's whole environment (default: what a pod would get, "
                    "plus PATH, HOME, locale and the Python environment).")
+@click.option("--priority", type=int,
+              help="Local queue: jobs with a higher priority start first when resources free up (default 0; "
+                   "annotation trainjob/priority).")
+@click.option("--oversubscribe", is_flag=True,
+              help="Local queue: start now even if the job's requests do not fit what is free "
+                   "(annotation trainjob/oversubscribe).")
+@click.option("--ttl-seconds-after-finished", "ttl", type=click.IntRange(min=0), metavar="SECONDS",
+              help="Delete the job and its logs this many seconds after it finishes "
+                   "(annotation trainjob/ttl-seconds-after-finished).")
 @backend_option
 @handle_errors
 def run_command(script: str, script_args: tuple[str, ...], module: bool, no_python: bool, nodes: int | None,
                 nproc_per_node: str | None, cpu: str | None, gpu: int | None, env: tuple[str, ...], name: str | None,
-                runtime: str, detach: bool, inherit_env: bool, backend: Target) -> None:
+                runtime: str, detach: bool, inherit_env: bool, priority: int | None, oversubscribe: bool,
+                ttl: int | None, backend: Target) -> None:
     """Run SCRIPT with torchrun on every node; arguments after -- go to the script.
 
     SCRIPT is a Python file, a module with -m (trainjob run -m pkg.train), or a shell script or binary with
@@ -163,8 +176,24 @@ def run_command(script: str, script_args: tuple[str, ...], module: bool, no_pyth
     from trainjob.api import TrainJob
 
     resource = TrainJob.from_dict(run_trainjob(script, script_args, name, runtime, nodes, nproc_per_node, cpu, gpu,
-                                               env, module=module, no_python=no_python))
+                                               env, module=module, no_python=no_python,
+                                               annotations=job_annotations(priority, oversubscribe, ttl)))
     submit_and_follow(resource, backend, detach, inherit_env=inherit_env)
+
+
+def job_annotations(priority: int | None, oversubscribe: bool, ttl: int | None) -> dict[str, str]:
+    """The annotations ``--priority``, ``--oversubscribe`` and ``--ttl-seconds-after-finished`` stand for."""
+    from trainjob.backends.local.queue import OVERSUBSCRIBE_ANNOTATION, PRIORITY_ANNOTATION
+    from trainjob.backends.ttl import TTL_ANNOTATION
+
+    annotations: dict[str, str] = {}
+    if priority is not None:
+        annotations[PRIORITY_ANNOTATION] = str(priority)
+    if oversubscribe:
+        annotations[OVERSUBSCRIBE_ANNOTATION] = "true"
+    if ttl is not None:
+        annotations[TTL_ANNOTATION] = str(ttl)
+    return annotations
 
 
 def apply_options(backend: Target, inherit_env: bool) -> dict[str, Any]:
