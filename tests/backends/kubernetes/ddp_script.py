@@ -3,7 +3,8 @@
 Every rank prints ``rank R/W node N host H``; rank 0 prints ``final loss L``. Options make the failures the tests
 need: ``--fail-rank R`` raises ``NameError`` on rank R after the first all-reduce (``--noise-lines N`` buries the
 traceback under N lines printed at exit), ``--step-seconds S`` slows steps
-down, ``--checkpoint DIR`` saves the step after each one and resumes from it (an elastic restart continues).
+down, ``--checkpoint DIR`` saves the step after each one and resumes from it (an elastic restart continues),
+``--progress`` reports each step with ``trainjob.update_trainjob_status`` (the operator's trainerStatus).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main() -> None:
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-once", type=Path, help="fail only if this marker file is missing (then create it)")
     parser.add_argument("--checkpoint", type=Path)
+    parser.add_argument("--progress", action="store_true", help="report progress and loss after every step")
     parser.add_argument("--noise-lines", type=int, default=0, help="print this many lines at exit (after a traceback)")
     args = parser.parse_args()
     if args.noise_lines:
@@ -58,6 +60,13 @@ def main() -> None:
         if args.checkpoint is not None and rank == 0:
             args.checkpoint.mkdir(parents=True, exist_ok=True)
             (args.checkpoint / "step").write_text(str(step + 1))
+        if args.progress:
+            from trainjob import update_trainjob_status
+
+            done = step + 1
+            update_trainjob_status(progress_percent=100 * done // args.steps,
+                                   estimated_remaining_seconds=int((args.steps - done) * args.step_seconds),
+                                   metrics={"loss": round(loss.item(), 4), "step": done})
         time.sleep(args.step_seconds)
     total = torch.tensor([loss.item()])
     dist.all_reduce(total)

@@ -171,6 +171,48 @@ def test_elastic_runtime_restarts_after_a_failure_and_resumes(
     assert "resumes at step" in logs, logs[-3000:]
 
 
+def test_progress_reported_in_the_job_reaches_its_trainer_status(k8s: TrainJobCluster, namespace: str) -> None:
+    """``update_trainjob_status`` on rank 0 becomes ``status.trainerStatus`` (Kubeflow v2.2 shape) while the job
+    runs, and the SDK's view and ``trainjob get`` read it from there."""
+    from trainjob.backends.kubernetes.backend import KubernetesBackend
+    from trainjob.backends.kubernetes.config import KubernetesBackendConfig
+
+    k8s.create_job("reporting", namespace,
+                   trainer=cpu_trainer(2, "--steps", "60", "--step-seconds", "0.5", "--progress"))
+
+    def running_status() -> dict[str, Any] | None:
+        job = k8s.api.get(TRAINJOBS, namespace, "reporting") or {}
+        status = (job.get("status") or {}).get("trainerStatus")
+        running = not find_condition(job.get("status") or {}, "Complete")
+        return status if status and running and 0 < status.get("progressPercentage", 0) < 100 else None
+
+    wait_for(running_status, 120, "a trainerStatus while the job runs")
+    status = running_status() or {}
+    names = {m["name"] for m in status["metrics"]}
+    assert {"loss", "step"} <= names and status["lastUpdatedTime"].endswith("Z"), status
+    assert status["estimatedRemainingSeconds"] <= 30
+    done = k8s.wait_for_condition("reporting", "Complete", namespace=namespace, timeout=240)
+    final = done["status"]["trainerStatus"]
+    assert final["progressPercentage"] == 100 and final["estimatedRemainingSeconds"] == 0, final
+    config = KubernetesBackendConfig(namespace=namespace, config_file=str(k8s.kubeconfig))
+    view = KubernetesBackend(config).get_job("reporting")
+    assert view.progress is not None and view.progress.percent == 100
+
+
+def test_a_finished_job_past_its_ttl_is_deleted_with_everything_it_made(
+    k8s: TrainJobCluster, namespace: str
+) -> None:
+    k8s.create_job("shortlived", namespace, trainer=cpu_trainer(1, "--steps", "2"),
+                   annotations={"trainjob/ttl-seconds-after-finished": "3"})
+    k8s.create_job("kept", namespace, trainer=cpu_trainer(1, "--steps", "2"))
+    k8s.wait_for_condition("kept", "Complete", namespace=namespace, timeout=180)
+    wait_for(lambda: k8s.api.get(TRAINJOBS, namespace, "shortlived") is None, 120, "the TTL to delete the job")
+    wait_for(lambda: k8s.jobset("shortlived", namespace) is None and not k8s.pods("shortlived", namespace), 90,
+             "its JobSet and pods to be gone")
+    time.sleep(4)
+    assert k8s.api.get(TRAINJOBS, namespace, "kept") is not None, "a job without a TTL stays"
+
+
 # -- life cycle ---------------------------------------------------------------------------------------------------
 
 

@@ -118,14 +118,15 @@ class TrainJobCluster:
     # -- objects --------------------------------------------------------------------------------------------------
 
     def create_job(self, name: str, namespace: str = "default", runtime: str = "torch-distributed",
-                   runtime_kind: str | None = None, **spec: Any) -> dict[str, Any]:
+                   runtime_kind: str | None = None, annotations: dict[str, str] | None = None,
+                   **spec: Any) -> dict[str, Any]:
         ref: dict[str, Any] = {"name": runtime}
         if runtime_kind:
             ref["kind"] = runtime_kind
         body = {
             "apiVersion": TRAINJOBS.api_version,
             "kind": "TrainJob",
-            "metadata": {"name": name, "namespace": namespace},
+            "metadata": {"name": name, "namespace": namespace, **({"annotations": annotations} if annotations else {})},
             "spec": {"runtimeRef": ref, **spec},
         }
         return self.api.create(body, TRAINJOBS)

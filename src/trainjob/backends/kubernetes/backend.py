@@ -63,8 +63,10 @@ class KubernetesBackend:
         ``runtimes`` given with it are created or updated first. The job is resolved against its runtime before it
         is sent, so a job the operator would reject fails here with the same ``ValidationError``.
         """
+        from trainjob.backends.ttl import ttl_seconds
         from trainjob.runtime import resolve
 
+        ttl_seconds(trainjob.metadata.annotations)  # the operator ignores a TTL it cannot read: refuse it here
         body = trainjob.to_dict()
         body.pop("status", None)
         meta = body["metadata"]

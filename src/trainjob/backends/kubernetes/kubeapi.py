@@ -102,9 +102,11 @@ class KubeApi:
             if _status(exc) != 404:
                 raise _backend_error(exc, f"update the status of {ref.kind} {name}") from exc
 
-    def delete(self, ref: ResourceRef, namespace: str | None, name: str) -> bool:
-        """Delete with foreground propagation; ``False`` when there was nothing to delete."""
-        body = {"propagationPolicy": "Foreground"}
+    def delete(
+        self, ref: ResourceRef, namespace: str | None, name: str, propagation: str = "Foreground"
+    ) -> bool:
+        """Delete (``Foreground`` propagation unless told otherwise); ``False`` when there was nothing to delete."""
+        body = {"propagationPolicy": propagation}
         try:
             if ref.namespaced:
                 self.custom.delete_namespaced_custom_object(

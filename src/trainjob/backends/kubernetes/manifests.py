@@ -44,7 +44,8 @@ def rbac() -> list[dict[str, Any]]:
         {
             "apiGroups": [TRAINER_GROUP],
             "resources": [TRAINJOBS.plural],
-            "verbs": ["get", "list", "watch", "patch"],
+            # delete: finished jobs past their trainjob/ttl-seconds-after-finished annotation
+            "verbs": ["get", "list", "watch", "patch", "delete"],
         },
         {"apiGroups": [TRAINER_GROUP], "resources": [f"{TRAINJOBS.plural}/status"], "verbs": ["patch"]},
         {

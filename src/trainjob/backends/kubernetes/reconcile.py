@@ -21,7 +21,11 @@ Steps, each skipped when already done:
    deleted is created again, with a ``Warning`` Event (a script that checkpoints resumes from its checkpoint);
 4. ``spec.suspend`` is mirrored to the JobSet's ``spec.suspend`` (the only field of an existing JobSet ever changed);
 5. the status is derived from the JobSet (:mod:`.status`); past ``activeDeadlineSeconds`` the job fails and its
-   JobSet is deleted.
+   JobSet is deleted. While node 0 runs, the end of its log is read for the last ``update_trainjob_status`` /
+   ``report`` line, which becomes ``status.trainerStatus`` (:mod:`.progress`); a running job is looked at again
+   every :data:`~.progress.RESYNC_SECONDS`;
+6. a finished job with a ``trainjob/ttl-seconds-after-finished`` annotation is deleted once that many seconds
+   have passed since it finished (:mod:`.ttl`); its JobSet and pods go with it through their owner references.
 
 A job that cannot run (unknown runtime, invalid spec) gets ``Failed`` with the reason, a message naming the field
 and what to change, and a ``Warning`` Event.
@@ -34,6 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from trainjob.backends.kubernetes import progress
 from trainjob.backends.kubernetes import status as st
 from trainjob.backends.kubernetes.failure import root_cause
 from trainjob.backends.kubernetes.kubeapi import ApiError, KubeApi
@@ -51,7 +56,9 @@ from trainjob.backends.kubernetes.resources import (
     VOLCANO_PODGROUPS,
 )
 from trainjob.backends.kubernetes.snapshot import SnapshotSigner, has_snapshot
-from trainjob.errors import AlreadyExistsError, TrainJobError, ValidationError
+from trainjob.backends.kubernetes.ttl import ttl_remaining
+from trainjob.backends.kubernetes.views import trainer_pods
+from trainjob.errors import AlreadyExistsError, NotFoundError, TrainJobError, ValidationError
 
 log = logging.getLogger("trainjob.operator")
 
@@ -89,10 +96,10 @@ class Reconciler:
         if job is None or job["metadata"].get("deletionTimestamp") or not is_managed_here(job):
             return None
         status: dict[str, Any] = dict(job.get("status") or {})
-        if st.finished_condition(status) is not None:
-            return None
-        spec = job.get("spec") or {}
         now = self.clock()
+        if st.finished_condition(status) is not None:
+            return self._expire(job, now)
+        spec = job.get("spec") or {}
 
         snapshot = self.signer.verified(job)
         if snapshot is None:
@@ -137,15 +144,22 @@ class Reconciler:
         elif bool((jobset.get("spec") or {}).get("suspend")) != suspend:
             jobset = self.api.patch(JOBSETS, namespace, name, {"spec": {"suspend": suspend}}) or jobset
 
-        new = st.derive_status(status, suspend, jobset, trainer_name(jobset), now)
+        trainer = trainer_name(jobset)
+        new = st.derive_status(status, suspend, jobset, trainer, now)
         if st.is_true(new, st.FAILED) and not st.is_true(status, st.FAILED):
             new = self._explain_failure(job, new, now)
         remaining = st.deadline_remaining(new, suspend, jobset, spec.get("activeDeadlineSeconds"), now)
         if remaining is not None and remaining <= 0 and st.finished_condition(new) is None:
             self._fail_past_deadline(job, status, new, now)
             return None
+        if not suspend and _trainer_started(jobset, trainer):
+            new = self._read_progress(job, new, trainer)
         self._write_status(namespace, name, status, new)
-        return remaining if st.finished_condition(new) is None else None
+        if st.finished_condition(new) is not None:
+            return self._expire({**job, "status": new}, now)
+        if suspend:
+            return remaining
+        return progress.RESYNC_SECONDS if remaining is None else min(remaining, progress.RESYNC_SECONDS)
 
     # -- steps ----------------------------------------------------------------------------------------------------
 
@@ -270,6 +284,36 @@ class Reconciler:
             self.api.post_event(job, "Normal", "JobSetCreated", f"created JobSet {job['metadata']['name']}")
             log.info("created JobSet %s/%s", job["metadata"]["namespace"], job["metadata"]["name"])
         return created
+
+    def _read_progress(self, job: dict[str, Any], status: dict[str, Any], trainer: str) -> dict[str, Any]:
+        """``status`` with ``trainerStatus`` from the last progress line of node 0's log, when it has one."""
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        try:
+            pods = self.api.list_pods(namespace, f"{JOBSET_NAME_LABEL}={name}")
+            pod = trainer_pods(pods, trainer).get(0)
+            if pod is None or not progress.should_read_progress(job, pod):  # job: the status before this pass
+                return status
+            text = self.api.read_pod_log(namespace, pod["metadata"]["name"], container=_container_name(pod),
+                                         timestamps=True, tail_lines=progress.LOG_TAIL_LINES)
+        except NotFoundError:
+            return status
+        except TrainJobError as exc:  # progress is best effort: the job's state does not depend on it
+            log.warning("cannot read the progress of TrainJob %s/%s: %s", namespace, name, exc)
+            return status
+        trainer_status = progress.trainer_status_from_log(text)
+        if trainer_status is None or trainer_status == status.get("trainerStatus"):
+            return status
+        return {**status, "trainerStatus": trainer_status}
+
+    def _expire(self, job: dict[str, Any], now: float) -> float | None:
+        """Delete a finished job past its TTL; else the seconds until it is due (``None``: it has none)."""
+        left = ttl_remaining(job, now)
+        if left is None or left > 0:
+            return left
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        if self.api.delete(TRAINJOBS, namespace, name, propagation="Background"):
+            log.info("deleted TrainJob %s/%s: finished more than its ttl-seconds-after-finished ago", namespace, name)
+        return None
 
     def _explain_failure(self, job: dict[str, Any], status: dict[str, Any], now: float) -> dict[str, Any]:
         """Put the failing node, rank and exception in front of the JobSet's generic failure message."""
@@ -397,6 +441,21 @@ def limit_extended_resources(objects: list[dict[str, Any]]) -> list[str]:
                 "(Kubernetes needs limits for extended resources)"
             )
     return changes
+
+
+def _trainer_started(jobset: dict[str, Any], trainer: str) -> bool:
+    """Whether any pod of the trainer replicated job has run (so node 0 may have logged progress)."""
+    for entry in (jobset.get("status") or {}).get("replicatedJobsStatus") or []:
+        if entry.get("name") == trainer and any(entry.get(k) for k in ("active", "ready", "succeeded", "failed")):
+            return True
+    return False
+
+
+def _container_name(pod: dict[str, Any]) -> str:
+    """The trainer container of a node pod: ``node``, else the pod's first container."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    names = [c.get("name") for c in containers]
+    return DEFAULT_TRAINER if DEFAULT_TRAINER in names or not names else str(names[0])
 
 
 def trainer_name(jobset: dict[str, Any]) -> str:
