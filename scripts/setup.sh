@@ -18,3 +18,11 @@ if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/
     echo "setup.sh: could not install chromium; the browser tests will be skipped (or fail under TRAINJOB_REQUIRE_BROWSER=1)"
   fi
 fi
+# Local MPI jobs run OpenMPI's mpirun (Debian's openmpi-bin); installed the same way (CI requires the MPI tests).
+if ! command -v mpirun >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "setup.sh: installing Debian's openmpi-bin for local MPI jobs"
+  if ! { DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null \
+         && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openmpi-bin >/dev/null; }; then
+    echo "setup.sh: could not install openmpi-bin; the MPI tests will be skipped (or fail under TRAINJOB_REQUIRE_MPI=1)"
+  fi
+fi

@@ -92,7 +92,8 @@ BAD_INPUT = [
         "unknown_runtime",
         {"runtime": "torch-distribute"},
         "error: {path}: TrainJob mnist: ClusterTrainingRuntime 'torch-distribute' not found; known "
-        "ClusterTrainingRuntimes: torch-distributed, torch-distributed-volcano",
+        "ClusterTrainingRuntimes: deepspeed-distributed, mpi-distributed, torch-distributed, "
+        "torch-distributed-volcano",
     ),
     ("zero_nodes", {"num_nodes": 0}, "error: {path}: spec.trainer.numNodes: must be >= 1, got 0"),
     (

@@ -13,7 +13,9 @@ NODE_ONLY = {"template": {"spec": {"replicatedJobs": [{"name": "node", "template
 
 def test_the_builtin_runtimes_are_torch_distributed_with_and_without_volcano():
     runtimes = builtin_runtimes()
-    assert sorted(runtimes) == ["torch-distributed", "torch-distributed-volcano"]
+    assert sorted(runtimes) == [
+        "deepspeed-distributed", "mpi-distributed", "torch-distributed", "torch-distributed-volcano"
+    ]
     assert DEFAULT_RUNTIME == "torch-distributed"
     default = runtimes[DEFAULT_RUNTIME]
     assert (default.spec.ml_policy.num_nodes, default.spec.ml_policy.torch.num_proc_per_node) == (1, "auto")
@@ -44,6 +46,6 @@ def test_an_unknown_runtime_names_the_known_ones():
     with pytest.raises(NotFoundError) as err:
         find_runtime("torch-distribute")
     assert str(err.value) == (
-        "ClusterTrainingRuntime 'torch-distribute' not found; known ClusterTrainingRuntimes: torch-distributed, "
-        "torch-distributed-volcano"
+        "ClusterTrainingRuntime 'torch-distribute' not found; known ClusterTrainingRuntimes: deepspeed-distributed, "
+        "mpi-distributed, torch-distributed, torch-distributed-volcano"
     )

@@ -47,7 +47,7 @@ def test_every_plugin_finishes_a_phase_before_the_next_phase_starts(make_job):
 
 
 def test_builtin_plugins_have_a_fixed_order():
-    assert [p.name for p in builtin_plugins()] == ["torch", "plainml", "coscheduling", "volcano", "jobset"]
+    assert [p.name for p in builtin_plugins()] == ["torch", "mpi", "plainml", "coscheduling", "volcano", "jobset"]
 
 
 @pytest.fixture
@@ -88,6 +88,7 @@ def test_a_third_party_plugin_registers_through_the_entry_point_group(make_job):
     framework = Framework()
     assert framework.plugin_names() == [
         "torch",
+        "mpi",
         "plainml",
         "coscheduling",
         "volcano",
@@ -127,11 +128,12 @@ def test_plainml_rejects_num_proc_per_node(make_job, make_runtime):
         resolve(make_job(runtime="rt", numProcPerNode=2), make_runtime(mlPolicy={"numNodes": 2}))
 
 
-def test_an_mpi_runtime_is_refused_because_no_plugin_runs_it(make_job, make_runtime):
+def test_a_policy_no_plugin_runs_is_refused_naming_what_runs(make_job, make_runtime):
     with pytest.raises(ValidationError) as err:
-        resolve(make_job(runtime="rt"), make_runtime(mlPolicy={"mpi": {"numProcPerNode": 2}}))
+        resolve(make_job(runtime="rt"), make_runtime(mlPolicy={"jax": {}}))
     assert str(err.value) == (
-        "spec.mlPolicy: no installed plugin runs mpi ML policy (plugins: jobset); use mlPolicy.torch or no mlPolicy"
+        "spec.mlPolicy: no installed plugin runs jax ML policy (plugins: jobset); "
+        "use mlPolicy.torch, mlPolicy.mpi or no mlPolicy"
     )
 
 

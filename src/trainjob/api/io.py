@@ -10,7 +10,7 @@
 
 Reading is held to :mod:`trainjob.api.limits` (size, depth, and nodes and text after aliases are expanded)
 before any object is built. YAML is read as Kubernetes reads it: text is valid UTF-8, integers are 64-bit,
-timestamps stay strings, and tags for values JSON cannot hold (``!!binary``, ``!!set``, ``!!omap``,
+timestamps stay strings, a mapping key written twice is refused, and tags for values JSON cannot hold (``!!binary``, ``!!set``, ``!!omap``,
 ``!!pairs``) are refused.
 """
 
@@ -45,7 +45,10 @@ def resource_from_dict(data: Any) -> Resource:
         raise ValidationError("", f"a resource must be a mapping, got {type(data).__name__}")
     kind = data.get("kind")
     if not isinstance(kind, str) or kind not in KINDS:
-        raise ValidationError("kind", f"must be one of {', '.join(KINDS)}, got {quote(kind)}")
+        also = " (a kubeflow.org/v1 PyTorchJob is converted when read from a file: trainjob convert -f)"
+        raise ValidationError(
+            "kind", f"must be one of {', '.join(KINDS)}, got {quote(kind)}" + (also if kind == "PyTorchJob" else "")
+        )
     api_version = data.get("apiVersion")
     if api_version != API_VERSION:
         raise ValidationError("apiVersion", f"must be {API_VERSION}, got {quote(api_version)}")
@@ -69,8 +72,13 @@ def read_documents(source: str | Path | TextIO, *, name: str | None = None) -> l
     return [doc for doc in documents if doc is not None]
 
 
-def load_resources(source: str | Path | TextIO, *, name: str | None = None) -> list[Resource]:
+def load_resources(
+    source: str | Path | TextIO, *, name: str | None = None, convert: bool = True
+) -> list[Resource]:
     """Every resource in a multi-document YAML file, stream or text, in order (``name`` labels text in errors).
+
+    A Kubeflow Training Operator v1 ``PyTorchJob`` (``kubeflow.org/v1``) is converted (``convert=True``): it
+    becomes its TrainingRuntime, when it needs one, and its TrainJob (:mod:`trainjob.convert.pytorchjob`).
 
     Errors in a file with several documents name the document: ``documents[1].spec.trainer.numNodes: ...``.
     """
@@ -79,6 +87,11 @@ def load_resources(source: str | Path | TextIO, *, name: str | None = None) -> l
     problems: list[ValidationError] = []
     for index, document in enumerate(documents):
         try:
+            if convert and is_pytorchjob(document):
+                from trainjob.convert.pytorchjob import convert_pytorchjob
+
+                resources.extend(convert_pytorchjob(document).resources)
+                continue
             resources.append(resource_from_dict(document))
         except ValidationError as exc:
             if len(documents) == 1:
@@ -106,6 +119,14 @@ def dump_yaml(resources: Resource | dict[str, Any] | Iterable[Resource | dict[st
         sort_keys=False,
         default_flow_style=False,
         allow_unicode=True,
+    )
+
+
+def is_pytorchjob(document: Any) -> bool:
+    """Whether a loaded document is a Kubeflow Training Operator v1 PyTorchJob (``kubeflow.org/v1``)."""
+    return isinstance(document, dict) and (document.get("apiVersion"), document.get("kind")) == (
+        "kubeflow.org/v1",
+        "PyTorchJob",
     )
 
 
@@ -202,6 +223,20 @@ def _refuse_tag(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
 
 class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """PyYAML's safe loader (libyaml's parser where installed) with Kubernetes' reading of values."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        """A mapping; a key written twice is refused, as kubectl does (PyYAML would keep the last silently, so
+        two ``Master:`` replica specs would quietly become one)."""
+        seen: set[tuple[str, str]] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = (key_node.tag, key_node.value)
+                if key in seen:
+                    raise InputRefusedError(
+                        f"mapping key {quote(key_node.value, 40)} appears twice; keep one", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 #: PyYAML's safe dumper, libyaml's emitter where installed (several times faster on large objects).

@@ -12,7 +12,8 @@ arena                  TrainJob
                        ``--nproc-per-node`` overrides)
 ``--cpu``/``--memory``  per-node requests
 ``--image``            ``spec.trainer.image`` (not used by the local backend)
-``--data PVC:PATH``    the claim mounted at PATH in every node (``podTemplateOverrides``; Kubernetes only)
+``--data PVC:PATH``    the claim mounted at PATH in every node (``podTemplateOverrides``; locally a directory
+                       per claim, :mod:`trainjob.backends.local.volumes`; ``PVC:PATH:ro`` read-only)
 ``--env``/``--label``  ``spec.trainer.env`` / ``metadata.labels``
 the command            ``python train.py ARGS`` runs under torchrun; ``python -m pkg ARGS`` as a module; any other
                        program with ``--no-python``
@@ -25,10 +26,10 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any
 
 import click
 
+from trainjob.backends.local.volumes import data_overrides
 from trainjob.cli.jobs import Target, backend_option, handle_errors, make_backend
 from trainjob.errors import ValidationError
 
@@ -50,21 +51,6 @@ def parse_command(words: tuple[str, ...]) -> tuple[str, list[str], bool, bool]:
             raise ValidationError("COMMAND", f"cannot find the script in {shlex.join(command)!r}")
         return rest[0], rest[1:], False, False
     return command[0], command[1:], False, not command[0].endswith(".py")
-
-
-def data_overrides(volumes: tuple[str, ...]) -> list[dict[str, Any]]:
-    """``podTemplateOverrides`` mounting each ``PVC:PATH`` in the trainer's ``node`` container."""
-    mounts, claims = [], []
-    for index, spec in enumerate(volumes):
-        claim, sep, path = spec.partition(":")
-        if not sep or not claim or not path.startswith("/"):
-            raise ValidationError("--data", f"must be PVC_NAME:/mount/path, got {spec!r}")
-        claims.append({"name": f"data-{index}", "persistentVolumeClaim": {"claimName": claim}})
-        mounts.append({"name": f"data-{index}", "mountPath": path})
-    if not claims:
-        return []
-    return [{"targetJobs": [{"name": "node"}],
-             "spec": {"volumes": claims, "containers": [{"name": "node", "volumeMounts": mounts}]}}]
 
 
 def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:

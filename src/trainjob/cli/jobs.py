@@ -87,15 +87,42 @@ def list_command(output: str, selector: str | None, watch: bool, timeout: float 
         listing.print_once(client, output, matches)
 
 
+#: Kinds ``get KIND NAME`` and ``describe KIND NAME`` take, as kubectl spells them.
+TRAINJOB_KINDS = ("trainjob", "trainjobs", "tj", "trainjob.trainer.kubeflow.org")
+PYTORCHJOB_KINDS = ("pytorchjob", "pytorchjobs", "pytorchjob.kubeflow.org")
+
+
+def job_name_for(kind: str, name: str, client: Any) -> str:
+    """The TrainJob ``get KIND NAME`` means: ``NAME`` itself, which for a PyTorchJob must be one converted from a
+    PyTorchJob (it keeps the PyTorchJob's name); :class:`NotFoundError` or :class:`ValidationError` otherwise."""
+    kind = kind.lower()
+    if kind in TRAINJOB_KINDS:
+        return name
+    if kind not in PYTORCHJOB_KINDS:
+        raise ValidationError("KIND", f"unknown kind {kind!r}; use trainjob or pytorchjob (or no kind)")
+    from trainjob.convert import converted_from
+
+    job = client.get_job(name)  # NotFoundError names the job
+    annotations = ((job.resource or {}).get("metadata") or {}).get("annotations")
+    if not converted_from(annotations):
+        raise NotFoundError(f"pytorchjob {name!r} not found: trainjob/{name} exists but was not converted from a "
+                            f"PyTorchJob (`trainjob get {name}` shows it)")
+    return name
+
+
 @click.command("get")
-@click.argument("name")
+@click.argument("kind_and_name", nargs=-1, required=True, metavar="[KIND] NAME")
 @click.option("-o", "--output", type=click.Choice(["text", "yaml", "json"]), default="text", show_default=True,
               help="text: a summary; yaml/json: the TrainJob resource with its status.")
 @backend_option
 @handle_errors
-def get_command(name: str, output: str, backend: Target) -> None:
-    """Show one job."""
-    job = make_backend(backend).get_job(name)
+def get_command(kind_and_name: tuple[str, ...], output: str, backend: Target) -> None:
+    """Show one job; `get pytorchjob NAME` shows the TrainJob a PyTorchJob was converted into."""
+    if len(kind_and_name) > 2:
+        raise ValidationError("NAME", f"give one job (NAME or KIND NAME), got {' '.join(kind_and_name)!r}")
+    client = make_backend(backend)
+    name = kind_and_name[-1] if len(kind_and_name) == 1 else job_name_for(*kind_and_name, client)
+    job = client.get_job(name)
     if output == "json":
         click.echo(json.dumps(job.resource, indent=2))
     elif output == "yaml":
@@ -125,16 +152,16 @@ def events_command(name: str, backend: Target) -> None:
 
 
 @click.command("describe")
-@click.argument("names", nargs=-1, required=True, metavar="[trainjob] NAME...")
+@click.argument("names", nargs=-1, required=True, metavar="[trainjob|pytorchjob] NAME...")
 @backend_option
 @handle_errors
 def describe_command(names: tuple[str, ...], backend: Target) -> None:
     """Show jobs in detail, as kubectl describe does: spec, status, conditions, nodes and ranks, events."""
     from trainjob.cli.describe import describe_job
 
-    if names and names[0] in ("trainjob", "trainjobs", "tj") and len(names) > 1:
-        names = names[1:]  # `describe trainjob NAME`, as kubectl takes it
     client = make_backend(backend)
+    if len(names) > 1 and names[0].lower() in (*TRAINJOB_KINDS, *PYTORCHJOB_KINDS):
+        names = tuple(job_name_for(names[0], name, client) for name in names[1:])  # `describe KIND NAME`, as kubectl
     click.echo("\n\n".join(describe_job(client, name) for name in names))
 
 

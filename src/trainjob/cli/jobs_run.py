@@ -162,23 +162,38 @@ def run_trainjob(
 @click.option("--ttl-seconds-after-finished", "ttl", type=click.IntRange(min=0), metavar="SECONDS",
               help="Delete the job and its logs this many seconds after it finishes "
                    "(annotation trainjob/ttl-seconds-after-finished).")
+@click.option("--data", multiple=True, metavar="CLAIM:/PATH[:ro]",
+              help="Mount a PersistentVolumeClaim at PATH on every node, as arena's --data; repeatable.")
+@click.option("--config-map", "config_maps", multiple=True, metavar="NAME=PATH",
+              help="Local jobs: the file or directory behind configMap NAME of the pod template; repeatable.")
+@click.option("--nccl-profile", metavar="NAME[,NAME]",
+              help="NCCL preset for every process: ib, roce, tcp, debug (annotation trainjob/nccl-profile).")
 @backend_option
 @handle_errors
 def run_command(script: str, script_args: tuple[str, ...], module: bool, no_python: bool, nodes: int | None,
                 nproc_per_node: str | None, cpu: str | None, gpu: int | None, env: tuple[str, ...], name: str | None,
                 runtime: str, detach: bool, inherit_env: bool, priority: int | None, oversubscribe: bool,
-                ttl: int | None, backend: Target) -> None:
+                ttl: int | None, data: tuple[str, ...], config_maps: tuple[str, ...], nccl_profile: str | None,
+                backend: Target) -> None:
     """Run SCRIPT with torchrun on every node; arguments after -- go to the script.
 
     SCRIPT is a Python file, a module with -m (trainjob run -m pkg.train), or a shell script or binary with
     --no-python (trainjob run --no-python ./train.sh).
     """
     from trainjob.api import TrainJob
+    from trainjob.backends.local.volumes import data_overrides
 
-    resource = TrainJob.from_dict(run_trainjob(script, script_args, name, runtime, nodes, nproc_per_node, cpu, gpu,
-                                               env, module=module, no_python=no_python,
-                                               annotations=job_annotations(priority, oversubscribe, ttl)))
-    submit_and_follow(resource, backend, detach, inherit_env=inherit_env)
+    job = run_trainjob(script, script_args, name, runtime, nodes, nproc_per_node, cpu, gpu, env, module=module,
+                       no_python=no_python, annotations=job_annotations(priority, oversubscribe, ttl))
+    overrides = data_overrides(data)
+    if overrides:
+        job["spec"]["podTemplateOverrides"] = overrides
+    resource = TrainJob.from_dict(job)
+    if nccl_profile:
+        from trainjob.runtime.nccl import apply_nccl_profile
+
+        resource = apply_nccl_profile(resource, nccl_profile)
+    submit_and_follow(resource, backend, detach, inherit_env=inherit_env, config_maps=config_maps)
 
 
 def job_annotations(priority: int | None, oversubscribe: bool, ttl: int | None) -> dict[str, str]:
@@ -196,21 +211,31 @@ def job_annotations(priority: int | None, oversubscribe: bool, ttl: int | None) 
     return annotations
 
 
-def apply_options(backend: Target, inherit_env: bool) -> dict[str, Any]:
-    """Keyword arguments for ``apply`` from ``--inherit-env`` (local jobs only: a pod never gets this shell's)."""
-    if not inherit_env:
-        return {}
-    if backend.backend != "local":
-        raise ValidationError("--inherit-env", "applies to local jobs only; on Kubernetes set spec.trainer.env "
-                              "(trainjob run --env KEY=VALUE)")
-    return {"inherit_env": True}
+def apply_options(backend: Target, inherit_env: bool, config_maps: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Keyword arguments for ``apply`` from ``--inherit-env`` (local jobs only: a pod never gets this shell's)
+    and ``--config-map`` (local jobs only: on Kubernetes the configMap is a cluster object)."""
+    options: dict[str, Any] = {}
+    if inherit_env:
+        if backend.backend != "local":
+            raise ValidationError("--inherit-env", "applies to local jobs only; on Kubernetes set spec.trainer.env "
+                                  "(trainjob run --env KEY=VALUE)")
+        options["inherit_env"] = True
+    if config_maps:
+        from trainjob.backends.local.volumes import parse_config_maps
+
+        if backend.backend != "local":
+            raise ValidationError("--config-map", "applies to local jobs only; on Kubernetes create the ConfigMap "
+                                  "(kubectl create configmap NAME --from-file=PATH)")
+        options["config_maps"] = parse_config_maps(config_maps)
+    return options
 
 
-def submit_and_follow(resource: Any, backend: Target, detach: bool, inherit_env: bool = False) -> None:
+def submit_and_follow(resource: Any, backend: Target, detach: bool, inherit_env: bool = False,
+                      config_maps: tuple[str, ...] = ()) -> None:
     """Create the job; print its name (``detach``) or stream its logs until it ends, exiting with its outcome."""
     from trainjob.cli.jobs_watch import follow
 
-    options = apply_options(backend, inherit_env)
+    options = apply_options(backend, inherit_env, config_maps)
     client = make_backend(backend)
     job = client.apply(resource, **options)
     if detach:
@@ -250,16 +275,19 @@ def _report_final(job: types.TrainJob) -> None:
 @click.option("--inherit-env", is_flag=True,
               help="Local jobs: pass every process this shell's whole environment (default: what a pod would get, "
                    "plus PATH, HOME, locale and the Python environment).")
+@click.option("--config-map", "config_maps", multiple=True, metavar="NAME=PATH",
+              help="Local jobs: the file or directory behind configMap NAME of the pod templates; repeatable.")
 @backend_option
 @handle_errors
 def apply_command(files: tuple[str, ...], dry_run: bool, output: str | None, inherit_env: bool,
-                  backend: Target) -> None:
+                  config_maps: tuple[str, ...], backend: Target) -> None:
     """Create the TrainJobs in FILE(s); runtimes in the files are used before the built-in ones.
 
     Everything is checked first (fields, runtimes, names not taken, and locally the script each command runs), so
     either every job in the files is created or none is.
     """
     from trainjob.api import TrainJob, load_resources
+    from trainjob.cli.convert import report_converted_jobs
     from trainjob.runtime import find_runtime, resolve
 
     if output is not None and not dry_run:
@@ -269,10 +297,11 @@ def apply_command(files: tuple[str, ...], dry_run: bool, output: str | None, inh
             raise ValidationError("-f", f"no such file: {file}")
     resources = [resource for file in files for resource in load_resources(Path(file))]
     jobs = [r for r in resources if isinstance(r, TrainJob)]
+    report_converted_jobs(jobs)
     runtimes = [r for r in resources if not isinstance(r, TrainJob)]
     if not jobs:
         raise ValidationError("-f", f"no TrainJob in {', '.join(files)}")
-    options = apply_options(backend, inherit_env)
+    options = apply_options(backend, inherit_env, config_maps)
     client = make_backend(backend)
     seen: set[str] = set()
     plans = []

@@ -12,7 +12,7 @@ import sys
 import click
 
 from trainjob import __version__
-from trainjob.cli import jobs, kube, render, tools, ui
+from trainjob.cli import convert, jobs, kube, render, tools, ui
 from trainjob.cli.jobs import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT
 from trainjob.errors import AlreadyExistsError, NotFoundError, TrainJobError, ValidationError
 
@@ -25,7 +25,7 @@ def cli() -> None:
     """Run distributed PyTorch training jobs (Kubeflow Trainer API) locally or on Kubernetes."""
 
 
-for module in (render, jobs, kube, tools):
+for module in (render, convert, jobs, kube, tools):
     module.register(cli)
 cli.add_command(ui.ui_command)
 cli.add_command(ui.gc_command)

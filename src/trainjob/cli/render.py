@@ -3,6 +3,7 @@
     trainjob render -f job.yaml                     # JobSet (+ PodGroup) as YAML
     trainjob render -f job.yaml -f runtime.yaml     # with a runtime that is not built in
     trainjob render -f job.yaml --plan              # the backend-neutral plan
+    trainjob render -f pytorchjob.yaml              # a kubeflow.org/v1 PyTorchJob, converted first
     cat job.yaml | trainjob render -f -             # from stdin
 
 Bad input (unreadable, malformed or oversized file, unknown runtime, invalid field) exits with status 2 and one
@@ -40,7 +41,8 @@ def register(group: click.Group) -> None:
     multiple=True,
     required=True,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="YAML file with TrainJobs and/or (Cluster)TrainingRuntimes ('-' reads stdin); repeat for several files.",
+    help="YAML file with TrainJobs and/or (Cluster)TrainingRuntimes ('-' reads stdin); repeat for several files. "
+    "kubeflow.org/v1 PyTorchJobs are converted first (trainjob convert).",
 )
 @click.option(
     "--plan", "show_plan", is_flag=True, help="Print the resolved plan instead of Kubernetes objects."
@@ -61,6 +63,9 @@ def render(filenames: tuple[Path, ...], show_plan: bool) -> None:
                 runtimes.append(resource)
     if not jobs:
         _fail(f"{', '.join(map(str, filenames))}: no TrainJob found (kind: TrainJob)")
+    from trainjob.cli.convert import report_converted_jobs
+
+    report_converted_jobs([job for _, job in jobs])
     documents: list[dict] = []
     for path, job in jobs:
         try:

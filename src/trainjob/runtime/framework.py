@@ -6,13 +6,13 @@ Phases, in this order (every enabled plugin runs a phase before the next phase s
 phase                      what happens
 =========================  ===========================================================================
 ``validate``               each plugin returns the problems it sees; all are reported together
-``enforce_ml_policy``      node count, processes per node, the framework's env (``torch``, ``plainml``)
+``enforce_ml_policy``      node count, processes per node, the framework's env (``torch``, ``mpi``, ``plainml``)
 ``enforce_pod_group_policy``  gang scheduling: PodGroup requirements and pod labels (``coscheduling``,
                            ``volcano``)
 ``build``                  final shape of the pod sets and JobSet settings (``jobset``)
 =========================  ===========================================================================
 
-Within a phase, plugins run in registry order: the built-ins ``torch``, ``plainml``, ``coscheduling``,
+Within a phase, plugins run in registry order: the built-ins ``torch``, ``mpi``, ``plainml``, ``coscheduling``,
 ``volcano``, ``jobset``, then third-party plugins sorted by entry-point name. A third-party plugin is a
 :class:`Plugin` subclass (or instance, or a callable returning one) published in the ``trainjob.plugins``
 entry-point group; one whose ``name`` equals a built-in's replaces that built-in in place::
@@ -87,11 +87,12 @@ def builtin_plugins() -> list[Plugin]:
     """The built-in plugins in their fixed order."""
     from trainjob.runtime.plugins.coscheduling import CoschedulingPlugin
     from trainjob.runtime.plugins.jobset import JobSetPlugin
+    from trainjob.runtime.plugins.mpi import MPIPlugin
     from trainjob.runtime.plugins.plainml import PlainMLPlugin
     from trainjob.runtime.plugins.torch import TorchPlugin
     from trainjob.runtime.plugins.volcano import VolcanoPlugin
 
-    return [TorchPlugin(), PlainMLPlugin(), CoschedulingPlugin(), VolcanoPlugin(), JobSetPlugin()]
+    return [TorchPlugin(), MPIPlugin(), PlainMLPlugin(), CoschedulingPlugin(), VolcanoPlugin(), JobSetPlugin()]
 
 
 def entry_point_plugins(group: str = ENTRY_POINT_GROUP) -> list[Plugin]:
@@ -120,7 +121,7 @@ class Framework:
     """Runs plugins over a job and its runtime.
 
     >>> Framework().plugin_names()[:2]
-    ['torch', 'plainml']
+    ['torch', 'mpi']
     """
 
     def __init__(self, plugins: Sequence[Plugin] | None = None) -> None:
@@ -151,7 +152,7 @@ def initial_plan(trainjob: TrainJob, runtime: Runtime) -> Plan:
     pod_sets = pod_sets_from_runtime(runtime)
     trainer = trainer_pod_set(pod_sets, runtime.name)
     trainer.replicas = 1  # one Indexed Job whose completion index is the node rank
-    apply_trainer(trainjob, trainer)
+    apply_trainer(trainjob, trainer, runtime)
     apply_initializers(trainjob, pod_sets, runtime.name)
     template = runtime.spec.template
     template_meta = template.metadata
@@ -212,12 +213,12 @@ def _check_runtime_matches(trainjob: TrainJob, runtime: Runtime) -> None:
 
 def _no_ml_plugin(runtime: Runtime, active: list[Plugin]) -> ValidationError:
     policy = runtime.spec.ml_policy
-    kinds = [name for name in ("mpi", "flux", "jax", "xgboost") if policy is not None and getattr(policy, name)]
+    kinds = [name for name in ("flux", "jax", "xgboost") if policy is not None and getattr(policy, name)]
     kind = kinds[0] if kinds else "this"
     return ValidationError(
         "spec.mlPolicy",
         f"no installed plugin runs {kind} ML policy (plugins: {', '.join(p.name for p in active)}); "
-        "use mlPolicy.torch or no mlPolicy",
+        "use mlPolicy.torch, mlPolicy.mpi or no mlPolicy",
     )
 
 

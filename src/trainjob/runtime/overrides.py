@@ -3,9 +3,9 @@ args, env, resources) and the dataset / model initializers (``STORAGE_URI``, env
 
 from __future__ import annotations
 
-from trainjob.api import InitializerSource, Runtime, TrainJob
+from trainjob.api import InitializerSource, Runtime, Trainer, TrainJob
 from trainjob.errors import ValidationError
-from trainjob.runtime.plan import EnvVar, PodSet, Resources
+from trainjob.runtime.plan import Container, EnvVar, PodSet, Resources
 from trainjob.runtime.template import (
     DATASET_INITIALIZER,
     MODEL_INITIALIZER,
@@ -26,13 +26,23 @@ def requested_num_nodes(trainjob: TrainJob, runtime: Runtime) -> int:
     return (trainer.num_nodes if trainer else None) or (policy.num_nodes if policy else None) or 1
 
 
-def apply_trainer(trainjob: TrainJob, trainer: PodSet) -> None:
+def apply_trainer(trainjob: TrainJob, trainer: PodSet, runtime: Runtime | None = None) -> None:
     """Put ``spec.trainer`` on the trainer's ``node`` container: set fields replace, ``env`` is merged by name,
-    ``resourcesPerNode`` replaces the container's resources as a whole."""
+    ``resourcesPerNode`` replaces the container's resources as a whole. Then the NCCL profile of annotation
+    ``trainjob/nccl-profile`` (the job's, else ``runtime``'s) adds the variables the container does not set."""
+    from trainjob.runtime.nccl import NCCL_PROFILE_ANNOTATION, apply_profile_annotation
+
     spec = trainjob.spec.trainer
-    if spec is None:
+    annotation_sets = [trainjob.metadata.annotations, runtime.metadata.annotations if runtime else None]
+    if spec is None and not any(NCCL_PROFILE_ANNOTATION in (a or {}) for a in annotation_sets):
         return
     container = main_container(trainer, TRAINER_CONTAINER)
+    if spec is not None:
+        _apply_trainer_spec(spec, container)
+    apply_profile_annotation(container, *annotation_sets)
+
+
+def _apply_trainer_spec(spec: Trainer, container: Container) -> None:
     if spec.image is not None:
         container.image = spec.image
     if spec.command is not None:

@@ -120,6 +120,25 @@ class PodGroupPolicy:
 
 
 @dataclass
+class MPIPolicy:
+    """An MPI job: a ``launcher`` pod runs ``mpirun`` over ``hosts``, each with ``slots`` processes.
+
+    ``hosts`` are the hostfile's lines in order, DNS names of the pods that run ranks: with ``run_launcher_as_node``
+    the launcher first, then every ``node`` pod (``{job}-node-0-{i}.{job}``).
+    """
+
+    implementation: str  # "OpenMPI"
+    slots: int
+    ssh_auth_mount_path: str
+    run_launcher_as_node: bool
+    hosts: list[str] = field(default_factory=list)
+
+    def hostfile(self) -> str:
+        """The hostfile ``mpirun`` reads: ``{host} slots={slots}`` per line."""
+        return "".join(f"{host} slots={self.slots}\n" for host in self.hosts)
+
+
+@dataclass
 class Plan:
     """Everything a backend needs to run one TrainJob."""
 
@@ -128,12 +147,15 @@ class Plan:
     runtime_kind: str
     runtime_name: str
     pod_sets: list[PodSet]
-    #: Trainer pods to start; for an elastic job ``elastic.max_nodes`` (torchrun accepts ``min_nodes`` and up).
+    #: Trainer pods to start; for an elastic job ``elastic.max_nodes`` (torchrun accepts ``min_nodes`` and up);
+    #: for MPI the hosts of the hostfile.
     num_nodes: int
-    #: Processes ``torchrun`` starts on each node (``PET_NPROC_PER_NODE``); 1 for plainml.
+    #: Processes ``torchrun`` starts on each node (``PET_NPROC_PER_NODE``); 1 for plainml; MPI: slots per host.
     num_proc_per_node: int
     ml_policy: str  # "torch" | "plainml" | "mpi"
     elastic: ElasticPolicy | None = None
+    #: Set for ``mlPolicy.mpi`` runtimes: the launcher, hosts and slots.
+    mpi: MPIPolicy | None = None
     pod_group: PodGroupPolicy | None = None
     master_port: int = 29500
     suspend: bool = False
@@ -149,9 +171,12 @@ class Plan:
     TRAINER_POD_SET = "node"
 
     def trainer(self) -> PodSet:
-        """The trainer pod set (replicated job ``node``)."""
+        """The trainer pod set: the one labelled ``trainer`` (an MPI job's ``launcher``), else ``node``."""
         for ps in self.pod_sets:
-            if ps.name == self.TRAINER_POD_SET or ps.ancestor_step == "trainer":
+            if ps.ancestor_step == "trainer":
+                return ps
+        for ps in self.pod_sets:
+            if ps.name == self.TRAINER_POD_SET:
                 return ps
         raise KeyError(f"plan for {self.job_name} has no trainer pod set")
 

@@ -1,5 +1,6 @@
 """Kubernetes objects from a :class:`Plan`: a ``jobset.x-k8s.io/v1alpha2`` JobSet and, for gang scheduling, a
-PodGroup (``scheduling.x-k8s.io/v1alpha1`` for coscheduling, ``scheduling.volcano.sh/v1beta1`` for Volcano).
+PodGroup (``scheduling.x-k8s.io/v1alpha1`` for coscheduling, ``scheduling.volcano.sh/v1beta1`` for Volcano); an MPI
+plan adds its SSH keys Secret and hostfile ConfigMap (:mod:`trainjob.runtime.plugins.mpi`).
 
 Each pod set becomes one replicated job of Indexed Jobs (``completions = parallelism`` = pods per job), so the
 completion index is the node rank and, with the JobSet network's subdomain, pod ``{job}-node-0-0`` answers at
@@ -28,9 +29,22 @@ DEFAULT_RESTART_POLICY = "Never"
 
 
 def render_objects(plan: Plan) -> list[dict[str, Any]]:
-    """The JobSet, followed by the PodGroup when the plan asks for gang scheduling."""
+    """The JobSet, followed by the PodGroup when the plan asks for gang scheduling, then an MPI plan's Secret and
+    ConfigMap (labelled like the PodGroup)."""
     pod_group = render_podgroup(plan)
-    return [render_jobset(plan), *([pod_group] if pod_group else [])]
+    return [render_jobset(plan), *([pod_group] if pod_group else []), *render_mpi_objects(plan)]
+
+
+def render_mpi_objects(plan: Plan) -> list[dict[str, Any]]:
+    """The SSH keys Secret and hostfile ConfigMap of an MPI plan; nothing for other plans."""
+    if plan.mpi is None:
+        return []
+    from trainjob.runtime.plugins.mpi import render_hostfile_configmap, render_ssh_auth_secret
+
+    objects = [render_ssh_auth_secret(plan), render_hostfile_configmap(plan)]
+    for obj in objects:
+        obj["metadata"]["labels"] = {TRAINJOB_NAME_LABEL: plan.job_name}
+    return objects
 
 
 def render_jobset(plan: Plan) -> dict[str, Any]:

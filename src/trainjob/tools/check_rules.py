@@ -17,20 +17,25 @@ TJ011  sync-in-hot-loop                warning  ``.item()`` / collectives every 
 TJ012  unscaled-learning-rate          hint     a literal lr: the global batch grows with the world size
 TJ013  batchnorm-without-syncbn        hint     BatchNorm under DDP computes statistics per rank
 TJ014  device-from-global-rank         error    ``set_device(rank)``: the global rank is no GPU index past node 0
+TJ015  nccl-env-on-cpu-job             warning  manifest: ``NCCL_*`` variables on a job without GPUs (it uses gloo)
+TJ016  ib-disabled-with-rdma           warning  manifest: ``NCCL_IB_DISABLE=1`` with RDMA devices requested
+TJ017  no-dev-shm-on-multi-gpu         error    manifest: several GPUs per node, no memory-backed ``/dev/shm``
 =====  ==============================  =======  ========================================================
 
 Rules about ranks (TJ003-TJ005, TJ008, TJ010, TJ012) apply only to scripts that use torch.distributed, DDP, FSDP or
-trainjob.torch.
+trainjob.torch. TJ015-TJ017 (:data:`MANIFEST_RULES`) apply to manifests (``trainjob check job.yaml``):
+:mod:`trainjob.runtime.nccl`.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from trainjob.tools.checker import Rule, Script, dotted_name
 
-__all__ = ["RULES"]
+__all__ = ["MANIFEST_RULES", "RULES"]
 
 Found = Iterator[tuple[ast.AST, str, str]]
 
@@ -270,6 +275,19 @@ def device_from_global_rank(script: Script) -> Found:
             )
 
 
+def _nccl_rule(rule_id: str) -> Callable[[Any], Iterator[tuple[str, str, str]]]:
+    """The manifest rule ``rule_id``: the NCCL findings of that id for a resolved plan."""
+
+    def find(plan: Any) -> Iterator[tuple[str, str, str]]:
+        from trainjob.runtime.nccl import nccl_findings
+
+        for finding in nccl_findings(plan):
+            if finding.rule == rule_id:
+                yield finding.subject, finding.message, finding.fix
+
+    return find
+
+
 RULES: tuple[Rule, ...] = (
     Rule("TJ001", "sampler-without-set-epoch", "error", sampler_without_set_epoch),
     Rule("TJ002", "shuffle-with-sampler", "error", shuffle_with_sampler),
@@ -285,4 +303,11 @@ RULES: tuple[Rule, ...] = (
     Rule("TJ012", "unscaled-learning-rate", "hint", unscaled_learning_rate),
     Rule("TJ013", "batchnorm-without-syncbn", "hint", batchnorm_without_syncbn),
     Rule("TJ014", "device-from-global-rank", "error", device_from_global_rank),
+)
+
+#: The rules for manifests (``trainjob check job.yaml``), kept apart from the script rules above.
+MANIFEST_RULES: tuple[Rule, ...] = (
+    Rule("TJ015", "nccl-env-on-cpu-job", "warning", _nccl_rule("TJ015"), applies_to="manifest"),
+    Rule("TJ016", "ib-disabled-with-rdma", "warning", _nccl_rule("TJ016"), applies_to="manifest"),
+    Rule("TJ017", "no-dev-shm-on-multi-gpu", "error", _nccl_rule("TJ017"), applies_to="manifest"),
 )

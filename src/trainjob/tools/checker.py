@@ -14,6 +14,10 @@ train.py:5:35: error TJ001 sampler-without-set-epoch: DistributedSampler is crea
 
 The rules live in :mod:`trainjob.tools.check_rules`. A finding on a line that carries ``# trainjob: ignore`` (all
 rules) or ``# trainjob: ignore[TJ005,TJ010]`` is dropped.
+
+A ``.yaml``, ``.yml`` or ``.json`` file is a manifest: each TrainJob in it (a kubeflow.org/v1 PyTorchJob is
+converted first) is resolved against the runtimes in the file and the built-in ones, and the manifest rules
+(TJ015-TJ017, NCCL set-up) look at the result; findings point at the line naming the variable or resource.
 """
 
 from __future__ import annotations
@@ -183,7 +187,10 @@ class Rule:
     id: str
     name: str
     severity: Severity
-    find: Callable[[Script], Iterator[tuple[ast.AST, str, str]]]
+    find: Callable[[Any], Iterator[tuple[Any, str, str]]]
+    #: ``script``: ``find`` gets a :class:`Script` and yields AST nodes; ``manifest``: it gets a resolved
+    #: :class:`~trainjob.runtime.plan.Plan` and yields the name of the variable or resource at fault.
+    applies_to: Literal["script", "manifest"] = "script"
 
 
 def _ignored(source_lines: list[str], finding: Finding) -> bool:
@@ -222,7 +229,7 @@ def check_source(
             fix,
         )  # fmt: skip
         for rule in RULES
-        if rule.id not in ignore and rule.name not in ignore
+        if rule.applies_to == "script" and rule.id not in ignore and rule.name not in ignore
         for node, message, fix in rule.find(script)
     ]
     kept = [f for f in findings if not _ignored(lines, f)]
@@ -234,11 +241,57 @@ def check_file(path: str | Path, ignore: frozenset[str] = frozenset()) -> list[F
 
     Functions the script imports from modules beside it (``from helpers import setup``) are looked into, so a
     seed set in such a helper counts."""
+    if str(path).endswith(MANIFEST_SUFFIXES):
+        return check_manifest(path, ignore)
     try:
         source = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ValidationError(str(path), f"cannot read the script: {exc.strerror or exc}") from None
     return check_source(source, str(path), ignore, helper_dir=Path(path).parent)
+
+
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def check_manifest(path: str | Path, ignore: frozenset[str] = frozenset()) -> list[Finding]:
+    """Findings of the manifest rules for every TrainJob (or PyTorchJob) in a YAML file. An unreadable or invalid
+    file, or a job whose runtime is unknown, raises ``ValidationError``."""
+    import yaml
+
+    from trainjob.api import TrainJob, read_documents, resource_from_dict
+    from trainjob.api.io import is_pytorchjob
+    from trainjob.runtime import find_runtime, resolve
+    from trainjob.tools.check_rules import MANIFEST_RULES
+
+    documents = read_documents(Path(path))
+    text = Path(path).read_text(encoding="utf-8")
+    starts = [node.start_mark.line for node in yaml.compose_all(text) if node is not None]
+    lines = text.splitlines()
+    located: list[tuple[Any, int]] = []
+    for index, document in enumerate(documents):
+        start = starts[index] if index < len(starts) else 0
+        if is_pytorchjob(document):
+            from trainjob.convert.pytorchjob import convert_pytorchjob
+
+            located += [(r, start) for r in convert_pytorchjob(document).resources]
+        else:
+            located.append((resource_from_dict(document), start))
+    runtimes = [r for r, _ in located if not isinstance(r, TrainJob)]
+    findings: list[Finding] = []
+    for job, start in located:
+        if not isinstance(job, TrainJob):
+            continue
+        plan = resolve(job, find_runtime(job.spec.runtime_ref, runtimes, namespace=job.namespace))
+        end = next((s for s in starts if s > start), len(lines))
+        for rule in MANIFEST_RULES:
+            if rule.id in ignore or rule.name in ignore:
+                continue
+            for subject, message, fix in rule.find(plan):
+                line = next((i for i in range(start, end) if subject in lines[i]), start)
+                col = lines[line].find(subject) + 1 if line < len(lines) and subject in lines[line] else 1
+                findings.append(Finding(rule.id, rule.name, rule.severity, str(path), line + 1, col,
+                                        f"TrainJob {job.name}: {message}", fix))
+    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.line, f.col, f.rule))
 
 
 def helper_calls(tree: ast.Module, directory: Path) -> dict[str, list[str]]:

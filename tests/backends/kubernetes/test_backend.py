@@ -74,8 +74,12 @@ def test_apply_rejects_what_the_operator_would_reject_before_sending(
 ) -> None:
     with pytest.raises(ValidationError, match="spec.trainer.numProcPerNode"):
         backend.apply(manifest(numProcPerNode="gpu"))
-    with pytest.raises(NotFoundError, match="'nope' not found; known: torch-distributed, torch-distributed-volcano"):
+    with pytest.raises(NotFoundError, match="'nope' not found; known: .*torch-distributed, torch-distributed-volcano"):
         backend.apply(TrainJob.from_dict({"metadata": {"name": "x"}, "spec": {"runtimeRef": {"name": "nope"}}}))
+    unreadable_ttl = manifest()
+    unreadable_ttl.metadata.annotations = {"trainjob/ttl-seconds-after-finished": "1h"}
+    with pytest.raises(ValidationError, match=r"ttl-seconds-after-finished"):  # the operator would ignore it
+        backend.apply(unreadable_ttl)
     assert k8s.api.list(TRAINJOBS, namespace) == []
 
 

@@ -213,6 +213,26 @@ def test_a_finished_job_past_its_ttl_is_deleted_with_everything_it_made(
     assert k8s.api.get(TRAINJOBS, namespace, "kept") is not None, "a job without a TTL stays"
 
 
+def test_an_mpi_job_gets_its_key_secret_hostfile_and_launcher(k8s: TrainJobCluster, namespace: str) -> None:
+    """The operator creates what an MPI runtime renders: the SSH key Secret, the hostfile ConfigMap (both owned by
+    the TrainJob) and a JobSet with a launcher and the nodes. Created suspended: no sshd runs on this node agent."""
+    k8s.create_job("mpi-pi", namespace, runtime="mpi-distributed", suspend=True,
+                   trainer={"numNodes": 2, "command": ["mpirun", "-n", "2", "python", "pi.py"]})
+    wait_for(lambda: k8s.jobset("mpi-pi", namespace), 60, "the JobSet")
+    job = k8s.api.get(TRAINJOBS, namespace, "mpi-pi")
+    secret = k8s.api.core.read_namespaced_secret("mpi-pi-mpi-ssh-auth", namespace)
+    hostfile = k8s.api.core.read_namespaced_config_map("mpi-pi-mpi-hostfile", namespace)
+    for obj in (secret, hostfile):
+        assert [ref.uid for ref in obj.metadata.owner_references] == [job["metadata"]["uid"]]
+    assert secret.type == "kubernetes.io/ssh-auth" and "ssh-privatekey" in secret.data
+    assert hostfile.data["hostfile"].split("\n")[:2] == [
+        "mpi-pi-node-0-0.mpi-pi slots=1", "mpi-pi-node-0-1.mpi-pi slots=1"
+    ], hostfile.data
+    jobset = k8s.jobset("mpi-pi", namespace)
+    assert [rj["name"] for rj in jobset["spec"]["replicatedJobs"]] == ["launcher", "node"]
+    k8s.api.delete(TRAINJOBS, namespace, "mpi-pi")
+
+
 # -- life cycle ---------------------------------------------------------------------------------------------------
 
 

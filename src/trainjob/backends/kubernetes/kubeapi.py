@@ -64,6 +64,10 @@ class KubeApi:
         ref = ref or RENDERED_RESOURCES[(obj["apiVersion"], obj["kind"])]
         namespace = obj["metadata"].get("namespace")
         try:
+            if not ref.group:  # a core object (an MPI job's Secret and ConfigMap)
+                create = {"Secret": self.core.create_namespaced_secret,
+                          "ConfigMap": self.core.create_namespaced_config_map}[ref.kind]
+                return dict(self.core.api_client.sanitize_for_serialization(create(namespace, obj)))
             if ref.namespaced:
                 return self.custom.create_namespaced_custom_object(
                     ref.group, ref.version, namespace, ref.plural, obj

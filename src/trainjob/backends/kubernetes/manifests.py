@@ -64,6 +64,8 @@ def rbac() -> list[dict[str, Any]]:
             "verbs": ["create", "delete"],
         },
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        # An MPI job's SSH key Secret and hostfile ConfigMap (owned by the job: deleted with it); never read.
+        {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["create"]},
         # A failed job's message names the failing rank's exception: from its pods' status, else their logs.
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},

@@ -30,10 +30,14 @@ CLUSTER_TRAINING_RUNTIMES = ResourceRef(
 JOBSETS = ResourceRef("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
 COSCHEDULING_PODGROUPS = ResourceRef("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup")
 VOLCANO_PODGROUPS = ResourceRef("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup")
+#: Core objects an MPI job needs: its SSH key Secret and its hostfile ConfigMap.
+SECRETS = ResourceRef("", "v1", "secrets", "Secret")
+CONFIGMAPS = ResourceRef("", "v1", "configmaps", "ConfigMap")
 
 #: Every resource the operator creates from a plan, by (apiVersion, kind).
 RENDERED_RESOURCES = {
-    (ref.api_version, ref.kind): ref for ref in (JOBSETS, COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS)
+    (ref.api_version, ref.kind): ref
+    for ref in (JOBSETS, COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS, SECRETS, CONFIGMAPS)
 }
 RUNTIME_KINDS = {ref.kind: ref for ref in (TRAINING_RUNTIMES, CLUSTER_TRAINING_RUNTIMES)}
 

@@ -22,20 +22,21 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainjob import types
 from trainjob.backends.base import wait_for_status
-from trainjob.backends.local import processes, queue, views
+from trainjob.backends.local import processes, queue, views, volumes
 from trainjob.backends.local.commands import check_command_files
 from trainjob.backends.local.logs import log_dir, read_logs
 from trainjob.backends.local.store import ACTIVE_STATUSES, UNFINISHED_STATUSES, Store, check_job_name
 from trainjob.backends.local.ttl import expired_jobs
 from trainjob.backends.ttl import ttl_seconds
 from trainjob.errors import NotFoundError, ValidationError
+from trainjob.runtime.submit_events import submit_events
 
 if TYPE_CHECKING:
     from trainjob.api import Runtime as RuntimeResource
@@ -61,11 +62,19 @@ class LocalProcessBackendConfig:
     ``inherit_env=True`` passes them everything (an ``EnvironmentInherited`` event names what).
     ``cleanup_venv`` is accepted for compatibility with the Kubeflow SDK; a job's environment is removed with
     the job (``delete_job``).
+
+    Pod-template volumes (:mod:`~trainjob.backends.local.volumes`): claims live under ``volumes_root`` (default
+    ``$TRAINJOB_VOLUMES_ROOT``, else ``<home>/volumes``), ``config_maps`` maps configMap names to local files or
+    directories, and ``mount_mechanism`` (``auto``, ``namespace``, ``env``; default ``$TRAINJOB_MOUNT_MECHANISM``,
+    else ``auto``) says how the processes see them at their ``mountPath``.
     """
 
     home: str | Path | None = None
     cleanup_venv: bool = True
     inherit_env: bool = False
+    volumes_root: str | Path | None = None
+    config_maps: dict[str, str | Path] = field(default_factory=dict)
+    mount_mechanism: str | None = None
 
 
 class LocalBackend:
@@ -78,13 +87,14 @@ class LocalBackend:
     # creating jobs
 
     def apply(
-        self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = (), *, inherit_env: bool | None = None
+        self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = (), *, inherit_env: bool | None = None,
+        config_maps: Mapping[str, str | Path] | None = None,
     ) -> types.TrainJob:
         """Create and start ``trainjob``; nothing is created when it is invalid or its name is taken.
 
         ``inherit_env`` (default: the config's) passes the nodes this whole environment, not only what a pod
-        would get."""
-        self._submit(trainjob, runtimes, inherit_env=inherit_env)
+        would get; ``config_maps`` (NAME: file or directory) are added to the config's for this job."""
+        self._submit(trainjob, runtimes, inherit_env=inherit_env, config_maps=config_maps)
         return self.get_job(trainjob.name)
 
     def train(
@@ -143,6 +153,7 @@ class LocalBackend:
         pip_index_urls: list[str] | None = None,
         files: dict[str, str] | None = None,
         inherit_env: bool | None = None,
+        config_maps: Mapping[str, str | Path] | None = None,
     ) -> None:
         from trainjob.backends.local.launcher import build_launch_spec
         from trainjob.runtime import find_runtime, resolve
@@ -153,7 +164,9 @@ class LocalBackend:
         plan = resolve(trainjob, runtime)
         inherit = self.config.inherit_env if inherit_env is None else inherit_env
         spec = build_launch_spec(plan, job_dir, os.getcwd(), packages, pip_index_urls, inherit_env=inherit)
-        check_command_files(spec.nodes[0].command, spec.cwd, provided=job_dir)  # a missing script: nothing starts
+        volume_plan = self._plan_volumes(plan, job_dir, spec, config_maps)
+        check_command_files(*volumes.host_command(volume_plan, spec.nodes[0].command, spec.cwd),
+                            provided=job_dir)  # a missing script: nothing starts
         ttl = ttl_seconds(trainjob.metadata.annotations)
         priority = queue.job_priority(trainjob)
         request = queue.job_request(plan)
@@ -180,20 +193,36 @@ class LocalBackend:
         try:
             shutil.rmtree(job_dir, ignore_errors=True)  # leftovers of a job of the same name
             (job_dir / "logs").mkdir(parents=True)
+            if volume_plan is not None:
+                volumes.prepare(volume_plan, job_dir)
             for file_name, text in (files or {}).items():
                 (job_dir / file_name).write_text(text, encoding="utf-8")
             self.store.add_event(name, "Created", f"{plan.num_nodes} node(s) x {plan.num_proc_per_node} process(es) "
                                  f"on runtime {runtime.name}")
             for reason, message in spec.notes:
                 self.store.add_event(name, reason, message)
+            for event in submit_events(trainjob, plan):  # converted from a PyTorchJob, NCCL settings that do nothing
+                self.store.add_event(name, event.reason, event.message, type=event.type)
             if status == types.CREATED:
                 self._start_supervisor(name)
             elif status == types.QUEUED:
                 self.admit_queued()
         except BaseException:
             self.store.delete_job(name)
+            volumes.release(job_dir, self.store.jobs_dir)
             shutil.rmtree(job_dir, ignore_errors=True)
             raise
+
+    def _plan_volumes(self, plan: Any, job_dir: Path, spec: Any,
+                      config_maps: Mapping[str, str | Path] | None) -> volumes.VolumePlan | None:
+        """The job's volume plan (:mod:`~trainjob.backends.local.volumes`), applied to ``spec``; checked only."""
+        settings = volumes.VolumeSettings.resolve(self.store.home, self.config.volumes_root,
+                                                  {**self.config.config_maps, **(config_maps or {})},
+                                                  self.config.mount_mechanism)
+        volume_plan = volumes.plan_volumes(plan, job_dir, settings)
+        if volume_plan is not None:
+            volumes.apply_to_launch(volume_plan, spec)
+        return volume_plan
 
     def _start_supervisor(self, name: str, replacing: bool = False) -> None:
         """Start the job's supervisor; a replacement records itself once it holds the supervisor lock."""
@@ -335,6 +364,7 @@ class LocalBackend:
                 time.sleep(0.05)
         self._stop_job_processes(name, row)
         self.store.delete_job(name)
+        volumes.release(job_dir, self.store.jobs_dir)  # claims are kept; emptyDirs go with the job's directory
         shutil.rmtree(job_dir, ignore_errors=True)
         if row["status"] in UNFINISHED_STATUSES:
             self.admit_queued()  # what it held is free

@@ -16,6 +16,9 @@ moment, and never for long:
   from those that failed because of it (:mod:`trainjob.backends.local.failures`).
 - **How the node ended.** ``logs/node-<i>.exit.json`` (exit code, time, rank ends) is written before the keeper
   exits, so a supervisor that adopted the keeper, and so cannot wait for it, still learns the result.
+- **Its volumes.** When the job mounts volumes in mount namespaces (:mod:`~trainjob.backends.local.volumes`), the
+  node's process enters a private one with the volumes mounted before it runs the command
+  (:mod:`~trainjob.backends.local.mounts`); the keeper itself stays in the host's.
 - **Never unsupervised.** When no process holds the job's supervisor lock, the keeper starts a replacement
   supervisor (``supervisor NAME --replace``) that adopts the running nodes; keepers of later nodes wait a little
   longer first, and only one replacement wins the lock. When the replacement says the job is over (exit code
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import select
@@ -43,6 +47,8 @@ from typing import Any
 import psutil
 
 from trainjob.backends.local.logs import NodeLogWriter, TorchrunCopies
+from trainjob.backends.local.mounts import node_mounts
+from trainjob.backends.local.mounts import preexec as mounts_preexec
 from trainjob.backends.local.processes import signal_group, stop_processes, supervisor_lock_held
 
 POLL_SECONDS = 0.1
@@ -98,11 +104,14 @@ class Keeper:
         self.copies = TorchrunCopies(self.env.get("PET_LOG_DIR"), teed_all=self.env.get("PET_TEE") == "3")
         output, write_end = os.pipe()
         cpus = self.spec.get("cpus") or []
+        preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+        mounts = node_mounts(self.job_dir, self.index)  # the job's volumes, when it mounts them in a namespace
+        if mounts:
+            preexec = functools.partial(mounts_preexec, mounts, self.spec["cwd"], cpus)
         try:
             self.node = subprocess.Popen(
                 self.spec["argv"], cwd=self.spec["cwd"], env=self.env, stdin=subprocess.DEVNULL,
-                stdout=write_end, stderr=write_end, process_group=0,
-                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+                stdout=write_end, stderr=write_end, process_group=0, preexec_fn=preexec,
             )
         except OSError as exc:
             self.log.write(f"[trainjob] cannot start node-{self.index}: {exc}\n".encode())

@@ -1,0 +1,24 @@
+"""Manifests of other APIs turned into TrainJobs: Kubeflow Training Operator v1 ``PyTorchJob``
+(:mod:`trainjob.convert.pytorchjob`)."""
+
+from trainjob.api.io import is_pytorchjob
+from trainjob.convert.pytorchjob import (
+    CONVERSION_WARNINGS_ANNOTATION,
+    CONVERTED_FROM_ANNOTATION,
+    Conversion,
+    conversion_warnings,
+    convert_pytorchjob,
+    converted_from,
+)
+from trainjob.convert.pytorchjob_api import PyTorchJob
+
+__all__ = [
+    "CONVERSION_WARNINGS_ANNOTATION",
+    "CONVERTED_FROM_ANNOTATION",
+    "Conversion",
+    "PyTorchJob",
+    "conversion_warnings",
+    "convert_pytorchjob",
+    "converted_from",
+    "is_pytorchjob",
+]
