@@ -9,6 +9,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -c constraints.txt -e ".[dev]"
+# Real DeepSpeed for examples/deepspeed and its tests: only a source release exists; DS_BUILD_OPS=0 builds it
+# without compiling (its CPU ops compile on first use) and without a second torch (no build isolation).
+DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --no-build-isolation -c constraints.txt "deepspeed>=0.16"
 # The dashboard's browser tests drive Debian's chromium headless (Playwright never downloads a browser here).
 # Installed when missing and we are root; otherwise those tests skip with the reason (CI requires them).
 if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

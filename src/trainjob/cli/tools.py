@@ -4,6 +4,7 @@
     trainjob plan --layers 96 --hidden 12288 --heads 96 --seq 2048 --micro-batch 4 --global-batch 512 \\
         --tp 8 --pp 4 --gpus 8 --nodes 8 --dtype fp16 -o json
     trainjob plan --auto --params 70B --gpus 8 --nodes 8 --gpu-memory 80GB --bandwidth intra=300GB/s,inter=25GB/s
+    trainjob plan --ds-config ds_config.json --params 7B --gpus 8 --nodes 4 --gpu-memory 80GB
     trainjob check train.py
     trainjob bench collectives --op all_reduce --nproc 2 --min-bytes 1K --max-bytes 1M
 
@@ -14,6 +15,7 @@ errors.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -27,6 +29,7 @@ from trainjob.tools.planner import (
     DEFAULT_INTER_NODE,
     DEFAULT_INTRA_NODE,
     Hardware,
+    deepspeed_setup,
     plan_auto,
     plan_communication,
     plan_memory,
@@ -111,34 +114,77 @@ _AUTO_CHOOSES = {"zero": 0, "tp": 1, "pp": 1, "micro_batch": 1, "micro_batches":
     "--bandwidth", multiple=True, help="Per-GPU link speeds: intra=300GB/s,inter=25GB/s (repeatable)."
 )
 @click.option("--auto", "auto", is_flag=True, help="Search ZeRO, TP, PP, schedule, checkpointing, offload, micro-batch.")
+@click.option(
+    "--ds-config", type=click.Path(dir_okay=False, path_type=Path),
+    help="DeepSpeed ds_config.json: ZeRO stage, offload, precision, optimizer and batch sizes come from it.",
+)  # fmt: skip
 @click.option("--gpu-tflops", type=float, default=312.0, show_default=True, help="--auto: dense peak per GPU.")
 @click.option("--host-memory", help="--auto: host memory per node for CPU offload (default 2TB).")
 @click.option("--top", type=int, default=5, show_default=True, help="--auto: layouts to print.")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def plan(
     params: str | None, gpu_memory: str | None, bandwidth: tuple[str, ...], output: str, auto: bool,
-    gpu_tflops: float, host_memory: str | None, top: int, **fields: Any,
+    gpu_tflops: float, host_memory: str | None, top: int, ds_config: Path | None, **fields: Any,
 ) -> None:  # fmt: skip
     """Estimate per-GPU memory and per-step communication of a training run, or (--auto) find the best layouts."""
-    if auto:
+    if auto and ds_config is None:
         _plan_auto(params, gpu_memory, bandwidth, output, gpu_tflops, host_memory, top, fields)
         return
+    used: dict[str, Any] | None = None
     try:
+        given = click.get_current_context().get_parameter_source
         for name in ("gpu_tflops", "host_memory", "top"):
-            if click.get_current_context().get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            if given(name) == click.core.ParameterSource.COMMANDLINE:
                 raise ValidationError(name, "is an option of --auto")
-        setup = TrainingSetup(params=parse_count(params, field="params") if params else None, **fields)
+        if auto:
+            raise ValidationError("auto", "searches the layouts itself: leave --ds-config out, or --auto")
+        count = parse_count(params, field="params") if params else None
         capacity = parse_bytes(gpu_memory, field="gpu_memory") if gpu_memory else None
         intra, inter = _links(bandwidth)
+        if ds_config is None:
+            setup = TrainingSetup(params=count, **fields)
+        else:
+            setup, settings, used = _ds_config_setup(ds_config, count, fields, given)
     except ValidationError as exc:
         _fail(exc)
-    from trainjob.tools.plan_report import plan_tables, plan_to_dict
+    from trainjob.tools.plan_report import ds_config_lines, plan_tables, plan_to_dict
 
     memory, comm = plan_memory(setup), plan_communication(setup, intra, inter)
     if output == "json":
-        click.echo(json.dumps(plan_to_dict(memory, comm, capacity), indent=2))
+        data = plan_to_dict(memory, comm, capacity)
+        if used is not None:
+            data["ds_config"] = {"path": settings.source, "used": used, "ignored": settings.ignored,
+                                 "unknown": settings.unknown, "auto": settings.auto}  # fmt: skip
+        click.echo(json.dumps(data, indent=2))
     else:
+        if used is not None:
+            rich.print(ds_config_lines(settings.source, used, settings.ignored, settings.unknown))
         rich.print(plan_tables(memory, comm, capacity))
+
+
+# TrainingSetup fields a DeepSpeed config sets: given with --ds-config they are refused, not silently overridden.
+_DS_CONFIG_SETS = ("zero", "dtype", "optimizer", "offload", "cpu_offload", "micro_batch", "micro_batches", "global_batch")
+
+
+def _ds_config_setup(path: Path, params: float | None, fields: dict[str, Any], given: Any) -> Any:
+    """``deepspeed_setup`` for ``plan --ds-config``; flags the config decides are refused, naming the key."""
+    for name in _DS_CONFIG_SETS:
+        if given(name) == click.core.ParameterSource.COMMANDLINE:
+            raise ValidationError(name, f"comes from --ds-config {path}; leave it out")
+    model = {name: value for name, value in fields.items() if name not in _DS_CONFIG_SETS}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = deepspeed_setup(path, params=params, **model)
+        except ValidationError as exc:
+            # The config's own problems name the file and key, not a flag.
+            ours = (str(path), "deepspeed_config")
+            if all(error.path in ours or error.path.startswith(f"{path}: ") for error in exc.errors):
+                _fail(exc, paths_are_flags=False)
+            raise
+    for warning in caught:
+        click.echo(f"warning: {warning.message}", err=True)
+    return result
 
 
 def _plan_auto(
@@ -187,15 +233,16 @@ def _plan_auto(
 @click.option("--ignore", multiple=True, help="Rule id or name to skip (TJ005, unguarded-print); repeatable.")
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def check(scripts: tuple[Path, ...], ignore: tuple[str, ...], output: str) -> None:
-    """Find distributed-training mistakes in training scripts (exit 1 when there are errors)."""
-    from trainjob.tools.check_rules import RULES
+    """Find distributed-training mistakes in training scripts and job manifests (exit 1 when there are errors)."""
+    from trainjob.tools.check_rules import MANIFEST_RULES, RULES
     from trainjob.tools.checker import check_file
 
-    known = {rule.id for rule in RULES} | {rule.name for rule in RULES}
+    every = (*RULES, *MANIFEST_RULES)
+    known = {rule.id for rule in every} | {rule.name for rule in every}
     unknown = [name for name in ignore if name not in known]
     if unknown:
         _fail(
-            ValidationError("ignore", f"unknown rule {unknown[0]!r}; rules are TJ001 to TJ{len(RULES):03d}")
+            ValidationError("ignore", f"unknown rule {unknown[0]!r}; rules are TJ001 to TJ{len(every):03d}")
         )
     try:
         findings = [f for script in scripts for f in check_file(script, frozenset(ignore))]

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from typing import Any
 
@@ -19,7 +20,7 @@ from rich.table import Table
 from trainjob.tools.planner import AutoPlan, CommunicationPlan, MemoryPlan, realisation, trainjob_resources
 from trainjob.tools.units import format_bytes, format_seconds
 
-__all__ = ["auto_plan_tables", "auto_plan_to_dict", "plan_tables", "plan_to_dict"]
+__all__ = ["auto_plan_tables", "auto_plan_to_dict", "ds_config_lines", "plan_tables", "plan_to_dict"]
 
 
 def _fits(memory: MemoryPlan, gpu_memory: int | None) -> bool | None:
@@ -132,6 +133,15 @@ def _comm_table(comm: CommunicationPlan) -> Table:
     table.caption = f"pipeline bubble: {bubble}" if s.pp > 1 else f"micro-batches per step: {s.micro_batches}"
     table.caption_justify = "left"
     return table
+
+
+def ds_config_lines(source: str, used: dict[str, Any], ignored: list[str], unknown: list[str]) -> str:
+    """What ``plan --ds-config`` took from the config: each key with its value, then what it left aside."""
+    values = "".join(f"\n  {key} = {json.dumps(value)}" for key, value in used.items()) or " none"
+    lines = [f"[bold]{source}[/], keys used:{values}"]
+    if ignored or unknown:
+        lines.append(f"not used for memory: {', '.join([*ignored, *unknown])}")
+    return "\n".join(lines) + "\n"
 
 
 def plan_tables(memory: MemoryPlan, comm: CommunicationPlan, gpu_memory: int | None = None) -> Group:

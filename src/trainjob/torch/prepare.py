@@ -19,6 +19,13 @@ Blocks (the FSDP units and the activation-checkpointing units) are chosen by ``w
     model = prepare_model(Net(), "fsdp", mixed_precision="bf16", activation_checkpointing=True, wrap=Block)
     model = prepare_model(GPT(cfg), parallel=ParallelDims(tp=2, pp=2), pipeline=PipelineConfig("GPipe"))
     model = prepare_model(Net(), "ddp", comm_hook="topk", comm_hook_options={"ratio": 0.01})
+
+``deepspeed_config`` (a ds_config.json path, a dict, or settings from
+:func:`trainjob.torch.deepspeed_config.map_deepspeed_config`) chooses the strategy, precision and offload from
+DeepSpeed's keys instead; the table is in :mod:`trainjob.torch.deepspeed_config`. ZeRO stages 1 and 2 become
+FSDP with ``reshard_after_forward=False``, stage 3 full sharding, stage 0 DDP::
+
+    model = prepare_model(Net(), deepspeed_config="ds_config.json")
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from torch import nn
 
 from trainjob.errors import ValidationError
 from trainjob.torch.comm_hooks import CommHook, check_comm_hook, register_comm_hook
+from trainjob.torch.deepspeed_config import DeepSpeedConfig, DeepSpeedSettings, map_deepspeed_config
 from trainjob.torch.env import init
 from trainjob.torch.precision import Precision, autocast_forward, precision_dtype
 from trainjob.torch.wrap import Wrap, apply_activation_checkpointing, apply_ddp, apply_fsdp, select_blocks
@@ -56,6 +64,7 @@ def prepare_model(
     parallel: ParallelDims | None = None,
     comm_hook: CommHook | None = None,
     comm_hook_options: dict[str, Any] | None = None,
+    deepspeed_config: DeepSpeedConfig | DeepSpeedSettings | None = None,
     **parallel_options: Any,
 ) -> nn.Module:
     """Return ``model`` ready for training under ``strategy`` (``"ddp"`` unless ``parallel`` is given).
@@ -72,6 +81,8 @@ def prepare_model(
     ``comm_hook`` compresses DDP's gradient all-reduce (``"fp16"``, ``"bf16"``, ``"powersgd"``, ``"topk"``), tuned
     by ``comm_hook_options`` (``{"ratio": 0.01}`` for top-k, ``{"rank": 2}`` for PowerSGD; see
     :mod:`trainjob.torch.comm_hooks`). It needs DDP: ``strategy="ddp"``, or ``parallel=`` with ``zero_stage=0``.
+    ``deepspeed_config`` sets ``strategy``, ``mixed_precision`` and ``cpu_offload`` from a ds_config (leave those
+    out); build the optimizer with :func:`trainjob.torch.deepspeed_engine.deepspeed_optimizer`.
 
     Create the optimizer from the returned model's parameters::
 
@@ -79,6 +90,20 @@ def prepare_model(
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         model = prepare_model(GPT(cfg), parallel=ParallelDims(dp_shard=-1, tp=2), zero_stage=2)
     """
+    fsdp_zero_stage = 3
+    if deepspeed_config is not None:
+        given = {"strategy": strategy, "mixed_precision": mixed_precision, "cpu_offload": cpu_offload or None,
+                 "parallel": parallel}  # fmt: skip
+        clash = next((name for name, value in given.items() if value is not None), None)
+        if clash is not None:
+            raise ValidationError(clash, "comes from deepspeed_config: leave it out, or leave deepspeed_config out")
+        settings = (
+            deepspeed_config
+            if isinstance(deepspeed_config, DeepSpeedSettings)
+            else map_deepspeed_config(deepspeed_config, world_size=init().world_size)
+        )
+        strategy, mixed_precision, cpu_offload = settings.strategy, settings.mixed_precision, settings.cpu_offload
+        fsdp_zero_stage = settings.fsdp_zero_stage or 3
     precision_dtype(mixed_precision)  # validate early
     if parallel_options:
         _check_parallel_options(parallel_options, parallel)
@@ -133,6 +158,7 @@ def prepare_model(
         apply_fsdp(
             blocks,
             [model],
+            zero_stage=fsdp_zero_stage,
             param_dtype=dtype,
             output_dtype=torch.float32 if dtype is not None else None,
             cpu_offload=cpu_offload,

@@ -15,12 +15,21 @@ needs credentials or a route to the operator. Pure functions: the operator fetch
 
 ``lastUpdatedTime`` is the time the line was written (from the log's timestamps), so reading the same log twice
 gives the same status and no patch: the reconcile stays idempotent.
+
+An elastic job's rank 0 (:mod:`trainjob.torch.elastic`) also prints ``[trainjob] resized 3 -> 2 nodes (world size
+3 -> 2), resuming at step 40`` whenever it resumes at another size. Rank 0 need not run on node 0 after a resize, so
+the operator reads every running trainer pod of an elastic job; :func:`new_resizes` turns the lines written after
+the job's :data:`RESIZE_ANNOTATION` into ``Resized`` events, oldest first, and the annotation moves to the newest.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
+from trainjob.backends.rootcause import strip_rank_prefixes
 from trainjob.progress import progress_of_records, records_from_log, trainer_status
 
 #: How much of node-0's log is read: enough for the last report and a step rate, little enough to read often.
@@ -53,3 +62,57 @@ def trainer_status_patch(job: dict[str, Any], text: str) -> dict[str, Any] | Non
     if status is None or status == (job.get("status") or {}).get("trainerStatus"):
         return None
     return {"status": {"trainerStatus": status}}
+
+
+#: The time of the newest resize the operator has reported as an event (RFC 3339, from the pod log).
+RESIZE_ANNOTATION = "trainjob/last-resize"
+_STAMPED = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) (.*)$")
+_RESIZED = re.compile(r"^\[trainjob\] resized (\d+) -> (\d+) nodes\b(.*)$")
+
+
+def _seconds(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def resizes_from_logs(texts: Iterable[str]) -> list[tuple[str, str]]:
+    """``(time, "Resized 3 -> 2 nodes (...)")`` for every resize line in logs read with timestamps, oldest first.
+
+    >>> resizes_from_logs(["2026-11-23T09:00:05.5Z [rank0]: [trainjob] resized 3 -> 2 nodes (world size 3 -> 2), "
+    ...                    "resuming at step 40", "2026-11-23T09:00:06Z step 41 loss=0.5"])
+    [('2026-11-23T09:00:05.5Z', 'Resized 3 -> 2 nodes (world size 3 -> 2), resuming at step 40')]
+    """
+    found: dict[tuple[str, str], float] = {}
+    for text in texts:
+        for raw in text.splitlines():
+            stamped = _STAMPED.match(raw)
+            if stamped is None:
+                continue
+            resized = _RESIZED.match(strip_rank_prefixes(stamped[2]).strip())
+            if resized is None:
+                continue
+            message = f"Resized {resized[1]} -> {resized[2]} nodes{resized[3].rstrip()}"
+            found.setdefault((stamped[1], message), _seconds(stamped[1]))
+    return sorted(found, key=lambda key: found[key])
+
+
+def new_resizes(job: dict[str, Any], resizes: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The resizes written after the one ``job``'s :data:`RESIZE_ANNOTATION` records (all when it has none)."""
+    last = ((job.get("metadata") or {}).get("annotations") or {}).get(RESIZE_ANNOTATION)
+    try:
+        since = _seconds(last) if last else None
+    except ValueError:
+        since = None
+    return [(stamp, message) for stamp, message in resizes if since is None or _seconds(stamp) > since]
+
+
+def is_elastic(jobset: dict[str, Any], trainer: str) -> bool:
+    """Whether the trainer's nodes rendezvous elastically (``PET_NNODES`` is a ``min:max`` range)."""
+    for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        if rj.get("name") != trainer:
+            continue
+        pod_spec = (((rj.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+        for container in pod_spec.get("containers") or []:
+            for env in container.get("env") or []:
+                if env.get("name") == "PET_NNODES" and ":" in str(env.get("value") or ""):
+                    return True
+    return False

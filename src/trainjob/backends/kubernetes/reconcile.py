@@ -153,7 +153,7 @@ class Reconciler:
             self._fail_past_deadline(job, status, new, now)
             return None
         if not suspend and _trainer_started(jobset, trainer):
-            new = self._read_progress(job, new, trainer)
+            new = self._observe_trainer(job, new, jobset, trainer)
         self._write_status(namespace, name, status, new)
         if st.finished_condition(new) is not None:
             return self._expire({**job, "status": new}, now)
@@ -285,16 +285,19 @@ class Reconciler:
             log.info("created JobSet %s/%s", job["metadata"]["namespace"], job["metadata"]["name"])
         return created
 
-    def _read_progress(self, job: dict[str, Any], status: dict[str, Any], trainer: str) -> dict[str, Any]:
-        """``status`` with ``trainerStatus`` from the last progress line of node 0's log, when it has one."""
+    def _observe_trainer(
+        self, job: dict[str, Any], status: dict[str, Any], jobset: dict[str, Any], trainer: str
+    ) -> dict[str, Any]:
+        """``status`` with ``trainerStatus`` from the last progress line of node 0's log; an elastic job's resizes
+        (printed by its rank 0, on whichever node) become ``Resized`` events."""
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         try:
-            pods = self.api.list_pods(namespace, f"{JOBSET_NAME_LABEL}={name}")
-            pod = trainer_pods(pods, trainer).get(0)
+            pods = trainer_pods(self.api.list_pods(namespace, f"{JOBSET_NAME_LABEL}={name}"), trainer)
+            read = self._report_resizes(job, list(pods.values())) if progress.is_elastic(jobset, trainer) else {}
+            pod = pods.get(0)
             if pod is None or not progress.should_read_progress(job, pod):  # job: the status before this pass
                 return status
-            text = self.api.read_pod_log(namespace, pod["metadata"]["name"], container=_container_name(pod),
-                                         timestamps=True, tail_lines=progress.LOG_TAIL_LINES)
+            text = read.get(pod["metadata"]["name"]) or self._log_tail(namespace, pod)
         except NotFoundError:
             return status
         except TrainJobError as exc:  # progress is best effort: the job's state does not depend on it
@@ -304,6 +307,29 @@ class Reconciler:
         if trainer_status is None or trainer_status == status.get("trainerStatus"):
             return status
         return {**status, "trainerStatus": trainer_status}
+
+    def _log_tail(self, namespace: str, pod: dict[str, Any]) -> str:
+        return self.api.read_pod_log(namespace, pod["metadata"]["name"], container=_container_name(pod),
+                                     timestamps=True, tail_lines=progress.LOG_TAIL_LINES)
+
+    def _report_resizes(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, str]:
+        """Post a ``Resized`` event for every resize the running trainer pods logged since the last one reported;
+        the log tails read, by pod name."""
+        texts: dict[str, str] = {}
+        for pod in pods:
+            if ((pod.get("status") or {}).get("phase")) != "Running":
+                continue
+            try:
+                texts[pod["metadata"]["name"]] = self._log_tail(job["metadata"]["namespace"], pod)
+            except NotFoundError:
+                continue
+        resizes = progress.new_resizes(job, progress.resizes_from_logs(texts.values()))
+        for _, message in resizes:
+            self.api.post_event(job, "Normal" if _grew(message) else "Warning", "Resized", message)
+        if resizes:
+            annotation = {"metadata": {"annotations": {progress.RESIZE_ANNOTATION: resizes[-1][0]}}}
+            self.api.patch(TRAINJOBS, job["metadata"]["namespace"], job["metadata"]["name"], annotation)
+        return texts
 
     def _expire(self, job: dict[str, Any], now: float) -> float | None:
         """Delete a finished job past its TTL; else the seconds until it is due (``None``: it has none)."""
@@ -441,6 +467,15 @@ def limit_extended_resources(objects: list[dict[str, Any]]) -> list[str]:
                 "(Kubernetes needs limits for extended resources)"
             )
     return changes
+
+
+def _grew(message: str) -> bool | None:
+    """Whether ``Resized A -> B nodes ...`` grew the job (``None`` when the numbers cannot be read)."""
+    words = message.split()
+    try:
+        return int(words[3]) > int(words[1])
+    except (IndexError, ValueError):
+        return None
 
 
 def _trainer_started(jobset: dict[str, Any], trainer: str) -> bool:
