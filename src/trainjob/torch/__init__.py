@@ -26,7 +26,8 @@
                 break
     tt.shutdown()
 
-Tensor, pipeline and 3-D parallelism live in :mod:`trainjob.torch.parallel` (``prepare_model(parallel=...)``).
+Elastic jobs pass ``tt.Checkpointer(..., elastic=tt.ElasticConfig(lr_scaling="linear"))`` to follow shrinks
+and grows (:mod:`trainjob.torch.elastic`). Tensor, pipeline and 3-D parallelism live in :mod:`trainjob.torch.parallel` (``prepare_model(parallel=...)``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ _EXPORTS = {
     "Checkpointer": "checkpoint",
     "DistContext": "env",
     "DistributedDataLoader": "data",
+    "ElasticConfig": "elastic",
+    "TrainingEngine": "deepspeed_engine",
     "GradientAccumulation": "accumulate",
     "COMM_HOOKS": "comm_hooks",
     "apply_activation_checkpointing": "wrap",
@@ -47,10 +50,14 @@ _EXPORTS = {
     "autocast": "precision",
     "clip_grad_norm_": "clip",
     "context": "env",
+    "deepspeed_initialize": "deepspeed_engine",
+    "deepspeed_optimizer": "deepspeed_engine",
+    "deepspeed_scheduler": "deepspeed_engine",
     "get_logger": "log",
     "grad_norm": "clip",
     "grad_scaler": "precision",
     "init": "env",
+    "map_deepspeed_config": "deepspeed_config",
     "move_to_device": "data",
     "prepare_data_loader": "data",
     "prepare_model": "prepare",
@@ -67,17 +74,23 @@ __all__ = [
     "Checkpointer",
     "DistContext",
     "DistributedDataLoader",
+    "ElasticConfig",
     "GradientAccumulation",
+    "TrainingEngine",
     "apply_activation_checkpointing",
     "apply_ddp",
     "apply_fsdp",
     "autocast",
     "clip_grad_norm_",
     "context",
+    "deepspeed_initialize",
+    "deepspeed_optimizer",
+    "deepspeed_scheduler",
     "get_logger",
     "grad_norm",
     "grad_scaler",
     "init",
+    "map_deepspeed_config",
     "move_to_device",
     "prepare_data_loader",
     "prepare_model",
@@ -95,6 +108,14 @@ if TYPE_CHECKING:
     from trainjob.torch.clip import clip_grad_norm_, grad_norm
     from trainjob.torch.comm_hooks import COMM_HOOKS, register_comm_hook
     from trainjob.torch.data import DistributedDataLoader, move_to_device, prepare_data_loader
+    from trainjob.torch.deepspeed_config import map_deepspeed_config
+    from trainjob.torch.deepspeed_engine import (
+        TrainingEngine,
+        deepspeed_initialize,
+        deepspeed_optimizer,
+        deepspeed_scheduler,
+    )
+    from trainjob.torch.elastic import ElasticConfig
     from trainjob.torch.env import DistContext, context, init, shutdown
     from trainjob.torch.log import get_logger, print0
     from trainjob.torch.metrics import report

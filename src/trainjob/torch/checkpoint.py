@@ -15,7 +15,9 @@ On disk::
 Shards go to a ``.partial-`` directory; rank 0 renames it to ``step-NNNNNNNN`` only after DCP wrote the metadata,
 which it does once every rank's shards are on disk. A crash at any point before the rename leaves the previous
 checkpoint the newest one. Every rank writes into ``directory``, so across nodes it must be shared storage.
-At another world size, ranks the checkpoint has no random-generator state for keep their own seeding. ::
+At another world size, ranks the checkpoint has no random-generator state for keep their own seeding. With
+``elastic=ElasticConfig(...)`` (:mod:`trainjob.torch.elastic`) a resume at another world size also scales the
+learning rate and reports the resize, and a save lets a returning node join right after it. ::
 
     ckpt = Checkpointer("checkpoints", keep_last=3)
     start = ckpt.resume(model, optimizer, loader=loader)        # 0 on a fresh start
@@ -50,6 +52,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.optim import Optimizer
 
 from trainjob.errors import NotFoundError, ValidationError
+from trainjob.torch import elastic as elastic_support
 from trainjob.torch import env
 from trainjob.torch.seed import capture_rng_state, restore_rng_state
 
@@ -77,9 +80,19 @@ class Checkpointer:
     written in the background; the next :meth:`save`, :meth:`wait` or :func:`trainjob.torch.shutdown` waits.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], *, keep_last: int | None = 3, async_save: bool = False):
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        keep_last: int | None = 3,
+        async_save: bool = False,
+        elastic: elastic_support.ElasticConfig | None = None,
+    ):
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
             raise ValidationError("keep_last", f"must be an integer >= 1 or None, got {keep_last!r}")
+        if elastic is not None and not isinstance(elastic, elastic_support.ElasticConfig):
+            raise ValidationError("elastic", f"must be a trainjob.torch.ElasticConfig or None, got {type(elastic).__name__}")
+        self.elastic = elastic
         self.directory = Path(directory)
         self.keep_last = keep_last
         self.async_save = async_save
@@ -87,6 +100,8 @@ class Checkpointer:
         self._pending_commit: tuple[Path, Path, int, int] | None = None
         self._commit_lock = threading.Lock()
         self._async_group: dist.ProcessGroup | None = None
+        #: ``trainjob.json`` of the checkpoint :meth:`load` loaded last.
+        self.loaded_info: dict[str, Any] = {}
 
     # -- layout ---------------------------------------------------------------------------------------------
 
@@ -147,6 +162,8 @@ class Checkpointer:
             if ctx.is_main:
                 self._commit(*commit)
             dist.barrier()
+            if self.elastic is not None:
+                elastic_support.grow_gate(step, self.elastic)
             return final
         if self._async_group is None:
             # A group of its own: background collectives must not interleave with the training loop's.
@@ -158,6 +175,8 @@ class Checkpointer:
             self._pending_commit = commit
             future.add_done_callback(lambda f: f.exception() is None and self._finish_commit())
         env.on_shutdown(self.wait)
+        if self.elastic is not None:
+            elastic_support.grow_gate(step, self.elastic, before=self.wait)
         return final
 
     def wait(self) -> None:
@@ -176,7 +195,7 @@ class Checkpointer:
 
     def _commit(self, partial: Path, final: Path, step: int, world_size: int) -> None:
         """Make ``partial`` the checkpoint of ``step`` with one atomic rename, then apply ``keep_last``."""
-        info = {"step": step, "world_size": world_size, "saved_at": time.time()}
+        info = {"step": step, "world_size": world_size, "nodes": elastic_support.current_nodes(), "saved_at": time.time()}
         with open(partial / _INFO_FILE, "w", encoding="utf-8") as f:
             json.dump(info, f)
             f.flush()
@@ -248,6 +267,8 @@ class Checkpointer:
             state["optimizer"] = get_optimizer_state_dict(model, optimizer)
         if loader is not None:
             state["loader"] = loader
+            if self.elastic is not None and hasattr(loader, "elastic"):
+                loader.elastic = True  # continue after exactly the samples consumed, at any world size
         rng_key = f"rank{ctx.rank}"
         if any(key.startswith(f"rng.{rng_key}.") for key in saved_keys):
             state["rng"] = {rng_key: capture_rng_state()}
@@ -257,7 +278,19 @@ class Checkpointer:
             set_optimizer_state_dict(model, optimizer, state["optimizer"])
         if "rng" in state:
             restore_rng_state(state["rng"][rng_key])
+        self.loaded_info = self.info(chosen)
+        saved_world = self.loaded_info.get("world_size")
+        if self.elastic is not None and isinstance(saved_world, int) and saved_world >= 1:
+            factor = self.elastic.lr_factor(ctx.world_size, saved_world)
+            elastic_support.scale_learning_rate(optimizer, factor, *others.values())
         return int(state["trainer"]["step"])
+
+    def info(self, step: int) -> dict[str, Any]:
+        """What was recorded with the checkpoint of ``step``: ``step``, ``world_size``, ``nodes``, ``saved_at``."""
+        try:
+            return json.loads((self.path(step) / _INFO_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
 
     def resume(
         self, model: nn.Module, optimizer: Optimizer | None = None, *, loader: Stateful | None = None, **others: Stateful
@@ -268,8 +301,13 @@ class Checkpointer:
             ...
         """
         if self._agreed_step(None) is None:
-            return 0
-        return self.load(model, optimizer, loader=loader, **others)
+            step, saved = 0, None
+        else:
+            step = self.load(model, optimizer, loader=loader, **others)
+            saved = self.loaded_info
+        if self.elastic is not None:
+            elastic_support.record_round(step, saved)
+        return step
 
     def _agreed_step(self, step: int | None) -> int | None:
         """Rank 0's choice, broadcast, so every rank loads the same checkpoint even while files change."""

@@ -19,7 +19,11 @@ loader prepared before the model (it re-shards on its next iteration); ``rank=``
 
 Each ``for batch in loader`` is one epoch and calls ``sampler.set_epoch`` itself, so forgetting it (and training
 every epoch on the same order) cannot happen. The loader's :meth:`~DistributedDataLoader.state_dict` records the
-epoch and the samples already consumed, so a resumed run continues mid-epoch, also at another world size::
+epoch and the samples already consumed, so a resumed run continues mid-epoch, also at another world size.
+A resume point that is not a whole number of the new global batches (an elastic job that lost a node: 3 ranks
+consumed 3 x 4 x k samples, 2 ranks now read 2 x 4 per step) is refused unless the loader is ``elastic`` (set by
+``Checkpointer(elastic=...)``): the rest of the epoch's order after exactly the consumed samples is then dealt
+out over the new ranks (:func:`remaining_shard`), so no sample is repeated or skipped::
 
     loader = prepare_data_loader(DataLoader(dataset, batch_size=32, shuffle=True))
     for epoch in range(epochs):
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -79,21 +84,63 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False)
     return batch
 
 
+def epoch_order(sampler: DistributedSampler, epoch: int) -> list[int]:
+    """The global order of ``epoch`` that ``sampler`` deals out (rank ``r`` of ``W`` takes items ``r, r+W, ...``)."""
+    size = len(sampler.dataset)  # type: ignore[arg-type]
+    if sampler.shuffle:
+        generator = torch.Generator()
+        generator.manual_seed(sampler.seed + epoch)
+        return torch.randperm(size, generator=generator).tolist()
+    return list(range(size))
+
+
+def remaining_shard(order: list[int], consumed: int, rank: int, world_size: int, drop_last: bool) -> list[int]:
+    """Rank ``rank``'s share of what is left of ``order`` after its first ``consumed`` items, dealt out
+    round-robin over ``world_size`` ranks; the tail is dropped (``drop_last``) or padded from the start of
+    the rest so every rank gets as many::
+
+    >>> remaining_shard(list(range(10)), 4, 0, 2, drop_last=False), remaining_shard(list(range(10)), 3, 1, 2, True)
+    ([4, 6, 8], [4, 6])
+    """
+    rest = order[consumed:]
+    if drop_last:
+        rest = rest[: len(rest) - len(rest) % world_size]
+    elif rest and len(rest) % world_size:
+        padding = world_size - len(rest) % world_size
+        rest += (rest * math.ceil(padding / len(rest)))[:padding]
+    return rest[rank::world_size]
+
+
 class _SkipFirst(Sampler[int]):
-    """A sampler that starts ``skip`` items into its inner sampler's order (mid-epoch resume) and forwards set_epoch."""
+    """A sampler that starts ``skip`` items into its inner sampler's order (mid-epoch resume) and forwards
+    set_epoch; with ``global_skip`` (a ``DistributedSampler`` inside) it deals out the epoch's order after that
+    many samples instead."""
 
     def __init__(self, inner: Sampler[int]) -> None:
         self.inner = inner
         self.skip = 0
+        self.global_skip = 0
+        self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
         if hasattr(self.inner, "set_epoch"):
             self.inner.set_epoch(epoch)
 
+    def _rest(self) -> list[int]:
+        inner = self.inner
+        assert isinstance(inner, DistributedSampler)
+        order = epoch_order(inner, self.epoch)
+        return remaining_shard(order, self.global_skip, inner.rank, inner.num_replicas, inner.drop_last)
+
     def __iter__(self) -> Iterator[int]:
+        if self.global_skip:
+            return iter(self._rest())
         return itertools.islice(iter(self.inner), self.skip, None)
 
     def __len__(self) -> int:
+        if self.global_skip:
+            return len(self._rest())
         return max(len(self.inner) - self.skip, 0)  # type: ignore[arg-type]
 
 
@@ -116,6 +163,9 @@ class DistributedDataLoader:
         self.epoch = 0
         self._batches_done = 0  # in the current epoch, on this rank
         self._resume_samples = 0  # global samples to skip at the start of the next iteration
+        self._offset_samples = 0  # global samples of the running epoch consumed before this run's first batch
+        #: Accept resume points that are not whole global batches (set by ``Checkpointer(elastic=...)``).
+        self.elastic = False
 
     @property
     def sampler(self) -> Sampler[int]:
@@ -136,6 +186,7 @@ class DistributedDataLoader:
         self.epoch = epoch
         self._batches_done = 0
         self._resume_samples = 0
+        self._offset_samples = 0
 
     def _samples_per_batch(self) -> int:
         return (self.loader.batch_size or 1) * self.world_size
@@ -157,38 +208,53 @@ class DistributedDataLoader:
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)
         skip_batches = self._resume_samples // self._samples_per_batch()
-        self._resume_samples = 0
-        self._batches_done = skip_batches
+        partial = self._resume_samples % self._samples_per_batch()
         batches: Iterator[Any]
-        if isinstance(sampler, _SkipFirst):  # skip indices, not loaded batches
+        if isinstance(sampler, _SkipFirst):
+            sampler.global_skip = 0
+        if partial and isinstance(sampler, _SkipFirst) and isinstance(sampler.inner, DistributedSampler):
+            # Not a whole number of this world size's global batches: deal out exactly what is left.
+            sampler.skip, sampler.global_skip = 0, self._resume_samples
+            self._offset_samples, self._batches_done = self._resume_samples, 0
+            batches = iter(self.loader)
+        elif isinstance(sampler, _SkipFirst):  # skip indices, not loaded batches
+            self._offset_samples, self._batches_done = 0, skip_batches
             sampler.skip = skip_batches * (self.loader.batch_size or 1)
             batches = iter(self.loader)
         else:
+            self._offset_samples, self._batches_done = 0, skip_batches
             batches = itertools.islice(self.loader, skip_batches, None)
+        self._resume_samples = 0
         non_blocking = self.loader.pin_memory and self.device.type == "cuda"
         for batch in batches:
             self._batches_done += 1
             yield move_to_device(batch, self.device, non_blocking)
         self.epoch += 1
         self._batches_done = 0
+        self._offset_samples = 0
+        if isinstance(sampler, _SkipFirst):
+            sampler.global_skip = 0
 
     def state_dict(self) -> dict[str, int]:
         """Epoch and global samples consumed in it: enough to continue at the same or another world size."""
-        samples = self._resume_samples + self._batches_done * self._samples_per_batch()
+        samples = self._resume_samples + self._offset_samples + self._batches_done * self._samples_per_batch()
         return {"epoch": self.epoch, "samples_seen": samples}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Continue where ``state`` was taken: the next iteration resumes that epoch after its consumed samples."""
         samples = int(state["samples_seen"])
-        if samples % self._samples_per_batch():
+        exact = self.elastic and isinstance(self.loader.sampler, _SkipFirst)
+        if samples % self._samples_per_batch() and not exact:
             raise ValidationError(
                 "loader.samples_seen",
                 f"{samples} samples are not a whole number of global batches of {self._samples_per_batch()} "
                 f"(batch_size {self.loader.batch_size} x world size {self.world_size}); keep the global batch size "
-                "when resuming at another world size",
+                "when resuming at another world size, or checkpoint with Checkpointer(elastic=ElasticConfig()) "
+                "to continue after exactly the samples consumed",
             )
         self.epoch = int(state["epoch"])
         self._batches_done = 0
+        self._offset_samples = 0
         self._resume_samples = samples
 
 

@@ -5,7 +5,9 @@ A node process gets its pod's command, args and environment, with these local ch
 =================================  ====================================================================
 ``PET_MASTER_ADDR``                ``127.0.0.1`` (the pod would get ``{job}-node-0-0.{job}``)
 ``PET_MASTER_PORT``                a free port picked when the nodes start, so jobs can run side by side
-``PET_RDZV_ENDPOINT``              ``127.0.0.1:{that port}`` for elastic jobs
+``PET_RDZV_ENDPOINT``              ``127.0.0.1:{that port}`` for elastic jobs; for shrinkable ones (below) the port of
+                                   a rendezvous store the supervisor runs, not one inside a node
+``PET_RDZV_CONF``                  shrinkable jobs: :data:`~trainjob.backends.local.rendezvous.RDZV_CONF`
 ``PET_NODE_RANK``                  the node's index (the pod reads its completion index)
 ``OMP_NUM_THREADS``                the node's CPUs divided by its processes, unless the job sets it
 ``CUDA_VISIBLE_DEVICES``           the node's GPUs, disjoint between nodes, when GPUs are requested
@@ -13,13 +15,20 @@ A node process gets its pod's command, args and environment, with these local ch
 ``TRAINJOB_METRICS_FILE``          where ``trainjob.torch.report`` appends metrics (JSON lines)
 ``PET_LOG_DIR``, ``PET_TEE``       torchrun writes one log per rank and tees it, lines prefixed by rank
 ``TORCHELASTIC_ERROR_FILE``        where torchrun records the error of a failed node
-``PET_MAX_RESTARTS``               ``0`` for elastic jobs: the supervisor restarts the whole node group
+``PET_MAX_RESTARTS``               ``0`` for elastic jobs: the supervisor restarts the whole node group;
+                                   ``maxRestarts`` for shrinkable ones: how many lost nodes the ranks outlive
 ``TRAINJOB_RESTART_COUNT``         how many times the supervisor restarted the node group so far
 ``PYTHONUNBUFFERED``               ``1`` unless set, so logs stream while they are written
 ``PYTHONPATH``                     starts with :mod:`~trainjob.backends.local.worker_site`: every rank
                                    records its exception in its torchelastic error file, as ``@record``
                                    would, so the job's status names it
 =================================  ====================================================================
+
+An elastic job with ``minNodes < maxNodes`` whose command is ``torchrun`` is *shrinkable*: a lost node does not
+stop the others, which go on at the smaller size from their last checkpoint, and the node comes back after
+:attr:`LaunchSpec.node_backoff_seconds` (``TRAINJOB_NODE_BACKOFF_SECONDS`` when the job was created, default
+10); its ``torchrun`` is :mod:`~trainjob.backends.local.elastic_agent` (see
+:mod:`~trainjob.backends.local.rendezvous`).
 
 A node does not inherit the environment it was started from, as a pod does not inherit the shell of whoever
 created it: an exported ``NCCL_DEBUG`` or ``OMP_NUM_THREADS`` here would not reach a pod. It gets only
@@ -93,6 +102,10 @@ class LaunchSpec:
     cwd: str
     elastic: bool = False
     max_restarts: int = 0
+    #: ``elasticPolicy.minNodes`` (``None``: not elastic).
+    min_nodes: int | None = None
+    #: How long a lost node of a shrinkable job stays away before it is started again.
+    node_backoff_seconds: float = field(default_factory=lambda: node_backoff_seconds())
     active_deadline_seconds: int | None = None
     packages: list[str] = field(default_factory=list)
     pip_index_urls: list[str] = field(default_factory=list)
@@ -116,6 +129,14 @@ class LaunchSpec:
         data["shared_env"] = shared
         return data
 
+    @property
+    def shrinkable(self) -> bool:
+        """Elastic with room to shrink, run by ``torchrun``: a lost node does not stop the others."""
+        return (
+            self.elastic and self.min_nodes is not None and self.min_nodes < len(self.nodes)
+            and bool(self.nodes) and runs_torchrun(self.nodes[0].command)
+        )
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LaunchSpec:
         data = dict(data)
@@ -134,6 +155,10 @@ def build_launch_spec(
     inherit_env: bool = False,
 ) -> LaunchSpec:
     """The launch spec of ``plan``; ``ValidationError`` when the trainer has no command to run here."""
+    if plan.mpi is not None:  # a launcher and hosts: trainjob.backends.local.mpi
+        from trainjob.backends.local.mpi import build_mpi_launch_spec
+
+        return build_mpi_launch_spec(plan, job_dir, cwd, packages, pip_index_urls, inherit_env)
     trainer = plan.trainer()
     container = trainer.container()
     command = [*container.command, *container.args]
@@ -177,6 +202,7 @@ def build_launch_spec(
         cwd=container.working_dir or cwd,
         elastic=plan.elastic is not None,
         max_restarts=plan.elastic.max_restarts if plan.elastic else 0,
+        min_nodes=plan.elastic.min_nodes if plan.elastic else None,
         active_deadline_seconds=plan.active_deadline_seconds,
         packages=list(packages or []),
         pip_index_urls=list(pip_index_urls or []),
@@ -284,11 +310,35 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def node_argv(command: list[str], python: str) -> list[str]:
-    """``command`` with ``torchrun`` and ``python`` at its start resolved to ``python``."""
+NODE_BACKOFF_ENV = "TRAINJOB_NODE_BACKOFF_SECONDS"
+DEFAULT_NODE_BACKOFF_SECONDS = 10.0
+
+
+def node_backoff_seconds() -> float:
+    """``$TRAINJOB_NODE_BACKOFF_SECONDS`` (seconds, >= 0), else :data:`DEFAULT_NODE_BACKOFF_SECONDS`."""
+    raw = os.environ.get(NODE_BACKOFF_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_NODE_BACKOFF_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValidationError(NODE_BACKOFF_ENV, f"must be a number of seconds >= 0, got {raw!r}")
+    return value
+
+
+def runs_torchrun(command: list[str]) -> bool:
+    return bool(command) and os.path.basename(command[0]) == "torchrun"
+
+
+def node_argv(command: list[str], python: str, shrinkable: bool = False) -> list[str]:
+    """``command`` with ``torchrun`` and ``python`` at its start resolved to ``python``; a shrinkable job's
+    ``torchrun`` is :mod:`~trainjob.backends.local.elastic_agent`."""
     head, rest = os.path.basename(command[0]), command[1:]
     if head == "torchrun":
-        return [python, "-m", "torch.distributed.run", *rest]
+        module = "trainjob.backends.local.elastic_agent" if shrinkable else "torch.distributed.run"
+        return [python, "-m", module, *rest]
     if head in ("python", "python3", os.path.basename(sys.executable)):
         return [python, *rest]
     return list(command)
@@ -301,6 +351,8 @@ def node_environment(
     restarts: int = 0,
     elastic: bool = False,
     base_env: Mapping[str, str] | None = None,
+    rendezvous_port: int | None = None,
+    max_restarts: int = 0,
 ) -> dict[str, str]:
     """The full environment of a node process: ``base_env`` (what it gets of the environment the job was created
     from, :attr:`LaunchSpec.base_env`; default: :func:`passed_env` of this one), then the node's own."""
@@ -311,7 +363,16 @@ def node_environment(
     env.update(PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port))
     if "PET_RDZV_ENDPOINT" in node.env:
         env["PET_RDZV_ENDPOINT"] = f"127.0.0.1:{port}"
-    if elastic:
+    if elastic and rendezvous_port is not None:
+        # Shrinkable: the store is the supervisor's; the agents restart their ranks when a peer node is lost.
+        from trainjob.backends.local.rendezvous import RDZV_CONF
+
+        env.update(PET_RDZV_ENDPOINT=f"127.0.0.1:{rendezvous_port}", PET_RDZV_CONF=RDZV_CONF,
+                   PET_RDZV_ID=f"{env.get('PET_RDZV_ID', 'job')}-{restarts}", PET_MAX_RESTARTS=str(max_restarts))
+        # A fresh store for the ranks of every round: the one torchrun shares by default outlives its rounds,
+        # and ranks of a smaller round would read the addresses the ranks of the last one left in it.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    elif elastic:
         # The supervisor restarts the whole node group from a fresh rendezvous; torchrun must not restart alone.
         env["PET_MAX_RESTARTS"] = "0"
     env["TRAINJOB_RESTART_COUNT"] = str(restarts)

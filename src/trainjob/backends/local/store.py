@@ -109,6 +109,10 @@ _ADDED_COLUMNS = {
     # What the last ``update_trainjob_status`` said (:mod:`trainjob.progress`).
     "progress_percent": "REAL",
     "remaining_seconds": "REAL",
+    # Shrinkable elastic jobs (:mod:`~trainjob.backends.local.rendezvous`): nodes in the current rendezvous round,
+    # and how far the supervisor has read the rounds rank 0 reports.
+    "elastic_nodes": "INTEGER",
+    "elastic_offset": "INTEGER NOT NULL DEFAULT 0",
 }
 
 #: Columns ``list_jobs`` reads: everything but the two JSON documents.

@@ -3,8 +3,12 @@
 It starts one keeper per node (:mod:`~trainjob.backends.local.node_keeper`, which starts and contains the node
 process), watches them, ingests the metrics rank 0 writes, enforces ``activeDeadlineSeconds``, honours suspend
 and delete requests, restarts the node group of an elastic job up to ``maxRestarts`` and writes every
-transition to the store. A job's status only moves ``Created -> Running -> Complete | Failed`` (or
-``Suspended``).
+transition to the store. A shrinkable elastic job (:attr:`~trainjob.backends.local.launcher.LaunchSpec.shrinkable`)
+is not restarted when a node is *lost* (killed, not failed by its own ranks) while ``minNodes`` remain: the others
+go on at the smaller size (``NodeLost``), the node is started again after the job's back-off (``GrowRequested``,
+``NodeReturned``), and every change of size the ranks report becomes a ``Resized`` event ("Resized 3 -> 2 nodes
+(node-1 was lost)") and the job's message (:mod:`~trainjob.backends.local.rendezvous`). A job's status only
+moves ``Created -> Running -> Complete | Failed`` (or ``Suspended``).
 
 A supervisor holds the job's supervisor lock (:func:`~trainjob.backends.local.processes.hold_supervisor_lock`)
 for its whole life. When it is killed, a replacement (``... HOME NAME --replace``, started by a node's keeper at
@@ -18,13 +22,16 @@ Whatever way it exits, it admits the queued jobs that fit what its job freed (:m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
 import time
 
-from trainjob.backends.local import launcher, processes
+import psutil
+
+from trainjob.backends.local import launcher, processes, rendezvous
 from trainjob.backends.local.environment import PackageInstallError, prepare_environment
 from trainjob.backends.local.failures import node_failures, pick_root_cause
 from trainjob.backends.local.launcher import LaunchSpec
@@ -40,6 +47,8 @@ FAILURE_SETTLE_SECONDS = 1.5
 #: How long stopped keepers get to stop their nodes (they SIGKILL what is left after their own grace).
 KEEPER_STOP_SECONDS = STOP_GRACE_SECONDS + LEFTOVER_GRACE_SECONDS + 2.0
 NODE_STOP_GRACE_SECONDS = 3.0
+#: How long a returning node waits for the ranks to checkpoint for it before it is started anyway.
+GROW_WAIT_SECONDS = 600.0
 
 
 class Supervisor:
@@ -56,6 +65,15 @@ class Supervisor:
         self.nodes: list[NodeHandle] = []
         self.recorded: set[int] = set()
         self.terminating = False
+        # Shrinkable jobs (launcher.LaunchSpec.shrinkable): lost nodes and when each comes back, nodes started
+        # again, why the size changes next, the rendezvous store, and the rounds rank 0 reports.
+        self.lost: dict[int, float] = {}
+        self.returned: set[int] = set()
+        self.resize_reasons: list[str] = []
+        self.rendezvous_port: int | None = None
+        self.rendezvous_store: object | None = None
+        self.grow_requested: float | None = None
+        self.last_round: dict = {}
 
     # lifecycle
 
@@ -83,7 +101,11 @@ class Supervisor:
                                  type="Warning")
             if not adopted:  # lost before its nodes started (installing packages, between restarts)
                 processes.stop_processes(processes.job_processes(str(self.job_dir), self.row["created"]))
-        self._supervise(adopted)
+        try:
+            self._supervise(adopted)
+        finally:
+            if self.spec.shrinkable:
+                self._stop_rendezvous_store()
         return 0
 
     def _supervise(self, adopted: bool) -> None:
@@ -92,6 +114,9 @@ class Supervisor:
             return
         started = self.row["started"] or time.time()
         restarts = self.row["restarts"]
+        self.python, self.restarts, self.port = python, restarts, launcher.free_port()
+        info = rendezvous.store_info(self.job_dir) if adopted and self.spec.shrinkable else None
+        self.rendezvous_port = info["port"] if info else None
         while not self.terminating:
             if not adopted:
                 self._start_nodes(python, restarts)
@@ -129,22 +154,38 @@ class Supervisor:
         (self.job_dir / "logs").mkdir(parents=True, exist_ok=True)
         port = launcher.free_port()
         self.nodes, self.recorded = [], set()
+        self.lost, self.returned, self.grow_requested = {}, set(), None
+        self.resize_reasons = ["the node group was restarted"] if restarts else []
+        if self.spec.shrinkable:
+            rendezvous.clear_grow(self.job_dir)
+            self.rendezvous_port = launcher.free_port()
+            self.rendezvous_store = rendezvous.start_store(self.job_dir, self.rendezvous_port, python,
+                                                          self.spec.base_env or launcher.passed_env(os.environ))
+        self.python, self.port, self.restarts = python, port, restarts
         for node in self.spec.nodes:
-            env = launcher.node_environment(node, port, python, restarts=restarts, elastic=self.spec.elastic,
-                                            base_env=self.spec.base_env or None)
-            keeper_spec = {
-                "home": str(self.store.home), "name": self.name, "job_dir": str(self.job_dir), "node": node.index,
-                "argv": launcher.node_argv(node.command, python), "env": env, "cwd": self.spec.cwd,
-                "cpus": node.cpus, "log_max_bytes": self.spec.log_max_bytes,
-            }
-            handle = NodeHandle.start(self.job_dir, node.index, keeper_spec)
+            handle = self._start_node(node.index)
             if self.spec.elastic:
                 # c10d rendezvous ranks nodes by their torchrun's pid: started in order, node i gets group rank i.
                 handle.wait_started(timeout=5)
             self.nodes.append(handle)
             self.store.set_node(self.name, node.index, pid=handle.pid, pid_started=handle.started,
                                 status="Running", exit_code=None, started=time.time(), finished=None)
-        self.store.add_event(self.name, "NodesStarted", f"started {len(self.nodes)} node process(es), rendezvous at 127.0.0.1:{port}")
+        where = self.rendezvous_port if self.spec.shrinkable else port
+        self.store.add_event(self.name, "NodesStarted", f"started {len(self.nodes)} node process(es), rendezvous at 127.0.0.1:{where}")
+
+    def _start_node(self, index: int) -> NodeHandle:
+        """Start the keeper of node ``index`` (after :meth:`_start_nodes` set the group's ports)."""
+        node = self.spec.nodes[index]
+        env = launcher.node_environment(node, self.port, self.python, restarts=self.restarts, elastic=self.spec.elastic,
+                                        base_env=self.spec.base_env or None,
+                                        rendezvous_port=self.rendezvous_port if self.spec.shrinkable else None,
+                                        max_restarts=self.spec.max_restarts)
+        keeper_spec = {
+            "home": str(self.store.home), "name": self.name, "job_dir": str(self.job_dir), "node": node.index,
+            "argv": launcher.node_argv(node.command, self.python, shrinkable=self.spec.shrinkable), "env": env,
+            "cwd": self.spec.cwd, "cpus": node.cpus, "log_max_bytes": self.spec.log_max_bytes,
+        }
+        return NodeHandle.start(self.job_dir, node.index, keeper_spec)
 
     def _adopt_nodes(self) -> bool:
         """Take over the keepers a lost supervisor started; ``False`` when none of its nodes was running."""
@@ -167,12 +208,21 @@ class Supervisor:
             for index, code in enumerate(codes):
                 if code is not None:
                     self._record_exit(index, code)
-            failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
+            failed = [i for i, code in enumerate(codes) if code not in (None, 0) and i not in self.lost]
+            below_min = None
+            if failed and self.spec.shrinkable:
+                failed, below_min = self._lose_nodes(failed, codes)
             if failed:
-                return self._settle_failure(failed)
-            if all(code == 0 for code in codes):
+                outcome = self._settle_failure(failed)
+                return f"{below_min}; {outcome}" if below_min else outcome
+            if self.spec.shrinkable:
+                self._follow_rounds()
+                codes = self._bring_back(codes)
+            kept = [code for i, code in enumerate(codes) if i not in self.lost]
+            if kept and all(code == 0 for code in kept):
                 self._ingest_metrics()
-                self._finish("Complete", "Completed", f"all {len(codes)} node(s) exited with code 0")
+                lost = "".join(f"; node-{i} was lost" for i in sorted(self.lost))
+                self._finish("Complete", "Completed", f"all {len(kept)} node(s) exited with code 0{lost}")
                 return None
             if deadline is not None and time.time() > deadline:
                 self._stop_nodes(f"activeDeadlineSeconds={self.spec.active_deadline_seconds} exceeded")
@@ -186,6 +236,159 @@ class Supervisor:
                 self.store.add_event(self.name, "Suspended", "node processes stopped")
                 return None
             time.sleep(POLL_SECONDS)
+
+    # shrink and grow (shrinkable jobs)
+
+    def _lose_nodes(self, failed: list[int], codes: list[int | None]) -> tuple[list[int], str | None]:
+        """Let the others go on without the failed nodes that were lost (killed, not failed on their own).
+
+        Returns the failures left for the usual path (the whole node group restarts or fails) and, when the
+        loss left fewer than ``minNodes``, a sentence saying so."""
+        if any(code == 0 for code in codes):
+            return failed, None  # training is over: nothing to go on with
+        lost = [i for i in failed if self._was_lost(i, codes[i])]
+        if not lost:
+            return failed, None
+        alive = sum(code is None for code in codes)
+        names = ", ".join(f"node-{i}" for i in lost)
+        if alive < (self.spec.min_nodes or 1):
+            return failed, f"{names} lost, {alive} node(s) left: below minNodes={self.spec.min_nodes}"
+        now = time.time()
+        for index in lost:
+            why = self._loss_description(index, codes[index])
+            rendezvous.record_loss(self.job_dir, index, why)
+            self._sweep_node(index)
+            self.lost[index] = now + self.spec.node_backoff_seconds
+            self.returned.discard(index)
+            self.resize_reasons.append(f"node-{index} was lost")
+            self.store.add_event(
+                self.name, "NodeLost",
+                f"node-{index} was lost ({why}); {alive} node(s) go on from their last checkpoint "
+                f"(minNodes {self.spec.min_nodes}); node-{index} is started again in "
+                f"{self.spec.node_backoff_seconds:g} s",
+                type="Warning",
+            )
+        self.store.update_job(self.name, message=f"{alive} of {len(self.nodes)} node(s) running; {names} lost")
+        return [i for i in failed if i not in lost], None
+
+    def _was_lost(self, index: int, code: int | None) -> bool:
+        """Whether node ``index`` was lost (its keeper or its torchrun killed) rather than failed by its ranks."""
+        node = self.nodes[index]
+        if node.exit is not None and node.exit.lost:
+            return True
+        return code is not None and code < 0 and code != -signal.SIGTERM
+
+    @staticmethod
+    def _loss_description(index: int, code: int | None) -> str:
+        if code is not None and code < 0:
+            with contextlib.suppress(ValueError):
+                return f"killed by {signal.Signals(-code).name}"
+        return f"exit code {code}"
+
+    def _sweep_node(self, index: int) -> None:
+        """Stop what is left of a lost node (its keeper may have been killed without its processes)."""
+        leftovers = []
+        for process in processes.job_processes(str(self.job_dir), self.row.get("created", 0.0)):
+            with contextlib.suppress(psutil.Error):
+                if process.environ().get("PET_NODE_RANK") == str(index):
+                    leftovers.append(process)
+        if leftovers:
+            processes.stop_processes(leftovers, grace=0.5)
+
+    def _bring_back(self, codes: list[int | None]) -> list[int | None]:
+        """Start lost nodes whose back-off is over; with a training script that checkpoints for grows
+        (``trainjob.torch.ElasticConfig``), only once the ranks saved a checkpoint and wait for them."""
+        if not self.lost:
+            return codes
+        if any(code == 0 for code in codes):
+            return self._drop_late_nodes(codes)  # training is over: a node started now would wait in vain
+        now = time.time()
+        due = sorted(i for i, when in self.lost.items() if when <= now)
+        if not due:
+            return codes
+        if self.last_round.get("gated"):
+            if self.grow_requested is None:
+                rendezvous.request_grow(self.job_dir, due)
+                self.grow_requested = now
+                self.store.add_event(self.name, "GrowRequested",
+                                     f"{', '.join(f'node-{i}' for i in due)} can come back; waiting for the ranks "
+                                     "to reach their next checkpoint")
+                return codes
+            if rendezvous.grow_ready(self.job_dir) is None and now - self.grow_requested < GROW_WAIT_SECONDS:
+                return codes
+        codes = list(codes)
+        for index in due:
+            del self.lost[index]
+            self.recorded.discard(index)
+            handle = self._start_node(index)
+            self.nodes[index] = handle
+            codes[index] = None
+            self.returned.add(index)
+            self.resize_reasons.append(f"node-{index} came back")
+            self.store.set_node(self.name, index, pid=handle.pid, pid_started=handle.started, status="Running",
+                                exit_code=None, started=time.time(), finished=None)
+            self.store.add_event(self.name, "NodeReturned",
+                                 f"node-{index} started again after {self.spec.node_backoff_seconds:g} s; "
+                                 "it joins the others at their next rendezvous")
+        return codes
+
+    def _stop_rendezvous_store(self) -> None:
+        info = rendezvous.store_info(self.job_dir)
+        if not info:
+            return
+        with contextlib.suppress(psutil.Error, KeyError, TypeError):
+            process = psutil.Process(info["pid"])
+            if process.environ().get(rendezvous.JOB_DIR_ENV) == str(self.job_dir):
+                process.terminate()
+                with contextlib.suppress(psutil.TimeoutExpired):
+                    process.wait(3)
+                    return
+                process.kill()
+                process.wait(3)
+
+    def _drop_late_nodes(self, codes: list[int | None]) -> list[int | None]:
+        """Stop nodes that came back but never joined a round before training ended; they will not be needed."""
+        joined = self.last_round.get("node_ranks") or []
+        codes = list(codes)
+        for index in sorted(self.returned):
+            if codes[index] is None and index not in joined:
+                self.nodes[index].terminate()
+                codes[index] = self.nodes[index].wait(KEEPER_STOP_SECONDS)
+                self.returned.discard(index)
+                self.lost[index] = float("inf")
+                self.recorded.add(index)
+                self.store.set_node(self.name, index, status="Stopped", exit_code=codes[index], finished=time.time())
+                self.store.add_event(self.name, "NodeNotNeeded",
+                                     f"node-{index} came back after training ended; stopped it")
+        return codes
+
+    def _follow_rounds(self) -> None:
+        """Turn the rounds rank 0 reports (``elastic.jsonl``) into ``Resized`` events and the job's message."""
+        records, offset = rendezvous.read_lines(rendezvous.rounds_path(self.job_dir), self.row.get("elastic_offset") or 0)
+        if not records:
+            return
+        self.row["elastic_offset"] = offset
+        for record in records:
+            nodes = record.get("nodes")
+            if not isinstance(nodes, int):
+                continue
+            before = self.row.get("elastic_nodes")
+            self.last_round = record
+            self.row["elastic_nodes"] = nodes
+            if before is None or nodes == before:
+                continue
+            why = "; ".join(self.resize_reasons) or "the rendezvous changed"
+            self.resize_reasons = []
+            message = f"Resized {before} -> {nodes} nodes ({why})"
+            self.store.add_event(self.name, "Resized", message, type="Normal" if nodes > before else "Warning")
+            self.store.update_job(
+                self.name, message=f"{nodes} of {len(self.nodes)} node(s) running (world size "
+                f"{record.get('world_size')}, step {record.get('step')}); resized {before} -> {nodes}: {why}",
+            )
+            if nodes > before:
+                self.grow_requested = None
+                rendezvous.clear_grow(self.job_dir)
+        self.store.update_job(self.name, elastic_offset=offset, elastic_nodes=self.row["elastic_nodes"])
 
     def _settle_failure(self, failed: list[int]) -> str:
         until = time.monotonic() + FAILURE_SETTLE_SECONDS
