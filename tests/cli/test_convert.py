@@ -166,3 +166,27 @@ def test_get_and_describe_pytorchjob_show_the_converted_job(cli, tmp_path):
     assert code == 0 and "pytorch-ddp-single-node" in out
     code, out, _ = cli("describe", "pytorchjobs", "pytorch-ddp-single-node")
     assert code == 0 and "kubeflow.org/v1 PyTorchJob" in out
+
+
+def test_run_follows_a_pytorchjob_file_to_its_end(cli, tmp_path):
+    path = runnable("004-0", tmp_path)
+    job_name = yaml.safe_load(path.read_text())["metadata"]["name"]
+    code, out, err = cli("run", "-f", str(path))
+    assert code == 0, err
+    assert "note: converted from kubeflow.org/v1 PyTorchJob" in err
+    assert f"trainjob/{job_name} Complete" in err
+    assert "allreduce ok world=1" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run"], "SCRIPT: missing: give a training script"),
+        (["run", "train.py", "-f", "job.yaml"], "give a script or -f FILE, not both"),
+    ],
+)
+def test_run_takes_a_script_or_a_file(cli, tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.yaml").write_text("kind: TrainJob\n")
+    code, out, err = cli(*argv)
+    assert code == 2 and message in err, err

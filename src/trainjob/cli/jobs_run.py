@@ -137,8 +137,11 @@ def run_trainjob(
 
 
 @click.command("run")
-@click.argument("script")
+@click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("-f", "--filename", "files", multiple=True, type=click.Path(dir_okay=False),
+              help="Run the TrainJob (or Kubeflow v1 PyTorchJob) in this YAML instead of a SCRIPT, following its "
+                   "logs; runtimes in the file are used first.")
 @click.option("-m", "--module", is_flag=True, help="SCRIPT is a Python module to run (python -m), as torchrun -m.")
 @click.option("--no-python", is_flag=True,
               help="SCRIPT is a shell script or binary to run as it is (torchrun --no-python).")
@@ -174,7 +177,7 @@ def run_command(script: str, script_args: tuple[str, ...], module: bool, no_pyth
                 nproc_per_node: str | None, cpu: str | None, gpu: int | None, env: tuple[str, ...], name: str | None,
                 runtime: str, detach: bool, inherit_env: bool, priority: int | None, oversubscribe: bool,
                 ttl: int | None, data: tuple[str, ...], config_maps: tuple[str, ...], nccl_profile: str | None,
-                backend: Target) -> None:
+                files: tuple[str, ...], backend: Target) -> None:
     """Run SCRIPT with torchrun on every node; arguments after -- go to the script.
 
     SCRIPT is a Python file, a module with -m (trainjob run -m pkg.train), or a shell script or binary with
@@ -183,6 +186,12 @@ def run_command(script: str, script_args: tuple[str, ...], module: bool, no_pyth
     from trainjob.api import TrainJob
     from trainjob.backends.local.volumes import data_overrides
 
+    if files:
+        _run_files(script, files, inherit_env, config_maps, backend, detach)
+        return
+    if script is None:
+        raise ValidationError("SCRIPT", "missing: give a training script (trainjob run train.py) or a manifest "
+                              "(trainjob run -f job.yaml)")
     job = run_trainjob(script, script_args, name, runtime, nodes, nproc_per_node, cpu, gpu, env, module=module,
                        no_python=no_python, annotations=job_annotations(priority, oversubscribe, ttl))
     overrides = data_overrides(data)
@@ -286,12 +295,41 @@ def apply_command(files: tuple[str, ...], dry_run: bool, output: str | None, inh
     Everything is checked first (fields, runtimes, names not taken, and locally the script each command runs), so
     either every job in the files is created or none is.
     """
+    if output is not None and not dry_run:
+        raise ValidationError("-o", "applies with --dry-run (apply prints trainjob/NAME created otherwise)")
+    for name in create_from_files(files, dry_run, output, inherit_env, config_maps, backend):
+        click.echo(f"trainjob/{name} created")
+
+
+def _run_files(script: str | None, files: tuple[str, ...], inherit_env: bool, config_maps: tuple[str, ...],
+               backend: Target, detach: bool) -> None:
+    """``trainjob run -f job.yaml``: create the file's one TrainJob, then follow it as ``run SCRIPT`` does."""
+    from trainjob.cli.jobs_watch import follow
+
+    if script is not None:
+        raise ValidationError("SCRIPT", f"give a script or -f FILE, not both (got {script!r} and -f)")
+    names = create_from_files(files, False, None, inherit_env, config_maps, backend, single=True)
+    name = names[0]
+    if detach:
+        click.echo(name)
+        return
+    click.echo(f"trainjob/{name} created; Ctrl-C stops following, not the job", err=True)
+    try:
+        final = follow(lambda: make_backend(backend), name)
+    except KeyboardInterrupt:
+        click.echo(f"stopped following; trainjob/{name} keeps running (`trainjob delete {name}` stops it)", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    _report_final(final)
+
+
+def create_from_files(files: tuple[str, ...], dry_run: bool, output: str | None, inherit_env: bool,
+                      config_maps: tuple[str, ...], backend: Target, single: bool = False) -> list[str]:
+    """Check everything in ``files``, then create every TrainJob in them (or none); the names created.
+    ``single``: the files must hold exactly one TrainJob (``run -f``)."""
     from trainjob.api import TrainJob, load_resources
     from trainjob.cli.convert import report_converted_jobs
     from trainjob.runtime import find_runtime, resolve
 
-    if output is not None and not dry_run:
-        raise ValidationError("-o", "applies with --dry-run (apply prints trainjob/NAME created otherwise)")
     for file in files:
         if not Path(file).is_file():
             raise ValidationError("-f", f"no such file: {file}")
@@ -301,6 +339,9 @@ def apply_command(files: tuple[str, ...], dry_run: bool, output: str | None, inh
     runtimes = [r for r in resources if not isinstance(r, TrainJob)]
     if not jobs:
         raise ValidationError("-f", f"no TrainJob in {', '.join(files)}")
+    if single and len(jobs) > 1:
+        raise ValidationError("-f", f"{len(jobs)} TrainJobs in {', '.join(files)}: run follows one "
+                              "(use trainjob apply -f for several)")
     options = apply_options(backend, inherit_env, config_maps)
     client = make_backend(backend)
     seen: set[str] = set()
@@ -321,7 +362,7 @@ def apply_command(files: tuple[str, ...], dry_run: bool, output: str | None, inh
         plans.append(plan)
     if dry_run:
         _print_dry_run(jobs, plans, output)
-        return
+        return []
     created: list[str] = []
     try:
         for job in jobs:
@@ -332,8 +373,7 @@ def apply_command(files: tuple[str, ...], dry_run: bool, output: str | None, inh
             with contextlib.suppress(NotFoundError):
                 client.delete_job(name)
         raise
-    for name in created:
-        click.echo(f"trainjob/{name} created")
+    return created
 
 
 def _check_local_command(job: Any, plan: Any) -> None:
