@@ -255,7 +255,10 @@ def check(scripts: tuple[Path, ...], ignore: tuple[str, ...], output: str) -> No
             click.echo(finding.render())
         counts = {level: sum(f.severity == level for f in findings) for level in ("error", "warning", "hint")}
         summary = ", ".join(f"{n} {level}{'s' if n != 1 else ''}" for level, n in counts.items())
-        click.echo(f"{len(scripts)} script{'s' if len(scripts) != 1 else ''} checked: {summary}")
+        manifests = sum(path.suffix in (".yaml", ".yml", ".json") for path in scripts)
+        checked = [(len(scripts) - manifests, "script"), (manifests, "manifest")]
+        what = " and ".join(f"{n} {kind}{'s' if n != 1 else ''}" for n, kind in checked if n) or "0 scripts"
+        click.echo(f"{what} checked: {summary}")
     if any(f.severity == "error" for f in findings):
         raise SystemExit(EXIT_FAILED)
 
