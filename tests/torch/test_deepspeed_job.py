@@ -32,6 +32,9 @@ STEPS = 12
 if importlib.util.find_spec("deepspeed") is None and not os.environ.get("TRAINJOB_REQUIRE_DEEPSPEED"):
     pytest.skip("DeepSpeed is not installed (pip install 'trainjob[deepspeed]')", allow_module_level=True)
 
+#: The first job compiles DeepSpeed's CPU ops (CPU Adam, shared-memory comm): about 5 minutes on 2 busy cores.
+pytestmark = pytest.mark.timeout(900)
+
 
 @pytest.fixture(scope="module")
 def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
