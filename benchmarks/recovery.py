@@ -42,24 +42,6 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "backends" / "local" / "elastic_worker.py"
 sys.path.insert(0, str(ROOT / "tests" / "harness"))
 
-RUNTIME = """
-apiVersion: trainer.kubeflow.org/v1alpha1
-kind: ClusterTrainingRuntime
-metadata: {name: torch-shrink}
-spec:
-  mlPolicy:
-    torch:
-      numProcPerNode: 1
-      elasticPolicy: {minNodes: 2, maxNodes: 3, maxRestarts: 3}
-  template:
-    spec:
-      replicatedJobs:
-        - name: node
-          template:
-            metadata: {labels: {trainer.kubeflow.org/trainjob-ancestor-step: trainer}}
-            spec: {template: {spec: {containers: [{name: node, image: local}]}}}
-"""
-
 
 def read_steps(metrics: Path) -> list[tuple[float, int]]:
     """(time, step) of every step record rank 0 reported so far."""
@@ -169,17 +151,15 @@ def run_torchrun_nodes(args: argparse.Namespace, base: Path) -> dict:
 
 
 def run_trainjob(args: argparse.Namespace, base: Path) -> dict:
-    from jobtest.local import trainjob_resource
+    from jobtest.local import elastic_runtime, trainjob_resource
 
-    from trainjob.api import load_resources
     from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
 
-    (base / "runtime.yaml").write_text(RUNTIME)
     os.environ["TRAINJOB_NODE_BACKOFF_SECONDS"] = "600"  # measure the shrink alone
     backend = LocalBackend(LocalProcessBackendConfig(home=base / "home"))
     started = time.time()
     backend.apply(trainjob_resource("bench", ["torchrun", *worker_args(args)], runtime="torch-shrink"),
-                  load_resources(base / "runtime.yaml"))
+                  [elastic_runtime("torch-shrink", min_nodes=2, max_nodes=3, max_restarts=3)])
     job_dir = backend.store.job_dir("bench")
     try:
         wait_for_step(job_dir / "metrics.jsonl", args.kill_after)

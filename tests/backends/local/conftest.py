@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jobtest.local import delete_all_jobs, processes_under
+from jobtest.local import delete_all_jobs, elastic_runtime, processes_under
 
-from trainjob.api import load_resources
 from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
 
 
@@ -37,28 +36,8 @@ def script(tmp_path: Path) -> Callable[[str, str], str]:
 @pytest.fixture
 def elastic_runtimes(tmp_path: Path) -> list[Any]:
     """``torch-elastic``: 1 to 2 nodes of one process each, the node group restarted at most once."""
-    path = tmp_path / "elastic.yaml"
-    path.write_text(ELASTIC_RUNTIME, encoding="utf-8")
-    return load_resources(path)
+    return [elastic_runtime("torch-elastic", min_nodes=1, max_nodes=2, max_restarts=1)]
 
-
-ELASTIC_RUNTIME = """
-apiVersion: trainer.kubeflow.org/v1alpha1
-kind: ClusterTrainingRuntime
-metadata: {name: torch-elastic}
-spec:
-  mlPolicy:
-    torch:
-      numProcPerNode: 1
-      elasticPolicy: {minNodes: 1, maxNodes: 2, maxRestarts: 1}
-  template:
-    spec:
-      replicatedJobs:
-        - name: node
-          template:
-            metadata: {labels: {trainer.kubeflow.org/trainjob-ancestor-step: trainer}}
-            spec: {template: {spec: {containers: [{name: node, image: local}]}}}
-"""
 
 
 @pytest.fixture

@@ -13,9 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from jobtest.local import trainjob_resource, wait_until
-
-from trainjob.api import load_resources
+from jobtest.local import elastic_runtime, trainjob_resource, wait_until
 
 WORKER = Path(__file__).with_name("elastic_worker.py")
 STEPS, EVERY, BATCH = 50, 10, 8
@@ -24,30 +22,9 @@ STEPS, EVERY, BATCH = 50, 10, 8
 #: above (the loss starts near 200).
 LOSS_TOLERANCE = 0.003
 
-RUNTIME = """
-apiVersion: trainer.kubeflow.org/v1alpha1
-kind: ClusterTrainingRuntime
-metadata: {name: torch-shrink}
-spec:
-  mlPolicy:
-    torch:
-      numProcPerNode: 1
-      elasticPolicy: {minNodes: 2, maxNodes: 3, maxRestarts: 3}
-  template:
-    spec:
-      replicatedJobs:
-        - name: node
-          template:
-            metadata: {labels: {trainer.kubeflow.org/trainjob-ancestor-step: trainer}}
-            spec: {template: {spec: {containers: [{name: node, image: local}]}}}
-"""
-
-
 @pytest.fixture
 def shrink_runtime(tmp_path: Path) -> list:
-    path = tmp_path / "shrink.yaml"
-    path.write_text(RUNTIME, encoding="utf-8")
-    return load_resources(path)
+    return [elastic_runtime("torch-shrink", min_nodes=2, max_nodes=3, max_restarts=3)]
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,27 @@ def trainjob_resource(name: str, command: list[str], runtime: str = "torch-distr
     })
 
 
+def elastic_runtime(name: str, min_nodes: int, max_nodes: int, max_restarts: int) -> Any:
+    """A ClusterTrainingRuntime ``name``: ``min_nodes..max_nodes`` nodes of one process each (torch elastic)."""
+    from trainjob.api import resource_from_dict
+
+    container = {"name": "node", "image": "local"}
+    return resource_from_dict({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": name},
+        "spec": {
+            "mlPolicy": {"torch": {"numProcPerNode": 1, "elasticPolicy": {
+                "minNodes": min_nodes, "maxNodes": max_nodes, "maxRestarts": max_restarts}}},
+            "template": {"spec": {"replicatedJobs": [{
+                "name": "node",
+                "template": {"metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                             "spec": {"template": {"spec": {"containers": [container]}}}},
+            }]}},
+        },
+    })
+
+
 def _camel(key: str) -> str:
     head, *rest = key.split("_")
     return head + "".join(part.title() for part in rest)
