@@ -242,21 +242,25 @@ def apply_options(backend: Target, inherit_env: bool, config_maps: tuple[str, ..
 def submit_and_follow(resource: Any, backend: Target, detach: bool, inherit_env: bool = False,
                       config_maps: tuple[str, ...] = ()) -> None:
     """Create the job; print its name (``detach``) or stream its logs until it ends, exiting with its outcome."""
-    from trainjob.cli.jobs_watch import follow
-
     options = apply_options(backend, inherit_env, config_maps)
     client = make_backend(backend)
     job = client.apply(resource, **options)
     if detach:
         click.echo(job.name)
         return
-    click.echo(f"trainjob/{job.name} created ({job.num_nodes} node(s) x {job.num_proc_per_node} process(es)); "
-               "Ctrl-C stops following, not the job", err=True)
+    _follow_to_end(backend, job.name, f"{job.num_nodes} node(s) x {job.num_proc_per_node} process(es)")
+
+
+def _follow_to_end(backend: Target, name: str, shape: str | None = None) -> None:
+    """Stream a created job's logs until it ends and exit with its outcome (Ctrl-C stops following only)."""
+    from trainjob.cli.jobs_watch import follow
+
+    created = f"trainjob/{name} created" + (f" ({shape})" if shape else "")
+    click.echo(f"{created}; Ctrl-C stops following, not the job", err=True)
     try:
-        final = follow(lambda: make_backend(backend), job.name)
+        final = follow(lambda: make_backend(backend), name)
     except KeyboardInterrupt:
-        click.echo(f"stopped following; trainjob/{job.name} keeps running (`trainjob delete {job.name}` stops it)",
-                   err=True)
+        click.echo(f"stopped following; trainjob/{name} keeps running (`trainjob delete {name}` stops it)", err=True)
         sys.exit(EXIT_INTERRUPTED)
     _report_final(final)
 
@@ -304,22 +308,13 @@ def apply_command(files: tuple[str, ...], dry_run: bool, output: str | None, inh
 def _run_files(script: str | None, files: tuple[str, ...], inherit_env: bool, config_maps: tuple[str, ...],
                backend: Target, detach: bool) -> None:
     """``trainjob run -f job.yaml``: create the file's one TrainJob, then follow it as ``run SCRIPT`` does."""
-    from trainjob.cli.jobs_watch import follow
-
     if script is not None:
         raise ValidationError("SCRIPT", f"give a script or -f FILE, not both (got {script!r} and -f)")
-    names = create_from_files(files, False, None, inherit_env, config_maps, backend, single=True)
-    name = names[0]
+    (name,) = create_from_files(files, False, None, inherit_env, config_maps, backend, single=True)
     if detach:
         click.echo(name)
         return
-    click.echo(f"trainjob/{name} created; Ctrl-C stops following, not the job", err=True)
-    try:
-        final = follow(lambda: make_backend(backend), name)
-    except KeyboardInterrupt:
-        click.echo(f"stopped following; trainjob/{name} keeps running (`trainjob delete {name}` stops it)", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    _report_final(final)
+    _follow_to_end(backend, name)
 
 
 def create_from_files(files: tuple[str, ...], dry_run: bool, output: str | None, inherit_env: bool,
