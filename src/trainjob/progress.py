@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -105,17 +105,28 @@ def parse_line(line: str) -> dict[str, Any] | None:
     return None
 
 
+def stamped_lines(text: str) -> Iterator[tuple[str, str]]:
+    """``(timestamp, line)`` for each line of a log read with timestamps, rank prefixes (``[rank0]: ``) removed;
+    lines without a time are skipped."""
+    for raw in text.splitlines():
+        stamp = _TIMESTAMP.match(raw)
+        if stamp is not None:
+            yield stamp[1], strip_rank_prefixes(raw[stamp.end() :])
+
+
+def stamp_seconds(stamp: str) -> float:
+    """Unix time of an RFC 3339 timestamp as the API server writes them (``Z``, up to nanoseconds)."""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
 def records_from_log(text: str) -> list[dict[str, Any]]:
     """The progress records in a log read with timestamps (lines without a time are skipped: no record is
     useful without one); rank prefixes (``[rank0]: ``) are allowed."""
     records = []
-    for raw in text.splitlines():
-        stamp = _TIMESTAMP.match(raw)
-        if stamp is None:
-            continue
-        record = parse_line(strip_rank_prefixes(raw[stamp.end() :]))
+    for stamp, line in stamped_lines(text):
+        record = parse_line(line)
         if record is not None:
-            record["time"] = datetime.fromisoformat(stamp[1].replace("Z", "+00:00")).timestamp()
+            record["time"] = stamp_seconds(stamp)
             records.append(record)
     return records
 

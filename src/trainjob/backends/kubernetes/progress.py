@@ -26,11 +26,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from datetime import datetime
 from typing import Any
 
-from trainjob.backends.rootcause import strip_rank_prefixes
-from trainjob.progress import progress_of_records, records_from_log, trainer_status
+from trainjob.progress import (
+    progress_of_records,
+    records_from_log,
+    stamp_seconds,
+    stamped_lines,
+    trainer_status,
+)
 
 #: How much of node-0's log is read: enough for the last report and a step rate, little enough to read often.
 LOG_TAIL_LINES = 500
@@ -66,12 +70,7 @@ def trainer_status_patch(job: dict[str, Any], text: str) -> dict[str, Any] | Non
 
 #: The time of the newest resize the operator has reported as an event (RFC 3339, from the pod log).
 RESIZE_ANNOTATION = "trainjob/last-resize"
-_STAMPED = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) (.*)$")
 _RESIZED = re.compile(r"^\[trainjob\] resized (\d+) -> (\d+) nodes\b(.*)$")
-
-
-def _seconds(stamp: str) -> float:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def resizes_from_logs(texts: Iterable[str]) -> list[tuple[str, str]]:
@@ -83,15 +82,11 @@ def resizes_from_logs(texts: Iterable[str]) -> list[tuple[str, str]]:
     """
     found: dict[tuple[str, str], float] = {}
     for text in texts:
-        for raw in text.splitlines():
-            stamped = _STAMPED.match(raw)
-            if stamped is None:
-                continue
-            resized = _RESIZED.match(strip_rank_prefixes(stamped[2]).strip())
-            if resized is None:
-                continue
-            message = f"Resized {resized[1]} -> {resized[2]} nodes{resized[3].rstrip()}"
-            found.setdefault((stamped[1], message), _seconds(stamped[1]))
+        for stamp, line in stamped_lines(text):
+            resized = _RESIZED.match(line.strip())
+            if resized is not None:
+                message = f"Resized {resized[1]} -> {resized[2]} nodes{resized[3].rstrip()}"
+                found.setdefault((stamp, message), stamp_seconds(stamp))
     return sorted(found, key=lambda key: found[key])
 
 
@@ -99,10 +94,10 @@ def new_resizes(job: dict[str, Any], resizes: list[tuple[str, str]]) -> list[tup
     """The resizes written after the one ``job``'s :data:`RESIZE_ANNOTATION` records (all when it has none)."""
     last = ((job.get("metadata") or {}).get("annotations") or {}).get(RESIZE_ANNOTATION)
     try:
-        since = _seconds(last) if last else None
+        since = stamp_seconds(last) if last else None
     except ValueError:
         since = None
-    return [(stamp, message) for stamp, message in resizes if since is None or _seconds(stamp) > since]
+    return [(stamp, message) for stamp, message in resizes if since is None or stamp_seconds(stamp) > since]
 
 
 def is_elastic(jobset: dict[str, Any], trainer: str) -> bool:
