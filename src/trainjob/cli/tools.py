@@ -158,7 +158,9 @@ def plan(
         click.echo(json.dumps(data, indent=2))
     else:
         if used is not None:
-            rich.print(ds_config_lines(settings.source, used, settings.ignored, settings.unknown))
+            # soft_wrap: a long config path stays one line (copyable) instead of being broken at the terminal width
+            rich.get_console().print(ds_config_lines(settings.source, used, settings.ignored, settings.unknown),
+                                     soft_wrap=True)
         rich.print(plan_tables(memory, comm, capacity))
 
 
