@@ -15,13 +15,16 @@ GPUs); ``gpu`` means ``nvidia.com/gpu``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from trainjob.backends.local.function import function_script
+from trainjob.constants import API_VERSION, TRAINJOB_KIND
 from trainjob.errors import ValidationError
 from trainjob.options import apply_options
+from trainjob.trainer_checks import check_index_urls, check_requirements
 from trainjob.types import CustomTrainer, CustomTrainerContainer
 
-API_VERSION = "trainer.kubeflow.org/v1alpha1"
 #: SDK resource names and the Kubernetes resource they mean.
 RESOURCE_ALIASES = {"gpu": "nvidia.com/gpu"}
 
@@ -38,9 +41,11 @@ def resources_per_node(resources: dict[str, Any] | None) -> dict[str, str]:
     return {RESOURCE_ALIASES.get(key, key): str(value) for key, value in (resources or {}).items()}
 
 
-def trainer_fields(trainer: CustomTrainer | CustomTrainerContainer) -> dict[str, Any]:
+def trainer_fields(trainer: CustomTrainer | CustomTrainerContainer | None) -> dict[str, Any]:
     """``spec.trainer`` for what the trainer sets: image, node count, resources, env (not the command)."""
     fields: dict[str, Any] = {}
+    if trainer is None:
+        return fields
     if trainer.image is not None:
         fields["image"] = trainer.image
     if trainer.num_nodes is not None:
@@ -54,7 +59,7 @@ def trainer_fields(trainer: CustomTrainer | CustomTrainerContainer) -> dict[str,
 
 
 def sdk_trainjob(
-    trainer: CustomTrainer | CustomTrainerContainer,
+    trainer: CustomTrainer | CustomTrainerContainer | None,
     runtime: str,
     name: str,
     options: Sequence[Any] | None,
@@ -67,8 +72,29 @@ def sdk_trainjob(
         metadata["namespace"] = namespace
     job = {
         "apiVersion": API_VERSION,
-        "kind": "TrainJob",
+        "kind": TRAINJOB_KIND,
         "metadata": metadata,
         "spec": {"runtimeRef": {"name": runtime}, "trainer": trainer_fields(trainer)},
     }
     return apply_options(job, options, trainer, backend)
+
+
+@dataclass(frozen=True)
+class TrainerFunction:
+    """A ``CustomTrainer``'s function as every node runs it: the script (:mod:`trainjob.backends.local.function`)
+    and the packages it installs first, from ``pip_index_urls``."""
+
+    script: str
+    packages: list[str]
+    pip_index_urls: list[str]
+
+
+def trainer_function(trainer: CustomTrainer) -> TrainerFunction:
+    """``trainer``'s function checked as :mod:`trainjob.trainer_checks` says (a ``def`` with its source, no
+    lambdas, decorators dropped, only names it imports or defines, ``func_args`` that bind to its signature and are
+    JSON) and its packages and index URLs checked again (the fields may have changed since it was made)."""
+    return TrainerFunction(
+        script=function_script(trainer.func, trainer.func_args),
+        packages=check_requirements(trainer.packages_to_install),
+        pip_index_urls=check_index_urls(trainer.pip_index_urls),
+    )

@@ -17,15 +17,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from trainjob.constants import COMPLETE as COMPLETE
+from trainjob.constants import CREATED as CREATED
+from trainjob.constants import FAILED as FAILED
+from trainjob.constants import FINISHED_STATUSES, JOB_STATUSES
+from trainjob.constants import QUEUED as QUEUED
+from trainjob.constants import RUNNING as RUNNING
+from trainjob.constants import SUSPENDED as SUSPENDED
+
 #: Job statuses, as in the Kubeflow SDK, plus ``Suspended`` and ``Queued`` (waiting in the local queue for resources).
-QUEUED = "Queued"
-CREATED = "Created"
-RUNNING = "Running"
-COMPLETE = "Complete"
-FAILED = "Failed"
-SUSPENDED = "Suspended"
-STATUSES = (QUEUED, CREATED, RUNNING, COMPLETE, FAILED, SUSPENDED)
-TERMINAL_STATUSES = frozenset({COMPLETE, FAILED})
+STATUSES = JOB_STATUSES
+TERMINAL_STATUSES = frozenset(FINISHED_STATUSES)
 
 UNKNOWN = "Unknown"
 DEFAULT_PIP_INDEX_URLS = ("https://pypi.org/simple",)
@@ -157,6 +159,42 @@ class TrainJob:
     @property
     def runtime_name(self) -> str:
         return self.runtime.name if self.runtime else UNKNOWN
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """What a list of jobs shows of one job (``trainjob list``, the dashboard); times are Unix seconds.
+
+    ``eta_seconds`` is set for an active job only; ``percent`` is what ``update_trainjob_status`` reported."""
+
+    name: str
+    status: str
+    num_nodes: int
+    num_proc_per_node: int | None
+    runtime: str
+    created: float
+    started: float | None = None
+    finished: float | None = None
+    step: int | None = None
+    total_steps: int | None = None
+    loss: float | None = None
+    eta_seconds: float | None = None
+    percent: float | None = None
+
+    @classmethod
+    def of(cls, job: TrainJob) -> JobSummary:
+        """The summary of an SDK job."""
+        progress = job.progress
+        loss = progress.metrics.get("loss") if progress else None
+        return cls(
+            name=job.name, status=job.status, num_nodes=job.num_nodes, num_proc_per_node=job.num_proc_per_node,
+            runtime=job.runtime_name, created=job.creation_timestamp.timestamp(),
+            started=job.start_time.timestamp() if job.start_time else None,
+            finished=job.completion_time.timestamp() if job.completion_time else None,
+            step=progress.step if progress else None, total_steps=progress.total_steps if progress else None,
+            loss=loss, eta_seconds=progress.eta_seconds if progress else None,
+            percent=progress.percent if progress else None,
+        )
 
 
 @dataclass

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from trainjob import convert
 from trainjob.api import TrainingRuntime, TrainJob, dump_yaml, load_resources, read_documents
 from trainjob.api.schema import crd_validator
 from trainjob.backends.ttl import TTL_ANNOTATION
@@ -129,15 +130,15 @@ def test_seed_002_master_and_worker_differences_are_named_in_a_warning():
     assert conversion_warnings(conversion.trainjob.metadata.annotations) == conversion.warnings
 
 
-def test_load_resources_converts_a_pytorchjob_among_other_documents():
+def test_convert_load_resources_converts_a_pytorchjob_among_other_documents():
     text = SEED_FILES["004-0"].read_text() + "\n---\n" + (
         "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata: {name: plain}\n"
         "spec: {runtimeRef: {name: torch-distributed}}\n")
-    kinds = [(r.kind, r.name) for r in load_resources(text)]
+    kinds = [(r.kind, r.name) for r in convert.load_resources(text)]
     assert kinds == [("TrainingRuntime", "pytorch-ddp-single-node"), ("TrainJob", "pytorch-ddp-single-node"),
                      ("TrainJob", "plain")]
-    with pytest.raises(ValidationError, match="got 'PyTorchJob'.*trainjob convert"):
-        load_resources(SEED_FILES["004-0"].read_text(), convert=False)
+    with pytest.raises(ValidationError, match="got 'PyTorchJob'.*trainjob.convert.load_resources"):
+        load_resources(SEED_FILES["004-0"].read_text())  # the API's own loader reads v1alpha1 resources only
 
 
 # -- each field ---------------------------------------------------------------------------------------------------
@@ -306,7 +307,7 @@ def test_bad_pytorchjob_is_refused_naming_the_field_and_what_is_accepted(data, p
 def test_a_bad_pytorchjob_in_a_file_names_the_document():
     text = yaml.safe_dump_all([job(master={}), job(master={"replicas": 2})])
     with pytest.raises(ValidationError, match=r"documents\[1\]\.spec\.pytorchReplicaSpecs: Master replicas"):
-        load_resources(text)
+        convert.load_resources(text)
 
 
 @pytest.mark.parametrize("module", ["trainjob.convert.pytorchjob", "trainjob.convert.pytorchjob_api",

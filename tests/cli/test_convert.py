@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from trainjob.api import load_resources
+from trainjob.convert import load_resources
 
 HERE = Path(__file__).resolve().parent
 SEED_COPIES = HERE.parent / "api" / "seed_manifests"

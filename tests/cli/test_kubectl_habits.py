@@ -12,8 +12,8 @@ import yaml
 from jobtest.local import processes_under
 
 from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.cli.plumbing import Target, resolve_target
 from trainjob.cli.selectors import parse_selector
-from trainjob.cli.target import Target, resolve_target
 from trainjob.errors import ValidationError
 
 JOB = """
@@ -148,6 +148,24 @@ def test_apply_dry_run_resolves_and_creates_nothing(cli, tmp_path, trainjob_home
     bad.write_text(path.read_text().replace("numNodes: 2", "numNodes: 0"))
     code, _, err = cli("apply", "-f", str(bad), "--dry-run")
     assert code == 2 and "numNodes" in err
+
+
+def test_apply_resolves_each_job_once_and_the_store_keeps_what_it_resolved_to(cli, tmp_path, monkeypatch):
+    """``apply`` checks every job with the backend (one resolve each) and creates them from that check; the job
+    then shows the resolved numbers (``numProcPerNode: auto`` on 3 CPUs: 3 processes per node)."""
+    import trainjob.runtime
+
+    monkeypatch.setenv("TRAINJOB_OVERSUBSCRIBE", "1")  # 6 CPUs asked for, whatever this machine has
+    resolved: list[str] = []
+    real = trainjob.runtime.resolve
+    monkeypatch.setattr(trainjob.runtime, "resolve", lambda job, *a, **k: resolved.append(job.name) or real(job, *a, **k))
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB.format(name="once", labels="{}").replace(
+        "numNodes: 2", "numNodes: 2\n    numProcPerNode: auto\n    resourcesPerNode: {requests: {cpu: '3'}}"))
+    assert cli("apply", "-f", str(path))[0] == 0
+    assert resolved == ["once"]
+    job = LocalBackend(LocalProcessBackendConfig()).get_job("once")
+    assert (job.num_nodes, job.num_proc_per_node) == (2, 3)
 
 
 def test_backend_from_env_and_config_file(monkeypatch, tmp_path, trainjob_home):

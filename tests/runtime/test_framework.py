@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainjob.api import TrainingRuntime
+from trainjob.api.runtime import PodGroupPolicy
 from trainjob.errors import ValidationError
 from trainjob.runtime import PHASES, Framework, Plugin, builtin_runtimes, resolve
 from trainjob.runtime.framework import builtin_plugins, registered_plugins
@@ -187,3 +188,123 @@ def test_resolving_does_not_change_the_runtime(make_job):
     before = runtime.to_dict()
     resolve(make_job(numNodes=2, spec={"labels": {"a": "b"}}), runtime)
     assert runtime.to_dict() == before
+
+
+@pytest.fixture
+def legacy_plugin_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A distribution whose plugin is written against the earlier base class: it overrides ``validate`` and
+    ``build`` only, and ``build`` calls a helper of its own."""
+    (tmp_path / "legacy_plugins.py").write_text(
+        textwrap.dedent(
+            """
+            from trainjob.errors import ValidationError
+            from trainjob.runtime.framework import Context, Plugin
+
+            class Owner(Plugin):
+                name = "owner"
+
+                def validate(self, ctx: Context):
+                    if "owner" not in (ctx.trainjob.spec.labels or {}):
+                        return [ValidationError("spec.labels", "needs an owner label")]
+                    return []
+
+                def build(self, ctx: Context):
+                    ctx.plan.labels["owned-by"] = self._owner(ctx)
+
+                def _owner(self, ctx):
+                    return ctx.trainjob.spec.labels["owner"]
+            """
+        )
+    )
+    dist_info = tmp_path / "legacy_plugins-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: legacy-plugins\nVersion: 1.0\n")
+    (dist_info / "entry_points.txt").write_text("[trainjob.plugins]\nowner = legacy_plugins:Owner\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    sys.modules.pop("legacy_plugins", None)
+
+
+@pytest.mark.usefixtures("legacy_plugin_site")
+def test_an_entry_point_plugin_written_for_the_old_base_class_still_runs_its_phases(make_job):
+    framework = Framework()
+    (owner,) = [p for p in framework.plugins if p.name == "owner"]
+    assert owner in framework.validators and owner in framework.builders
+    assert owner not in framework.ml_policy_enforcers and owner not in framework.pod_group_enforcers
+    runtime = builtin_runtimes()["torch-distributed"]
+    plan = framework.resolve(make_job(spec={"labels": {"owner": "ana"}}), runtime)
+    assert plan.labels["owned-by"] == "ana" and plan.plugins[-1] == "owner"
+    with pytest.raises(ValidationError, match="spec.labels: needs an owner label"):
+        framework.resolve(make_job(), runtime)
+
+
+def test_the_framework_sorts_plugins_into_phases_once_and_calls_only_the_phases_they_have(make_job):
+    calls: list[str] = []
+
+    class GangOnly(Plugin):
+        name = "gang-only"
+
+        def enforce_pod_group_policy(self, ctx):
+            calls.append("pod-group")
+
+    class Quiet(Plugin):
+        name = "quiet"
+
+    framework = Framework([*builtin_plugins(), GangOnly(), Quiet()])
+    assert [p.name for p in framework.pod_group_enforcers] == ["coscheduling", "volcano", "gang-only"]
+    assert [p.name for p in framework.validators] == ["torch", "mpi", "plainml", "jobset"]
+    assert [p.name for p in framework.builders] == ["jobset"]
+    plan = framework.resolve(make_job(), builtin_runtimes()["torch-distributed"])
+    assert calls == ["pod-group"] and plan.plugins == ["torch", "jobset", "gang-only", "quiet"]
+
+
+def test_a_disabled_plugin_runs_no_phase(make_job):
+    calls: list[str] = []
+
+    class Off(Recorder):
+        def enabled(self, ctx):
+            return False
+
+    Framework([*builtin_plugins(), Off("off", calls)]).resolve(make_job(), builtin_runtimes()["torch-distributed"])
+    assert calls == []
+
+
+def test_the_ml_policy_check_runs_after_every_ml_plugin_and_before_gang_scheduling(make_job, make_runtime):
+    calls: list[str] = []
+
+    class JaxPlugin(Plugin):
+        name = "jax"
+
+        def enforce_ml_policy(self, ctx):
+            calls.append("jax")
+            ctx.plan.ml_policy = "jax"
+
+    runtime = make_runtime(mlPolicy={"jax": {}})
+    plan = Framework([JaxPlugin(), *builtin_plugins()]).resolve(make_job(runtime="rt"), runtime)
+    assert calls == ["jax"] and plan.ml_policy == "jax" and plan.plugins == ["jax", "jobset"]
+
+
+def test_render_phase_runs_the_renderers_of_the_plugins_that_took_part(make_job):
+    class Extra(Plugin):
+        name = "extra"
+
+        def render(self, plan):
+            return [{"kind": "ConfigMap", "metadata": {"name": plan.job_name + "-extra"}}]
+
+    class Elsewhere(Extra):
+        name = "elsewhere"
+
+        def enabled(self, ctx):
+            return False
+
+    framework = Framework([*builtin_plugins(), Extra(), Elsewhere()])
+    plan = framework.resolve(make_job(), builtin_runtimes()["torch-distributed"])
+    assert [o["kind"] for o in framework.render(plan)] == ["JobSet", "ConfigMap"]
+    assert framework.render(plan)[1]["metadata"]["name"] == "mnist-extra"
+
+
+def test_objects_come_jobset_then_pod_group_then_what_the_ml_plugin_adds(make_job):
+    runtime = builtin_runtimes()["mpi-distributed"]
+    runtime.spec.pod_group_policy = PodGroupPolicy.from_dict({"coscheduling": {}})
+    plan = resolve(make_job(runtime="mpi-distributed", numNodes=2), runtime)
+    assert [o["kind"] for o in Framework().render(plan)] == ["JobSet", "PodGroup", "Secret", "ConfigMap"]

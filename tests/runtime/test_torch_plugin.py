@@ -85,6 +85,7 @@ def test_elastic_policy_gives_a_node_range_and_c10d_rendezvous(make_job, make_ru
         "PET_RDZV_ENDPOINT": "mnist-node-0-0.mnist:29500",
         "PET_RDZV_ID": "mnist",
         "PET_RDZV_CONF": "last_call_timeout=5",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     }
     assert (plan.elastic.min_nodes, plan.elastic.max_nodes, plan.elastic.max_restarts) == (2, 4, 3)
     assert plan.trainer().count == plan.num_nodes == 4

@@ -13,9 +13,9 @@ from trainjob.cli.main import main
 from trainjob.errors import NotFoundError, ValidationError
 from trainjob.runtime import builtin_runtimes, resolve
 from trainjob.runtime.nccl import PROFILES, apply_nccl_profile, nccl_findings, profile_env
-from trainjob.runtime.overrides import apply_trainer
 from trainjob.runtime.submit_events import SubmitEvent, submit_events
 from trainjob.runtime.template import pod_sets_from_runtime, trainer_pod_set
+from trainjob.runtime.trainer_spec import apply_trainer
 from trainjob.tools.checker import check_file
 
 SHM_VOLUME = {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}

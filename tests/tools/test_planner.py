@@ -188,3 +188,27 @@ def test_node_crossing_matches_parallel_dims_groups(gpus: int, nodes: int) -> No
             for group in ("tp", "pp", "dp"):
                 crosses = any(len({rank // gpus for rank in g}) > 1 for g in dims.groups(group))
                 assert setup.group_spans_nodes(group) == crosses, (gpus, nodes, tp, pp, group)
+
+
+def _crosses_nodes(groups: list[list[int]], gpus_per_node: int) -> bool:
+    return any(len({rank // gpus_per_node for rank in group}) > 1 for group in groups)
+
+
+# What `trainjob plan` prints per collective ("dp=2 inter", "pp=2 intra") is the link the estimate used; for every
+# layout it is the placement of the process groups ParallelDims builds for training, group by group.
+@pytest.mark.parametrize(("gpus", "nodes"), [(2, 2), (4, 2), (8, 2), (4, 4), (8, 4), (2, 8)])
+def test_communication_links_follow_the_groups_parallel_dims_builds(gpus: int, nodes: int) -> None:
+    from trainjob.torch.parallel import ParallelDims
+
+    world = gpus * nodes
+    checked = 0
+    for tp in (d for d in range(1, world + 1) if world % d == 0):
+        for pp in (d for d in range(1, world // tp + 1) if world // tp % d == 0):
+            setup = TrainingSetup(params=1e9, layers=pp * 2, hidden=64 * tp, heads=tp, seq=64, gpus=gpus,
+                                  nodes=nodes, tp=tp, pp=pp, zero=0)  # fmt: skip
+            dims = ParallelDims(dp_shard=-1, tp=tp, pp=pp, world_size=world)
+            placed = {c.group: c.inter_node for c in plan_communication(setup).collectives}
+            built = {group: _crosses_nodes(dims.groups(group), gpus) for group in placed}
+            assert placed == built, (gpus, nodes, tp, pp)
+            checked += len(placed)
+    assert checked > 0

@@ -16,7 +16,7 @@ timestamps stay strings, a mapping key written twice is refused, and tags for va
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -27,6 +27,7 @@ from trainjob.api.errors import combine, quote, shorten
 from trainjob.api.limits import INT64_RANGE, MAX_INPUT_BYTES, InputRefusedError, check_yaml, mib
 from trainjob.api.runtime import ClusterTrainingRuntime, TrainingRuntime
 from trainjob.api.trainjob import TrainJob
+from trainjob.constants import PYTORCHJOB_API_VERSION
 from trainjob.errors import ValidationError
 
 #: Any resource this API knows.
@@ -45,7 +46,7 @@ def resource_from_dict(data: Any) -> Resource:
         raise ValidationError("", f"a resource must be a mapping, got {type(data).__name__}")
     kind = data.get("kind")
     if not isinstance(kind, str) or kind not in KINDS:
-        also = " (a kubeflow.org/v1 PyTorchJob is converted when read from a file: trainjob convert -f)"
+        also = " (a kubeflow.org/v1 PyTorchJob is converted by trainjob.convert.load_resources, trainjob convert -f or apply -f)"
         raise ValidationError(
             "kind", f"must be one of {', '.join(KINDS)}, got {quote(kind)}" + (also if kind == "PyTorchJob" else "")
         )
@@ -72,27 +73,27 @@ def read_documents(source: str | Path | TextIO, *, name: str | None = None) -> l
     return [doc for doc in documents if doc is not None]
 
 
-def load_resources(
-    source: str | Path | TextIO, *, name: str | None = None, convert: bool = True
-) -> list[Resource]:
+def load_resources(source: str | Path | TextIO, *, name: str | None = None) -> list[Resource]:
     """Every resource in a multi-document YAML file, stream or text, in order (``name`` labels text in errors).
 
-    A Kubeflow Training Operator v1 ``PyTorchJob`` (``kubeflow.org/v1``) is converted (``convert=True``): it
-    becomes its TrainingRuntime, when it needs one, and its TrainJob (:mod:`trainjob.convert.pytorchjob`).
+    Only ``trainer.kubeflow.org/v1alpha1`` resources are read here; :func:`trainjob.convert.load_resources` also
+    converts Kubeflow Training Operator v1 ``PyTorchJob`` documents (what ``trainjob apply -f`` reads).
 
     Errors in a file with several documents name the document: ``documents[1].spec.trainer.numNodes: ...``.
     """
-    documents = read_documents(source, name=name)
+    return resources_from_documents(read_documents(source, name=name), lambda document: [resource_from_dict(document)])
+
+
+def resources_from_documents(
+    documents: list[Any], build: Callable[[Any], list[Resource]]
+) -> list[Resource]:
+    """``build`` applied to each document in turn; every document's problems are reported together, named by
+    the document's index when there are several."""
     resources: list[Resource] = []
     problems: list[ValidationError] = []
     for index, document in enumerate(documents):
         try:
-            if convert and is_pytorchjob(document):
-                from trainjob.convert.pytorchjob import convert_pytorchjob
-
-                resources.extend(convert_pytorchjob(document).resources)
-                continue
-            resources.append(resource_from_dict(document))
+            resources.extend(build(document))
         except ValidationError as exc:
             if len(documents) == 1:
                 raise
@@ -125,7 +126,7 @@ def dump_yaml(resources: Resource | dict[str, Any] | Iterable[Resource | dict[st
 def is_pytorchjob(document: Any) -> bool:
     """Whether a loaded document is a Kubeflow Training Operator v1 PyTorchJob (``kubeflow.org/v1``)."""
     return isinstance(document, dict) and (document.get("apiVersion"), document.get("kind")) == (
-        "kubeflow.org/v1",
+        PYTORCHJOB_API_VERSION,
         "PyTorchJob",
     )
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from trainjob.constants import TTL_ANNOTATION
 from trainjob.errors import ValidationError
 
-TTL_ANNOTATION = "trainjob/ttl-seconds-after-finished"
+__all__ = ["MAX_TTL_SECONDS", "TTL_ANNOTATION", "seconds_left", "ttl_seconds"]
 #: Kubernetes keeps the field in an int32 on Jobs; the same bound keeps ``finished + ttl`` sensible here.
 MAX_TTL_SECONDS = 2**31 - 1
 

@@ -30,7 +30,7 @@ import shlex
 import click
 
 from trainjob.backends.local.volumes import data_overrides
-from trainjob.cli.jobs import Target, backend_option, handle_errors, make_backend
+from trainjob.cli.plumbing import Target, backend_option, handle_errors, make_backend
 from trainjob.errors import ValidationError
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from trainjob.cli.jobs import EXIT_BAD_INPUT
+from trainjob.cli.plumbing import EXIT_BAD_INPUT, fail, note
 from trainjob.errors import ValidationError
 
 if TYPE_CHECKING:  # the API (pydantic) loads when the command runs
@@ -90,9 +90,9 @@ def convert_file(path: Path) -> list[Conversion]:
 
 def report_conversion(conversion: Conversion) -> None:
     """``note: converted from ...`` and one ``warning:`` line per field not carried over, on stderr."""
-    click.echo(f"note: {conversion.note}", err=True)
+    note(f"note: {conversion.note}")
     for warning in conversion.warnings:
-        click.echo(f"warning: PyTorchJob {conversion.source_name}: {warning}", err=True)
+        note(f"warning: PyTorchJob {conversion.source_name}: {warning}")
 
 
 def report_converted_jobs(jobs: list[TrainJob]) -> None:
@@ -103,12 +103,10 @@ def report_converted_jobs(jobs: list[TrainJob]) -> None:
         origin = converted_from(job.metadata.annotations)
         if origin is None:
             continue
-        click.echo(f"note: converted from {origin} {job.name}", err=True)
+        note(f"note: converted from {origin} {job.name}")
         for warning in conversion_warnings(job.metadata.annotations):
-            click.echo(f"warning: PyTorchJob {job.name}: {warning}", err=True)
+            note(f"warning: PyTorchJob {job.name}: {warning}")
 
 
 def _fail(message: str) -> NoReturn:
-    for line in message.splitlines():
-        click.echo(f"error: {line}", err=True)
-    raise SystemExit(EXIT_BAD_INPUT)
+    fail(message, EXIT_BAD_INPUT)

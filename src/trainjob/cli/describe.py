@@ -15,6 +15,7 @@ from typing import Any
 
 from trainjob import types
 from trainjob.cli.jobs_format import human_duration, job_duration, progress_text, table
+from trainjob.constants import RUNTIME_SNAPSHOT_ANNOTATION
 
 _INDENT = "  "
 
@@ -33,7 +34,7 @@ def describe_job(client: Any, name: str, now: datetime | None = None) -> str:
         _field("Namespace", meta.get("namespace", "default")),
         _field("Labels", _mapping(meta.get("labels"))),
         _field("Annotations", _mapping({k: v for k, v in (meta.get("annotations") or {}).items()
-                                        if not k.startswith("trainer.kubeflow.org/runtime-snapshot")})),
+                                        if not k.startswith(RUNTIME_SNAPSHOT_ANNOTATION)})),
         _field("Runtime", job.runtime_name),
         _field("Status", job.status + (f" ({job.reason})" if job.reason and job.reason != job.status else "")),
     ]
@@ -84,20 +85,19 @@ def _nodes(client: Any, job: types.TrainJob) -> tuple[list[str], list[list[str]]
     """One row per node: the global ranks it runs, its status and, locally, its process and exit code."""
     procs = job.num_proc_per_node
     steps = {step.name: step for step in job.steps}
-    local = {}
-    store = getattr(client, "store", None)  # the local backend: node processes and exit codes
-    if store is not None:
-        local = {f"node-{row['idx']}": row for row in store.nodes(job.name)}
-    header = ["NODE", "RANKS", "STATUS", "PID" if store is not None else "POD", "EXIT CODE"]
+    processes = client.node_processes(job.name)  # nodes that are processes here: pids and exit codes
+    local = {f"node-{index}": process for index, process in (processes or {}).items()}
+    header = ["NODE", "RANKS", "STATUS", "PID" if processes is not None else "POD", "EXIT CODE"]
     rows = []
     for index in range(job.num_nodes):
         node = f"node-{index}"
         ranks = "?" if not procs else (f"{index * procs}" if procs == 1 else f"{index * procs}-{index * procs + procs - 1}")
         step = steps.get(node)
-        row = local.get(node, {})
-        status = (step.status if step else None) or row.get("status") or "-"
-        where = str(row.get("pid") or "-") if store is not None else (step.pod_name if step else "-")
-        code = row.get("exit_code")
+        process = local.get(node)
+        status = (step.status if step else None) or (process.status if process else None) or "-"
+        where = str((process.pid if process else None) or "-") if processes is not None else (
+            step.pod_name if step else "-")
+        code = process.exit_code if process else None
         rows.append([node, ranks, status, where, "-" if code is None else str(code)])
     return header, rows
 

@@ -3,60 +3,28 @@
 and ``top`` (:mod:`trainjob.cli.top`).
 
 Every command takes ``--backend local|kubernetes`` and, for Kubernetes, ``-n/--namespace``, ``--kubeconfig`` and
-``--context`` (defaults from ``$TRAINJOB_BACKEND`` and the config file: :mod:`trainjob.cli.target`). Errors print
-one line to stderr; exit codes: 0 ok, 1 the job or operation failed, 2 bad input, 3 timeout, 130 interrupted.
+``--context`` (defaults from ``$TRAINJOB_BACKEND`` and the config file); errors and exit codes as
+:mod:`trainjob.cli.plumbing` says.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from trainjob.cli.target import BACKENDS, Target, backend_option, make_backend
-from trainjob.errors import AlreadyExistsError, JobFailedError, NotFoundError, TrainJobError, ValidationError
-
-__all__ = ["BACKENDS", "EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_TIMEOUT", "Target",
-           "backend_option", "fail", "handle_errors", "make_backend"]
-
-#: Exit codes of every ``trainjob`` command (one table for the CLI).
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_TIMEOUT = 3
-EXIT_INTERRUPTED = 130
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def fail(message: str, code: int) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
-
-
-def handle_errors(command: F) -> F:
-    """Turn trainjob errors into one line on stderr and the documented exit code."""
-
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except (ValidationError, NotFoundError, AlreadyExistsError) as exc:
-            fail(str(exc).replace("\n", "; "), EXIT_BAD_INPUT)
-        except JobFailedError as exc:
-            fail(str(exc), EXIT_FAILED)
-        except TimeoutError as exc:
-            fail(str(exc), EXIT_TIMEOUT)
-        except TrainJobError as exc:
-            fail(str(exc), EXIT_FAILED)
-        except KeyboardInterrupt:
-            sys.exit(EXIT_INTERRUPTED)
-
-    return wrapper  # type: ignore[return-value]
+from trainjob.cli import arena, jobs_run, top
+from trainjob.cli.plumbing import (
+    EXIT_BAD_INPUT,
+    Target,
+    backend_option,
+    fail,
+    handle_errors,
+    make_backend,
+    note,
+)
+from trainjob.errors import NotFoundError, ValidationError
 
 
 @click.command("list")
@@ -186,7 +154,7 @@ def delete_command(names: tuple[str, ...], all_jobs: bool, selector: str | None,
         matches = parse_selector(selector) if selector is not None else None
         names = tuple(job.name for job, _ in selected(client, matches))
         if not names:
-            click.echo("No jobs found" + (f" matching {selector!r}" if selector else ""), err=True)
+            note("No jobs found" + (f" matching {selector!r}" if selector else ""))
             return
     missing = []
     for name in dict.fromkeys(names):
@@ -194,11 +162,10 @@ def delete_command(names: tuple[str, ...], all_jobs: bool, selector: str | None,
             client.delete_job(name)
         except NotFoundError:
             missing.append(name)
-            click.echo(f"error: trainjob/{name} not found", err=True)
             continue
         click.echo(f"trainjob/{name} deleted")
     if missing:
-        sys.exit(EXIT_BAD_INPUT)
+        fail("\n".join(f"trainjob/{name} not found" for name in missing), EXIT_BAD_INPUT)
 
 
 @click.command("suspend")
@@ -235,8 +202,6 @@ def runtimes_command(backend: Target) -> None:
 
 def register(group: click.Group) -> None:
     """Add the job commands to the ``trainjob`` group."""
-    from trainjob.cli import arena, jobs_run, top
-
     for command in (list_command, get_command, describe_command, events_command, delete_command, suspend_command,
                     resume_command, runtimes_command):
         group.add_command(command)

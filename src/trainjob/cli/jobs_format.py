@@ -85,23 +85,14 @@ def list_rows(jobs: list[types.TrainJob], now: datetime | None = None) -> list[l
     ]
 
 
-def summary_rows(summaries: list[tuple], now: float) -> list[list[str]]:
-    """Table rows from the local backend's summary tuples (``Store.list_summaries``), ``now`` a Unix time."""
-    from trainjob.backends.local.views import eta_seconds
-
+def summary_rows(summaries: list[types.JobSummary], now: float) -> list[list[str]]:
+    """Table rows from job summaries (``Backend.list_summaries``), ``now`` a Unix time."""
     rows = []
-    for (name, status, nodes, procs, runtime, created, started, finished, step, total, loss, last_time,
-         first_step, first_time, percent, remaining, _pid, _pid_started) in summaries:
-        progress = "-"
-        if last_time is not None:
-            if percent is None and remaining is None:
-                remaining = eta_seconds(status, step, total, first_step, first_time, last_time)
-            elif status not in ("Created", "Running"):
-                remaining = None
-            progress = progress_summary(step, total, loss if isinstance(loss, int | float) else None, remaining, percent)
-        duration = None if started is None else (finished or now) - started
-        rows.append([name, status, f"{nodes}x{procs}", runtime, progress, human_duration(now - created),
-                     human_duration(duration)])
+    for job in summaries:
+        progress = progress_summary(job.step, job.total_steps, job.loss, job.eta_seconds, job.percent)
+        duration = None if job.started is None else (job.finished or now) - job.started
+        rows.append([job.name, job.status, f"{job.num_nodes}x{job.num_proc_per_node or '?'}", job.runtime, progress,
+                     human_duration(now - job.created), human_duration(duration)])
     return rows
 
 

@@ -13,24 +13,31 @@ from __future__ import annotations
 
 import contextlib
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
 from trainjob import types
-from trainjob.cli.jobs import (
+from trainjob.backends.base import CheckedJob
+from trainjob.cli.plumbing import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     Target,
     backend_option,
+    exit_with,
     handle_errors,
     make_backend,
+    note,
+)
+from trainjob.constants import (
+    API_VERSION,
+    OVERSUBSCRIBE_ANNOTATION,
+    PRIORITY_ANNOTATION,
+    TRAINJOB_KIND,
+    TTL_ANNOTATION,
 )
 from trainjob.errors import AlreadyExistsError, NotFoundError, ValidationError
-
-API_VERSION = "trainer.kubeflow.org/v1alpha1"
 
 
 def default_job_name(script: str) -> str:
@@ -130,7 +137,7 @@ def run_trainjob(
         metadata["annotations"] = annotations
     return {
         "apiVersion": API_VERSION,
-        "kind": "TrainJob",
+        "kind": TRAINJOB_KIND,
         "metadata": metadata,
         "spec": {"runtimeRef": {"name": runtime}, "trainer": trainer},
     }
@@ -207,9 +214,6 @@ def run_command(script: str, script_args: tuple[str, ...], module: bool, no_pyth
 
 def job_annotations(priority: int | None, oversubscribe: bool, ttl: int | None) -> dict[str, str]:
     """The annotations ``--priority``, ``--oversubscribe`` and ``--ttl-seconds-after-finished`` stand for."""
-    from trainjob.backends.local.queue import OVERSUBSCRIBE_ANNOTATION, PRIORITY_ANNOTATION
-    from trainjob.backends.ttl import TTL_ANNOTATION
-
     annotations: dict[str, str] = {}
     if priority is not None:
         annotations[PRIORITY_ANNOTATION] = str(priority)
@@ -256,12 +260,12 @@ def _follow_to_end(backend: Target, name: str, shape: str | None = None) -> None
     from trainjob.cli.jobs_watch import follow
 
     created = f"trainjob/{name} created" + (f" ({shape})" if shape else "")
-    click.echo(f"{created}; Ctrl-C stops following, not the job", err=True)
+    note(f"{created}; Ctrl-C stops following, not the job")
     try:
         final = follow(lambda: make_backend(backend), name)
     except KeyboardInterrupt:
-        click.echo(f"stopped following; trainjob/{name} keeps running (`trainjob delete {name}` stops it)", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        note(f"stopped following; trainjob/{name} keeps running (`trainjob delete {name}` stops it)")
+        exit_with(EXIT_INTERRUPTED)
     _report_final(final)
 
 
@@ -272,10 +276,10 @@ def _report_final(job: types.TrainJob) -> None:
 
     took = human_duration(job_duration(job, datetime.now(UTC)))
     if job.status == types.COMPLETE:
-        click.echo(f"trainjob/{job.name} Complete in {took}", err=True)
+        note(f"trainjob/{job.name} Complete in {took}")
         return
-    click.echo(f"trainjob/{job.name} {job.status}: {job.reason}: {job.message}", err=True)
-    sys.exit(EXIT_FAILED)
+    note(f"trainjob/{job.name} {job.status}: {job.reason}: {job.message}")
+    exit_with(EXIT_FAILED)
 
 
 @click.command("apply")
@@ -321,9 +325,9 @@ def create_from_files(files: tuple[str, ...], dry_run: bool, output: str | None,
                       config_maps: tuple[str, ...], backend: Target, single: bool = False) -> list[str]:
     """Check everything in ``files``, then create every TrainJob in them (or none); the names created.
     ``single``: the files must hold exactly one TrainJob (``run -f``)."""
-    from trainjob.api import TrainJob, load_resources
+    from trainjob.api import TrainJob
     from trainjob.cli.convert import report_converted_jobs
-    from trainjob.runtime import find_runtime, resolve
+    from trainjob.convert import load_resources
 
     for file in files:
         if not Path(file).is_file():
@@ -340,7 +344,7 @@ def create_from_files(files: tuple[str, ...], dry_run: bool, output: str | None,
     options = apply_options(backend, inherit_env, config_maps)
     client = make_backend(backend)
     seen: set[str] = set()
-    plans = []
+    checked = []
     for job in jobs:  # check everything before creating anything
         if job.name in seen:
             raise ValidationError("metadata.name", f"TrainJob {job.name!r} appears twice in the files")
@@ -351,17 +355,14 @@ def create_from_files(files: tuple[str, ...], dry_run: bool, output: str | None,
             pass
         else:
             raise AlreadyExistsError(f"TrainJob {job.name!r} already exists; delete it first or choose another name")
-        plan = resolve(job, find_runtime(job.spec.runtime_ref, runtimes, namespace=job.namespace))
-        if backend.backend == "local":
-            _check_local_command(job, plan)
-        plans.append(plan)
+        checked.append(client.check(job, runtimes))
     if dry_run:
-        _print_dry_run(jobs, plans, output)
+        _print_dry_run(checked, output)
         return []
     created: list[str] = []
     try:
-        for job in jobs:
-            client.apply(job, runtimes, **options)
+        for job, check in zip(jobs, checked, strict=True):
+            client.apply(job, runtimes, checked=check, **options)
             created.append(job.name)
     except BaseException:
         for name in created:  # all or none: a job the backend refuses takes the file's earlier ones with it
@@ -371,32 +372,17 @@ def create_from_files(files: tuple[str, ...], dry_run: bool, output: str | None,
     return created
 
 
-def _check_local_command(job: Any, plan: Any) -> None:
-    """The script a job's command runs must exist here before any job of the files starts."""
-    import os
-
-    from trainjob.backends.local.commands import check_command_files
-
-    container = plan.trainer().container()
-    try:
-        check_command_files([*container.command, *container.args], container.working_dir or os.getcwd())
-    except ValidationError as exc:
-        raise ValidationError(f"TrainJob {job.name}: {exc.path}", exc.message) from None
-
-
-def _print_dry_run(jobs: list[Any], plans: list[Any], output: str | None) -> None:
+def _print_dry_run(checked: list[CheckedJob], output: str | None) -> None:
     import json
 
     documents = []
-    for job, plan in zip(jobs, plans, strict=True):
+    for check in checked:
+        job = check.trainjob
         resource = job.to_dict()
         resource.pop("status", None)
         documents.append(resource)
         if output is None:
-            container = plan.trainer().container()
-            command = " ".join([*container.command, *container.args]) or "<the image's entrypoint>"
-            click.echo(f"trainjob/{job.name} created (dry run): {plan.num_nodes} node(s) x {plan.num_proc_per_node} "
-                       f"process(es) on runtime {plan.runtime_name}; command: {command}")
+            click.echo(f"trainjob/{job.name} created (dry run): {check.summary()}")
         elif output == "name":
             click.echo(f"trainjob/{job.name}")
     if output == "json":
@@ -443,7 +429,7 @@ def logs_command(name: str, node: int | None, rank: int | None, follow: bool, ta
         where = "/".join(w for w in wanted if w) or "any node"
         when = f" since {since}" if since else ""
         attempt = "the previous attempt of " if previous else ""
-        click.echo(f"no log lines from {where}{when} in {attempt}trainjob/{name}", err=True)
+        note(f"no log lines from {where}{when} in {attempt}trainjob/{name}")
 
 
 @click.command("wait")

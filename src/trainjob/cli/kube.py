@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from trainjob.cli.plumbing import EXIT_FAILED, fail
 from trainjob.errors import TrainJobError
 
 _kubeconfig = click.option(
@@ -69,7 +70,7 @@ def install(
         for line in apply_manifests(client, objects):
             click.echo(line)
     except TrainJobError as exc:
-        raise click.ClickException(str(exc)) from exc
+        fail(str(exc), EXIT_FAILED)
 
 
 @click.command("operator")
@@ -111,7 +112,7 @@ def operator(
             liveness=liveness,
         )
     except TrainJobError as exc:
-        raise click.ClickException(str(exc)) from exc
+        fail(str(exc), EXIT_FAILED)
 
 
 def register(group: click.Group) -> None:

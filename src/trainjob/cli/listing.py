@@ -20,6 +20,7 @@ import click
 
 from trainjob import types
 from trainjob.cli.jobs_format import LIST_HEADER, list_rows, summary_rows, table
+from trainjob.cli.plumbing import note
 from trainjob.errors import NotFoundError
 
 WATCH_POLL_SECONDS = 1.0
@@ -73,12 +74,8 @@ def _dump(data: Any, output: str) -> str:
 
 
 def print_once(client: Any, output: str, matches: Matcher | None) -> None:
-    fast = getattr(client, "list_summaries", None)
-    if output == "table" and matches is None and fast is not None:
-        click.echo(table(LIST_HEADER, summary_rows(fast(), time.time())))
-        return
     if output == "table" and matches is None:
-        click.echo(table(LIST_HEADER, list_rows(client.list_jobs())))
+        click.echo(table(LIST_HEADER, summary_rows(client.list_summaries(), time.time())))
         return
     pairs = selected(client, matches)
     if output in ("json", "yaml"):
@@ -87,7 +84,7 @@ def print_once(client: Any, output: str, matches: Matcher | None) -> None:
         for job, _ in pairs:
             click.echo(f"trainjob/{job.name}")
     elif not pairs and matches is not None:
-        click.echo("No jobs found matching the selector", err=True)
+        note("No jobs found matching the selector")
     else:
         click.echo(table(WIDE_HEADER if output == "wide" else LIST_HEADER, _rows(pairs, output == "wide")))
 

@@ -13,8 +13,16 @@ import click
 
 from trainjob import __version__
 from trainjob.cli import convert, jobs, kube, render, tools, ui
-from trainjob.cli.jobs import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT
-from trainjob.errors import AlreadyExistsError, NotFoundError, TrainJobError, ValidationError
+from trainjob.cli.plumbing import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    exit_code,
+    note,
+)
+from trainjob.errors import TrainJobError
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_TIMEOUT", "cli", "main"]
 
@@ -37,11 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # click exits through SystemExit
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
-    except TrainJobError as exc:
+    except TrainJobError as exc:  # raised outside a command's handle_errors: the same lines and code
         for line in str(exc).splitlines() or [type(exc).__name__]:
-            click.echo(f"error: {line}", err=True)
-        bad_input = isinstance(exc, ValidationError | NotFoundError | AlreadyExistsError)
-        return EXIT_BAD_INPUT if bad_input else EXIT_FAILED
+            note(f"error: {line}")
+        return exit_code(exc)
 
 
 if __name__ == "__main__":

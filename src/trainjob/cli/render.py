@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from trainjob.cli.jobs import EXIT_BAD_INPUT
+from trainjob.cli.plumbing import EXIT_BAD_INPUT, fail
 from trainjob.errors import NotFoundError, ValidationError
 
 if TYPE_CHECKING:  # the API (pydantic) loads when the command runs, keeping every other command's start fast
@@ -78,7 +78,7 @@ def render(filenames: tuple[Path, ...], show_plan: bool) -> None:
 
 
 def _load(path: Path) -> list[Resource]:
-    from trainjob.api import load_resources
+    from trainjob.convert import load_resources
 
     try:
         if str(path) == "-":
@@ -96,6 +96,4 @@ def _located(path: Path, job: TrainJob, exc: Exception) -> str:
 
 
 def _fail(message: str) -> NoReturn:
-    for line in message.splitlines():
-        click.echo(f"error: {line}", err=True)
-    raise SystemExit(EXIT_BAD_INPUT)
+    fail(message, EXIT_BAD_INPUT)

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 import click
 import rich
 
-from trainjob.cli.jobs import EXIT_BAD_INPUT, EXIT_FAILED
+from trainjob.cli.plumbing import EXIT_BAD_INPUT, EXIT_FAILED, exit_with, fail, note
 from trainjob.errors import ValidationError
 from trainjob.tools.comm import COLLECTIVES, Link
 from trainjob.tools.planner import (
@@ -51,10 +51,11 @@ def _flag(path: str) -> str:
 
 def _fail(exc: ValidationError, *, paths_are_flags: bool = True) -> NoReturn:
     """Print each problem on stderr, naming the flag (``--zero``) or, for files, the file; exit 2."""
+    lines = []
     for error in exc.errors:
         where = (_flag(error.path) if paths_are_flags else error.path) if error.path else ""
-        click.echo(f"error: {where}: {error.message}" if where else f"error: {error.message}", err=True)
-    raise SystemExit(EXIT_BAD_INPUT)
+        lines.append(f"{where}: {error.message}" if where else error.message)
+    fail("\n".join(lines), EXIT_BAD_INPUT)
 
 
 def _links(values: tuple[str, ...]) -> tuple[Link, Link]:
@@ -185,7 +186,7 @@ def _ds_config_setup(path: Path, params: float | None, fields: dict[str, Any], g
                 _fail(exc, paths_are_flags=False)
             raise
     for warning in caught:
-        click.echo(f"warning: {warning.message}", err=True)
+        note(f"warning: {warning.message}")
     return result
 
 
@@ -227,7 +228,7 @@ def _plan_auto(
             console = Console(width=120)
         console.print(auto_plan_tables(result))
     if not result.ranked:
-        raise SystemExit(EXIT_FAILED)
+        exit_with(EXIT_FAILED)
 
 
 @click.command()
@@ -262,7 +263,7 @@ def check(scripts: tuple[Path, ...], ignore: tuple[str, ...], output: str) -> No
         what = " and ".join(f"{n} {kind}{'s' if n != 1 else ''}" for n, kind in checked if n) or "0 scripts"
         click.echo(f"{what} checked: {summary}")
     if any(f.severity == "error" for f in findings):
-        raise SystemExit(EXIT_FAILED)
+        exit_with(EXIT_FAILED)
 
 
 @click.group()
@@ -298,8 +299,7 @@ def bench_collectives(
     except ValidationError as exc:
         _fail(exc)
     except DistributedRunError as exc:
-        click.echo(f"error: the benchmark failed: {exc}", err=True)
-        raise SystemExit(EXIT_FAILED) from None
+        fail(f"the benchmark failed: {exc}", EXIT_FAILED)
     click.echo(json.dumps([r.to_dict() for r in rows], indent=2) if output == "json" else format_table(rows))
     if any(r.wrong for r in rows):
-        raise SystemExit(EXIT_FAILED)
+        exit_with(EXIT_FAILED)

@@ -25,8 +25,9 @@ import click
 import psutil
 
 from trainjob import types
-from trainjob.cli.jobs import Target, backend_option, handle_errors, make_backend
 from trainjob.cli.jobs_format import table
+from trainjob.cli.plumbing import Target, backend_option, handle_errors, make_backend, note
+from trainjob.constants import RUNNING
 from trainjob.errors import NotFoundError, ValidationError
 
 NO_GPU = "no GPU"
@@ -105,11 +106,11 @@ class Gpus:
 def local_processes(backend: Any, name: str) -> list[Sample]:
     """Every process of a local job: each node's agent (torchrun) and its training processes (by ``RANK``)."""
     samples = []
-    for row in backend.store.nodes(name):
-        if row["status"] != "Running" or not row["pid"]:
+    for index, node in sorted((backend.node_processes(name) or {}).items()):
+        if node.status != RUNNING or not node.pid:
             continue
         try:
-            keeper = psutil.Process(row["pid"])
+            keeper = psutil.Process(node.pid)
             below = keeper.children(recursive=True)
         except psutil.Error:
             continue
@@ -118,7 +119,7 @@ def local_processes(backend: Any, name: str) -> list[Sample]:
                 rank = process.environ().get("RANK")
             except psutil.Error:
                 continue
-            samples.append(Sample(name, row["idx"], int(rank) if rank and rank.isdigit() else None, process.pid))
+            samples.append(Sample(name, index, int(rank) if rank and rank.isdigit() else None, process.pid))
     return samples
 
 
@@ -218,7 +219,7 @@ def top_job(name: str | None, backend: Target) -> None:
         rows = [[job.name, f"{job.num_nodes}x{job.num_proc_per_node}", *_usage(per_job[job.name], gpus),
                  _rate(client, job.name)] for job in running]
         if not rows:
-            click.echo("no running jobs", err=True)
+            note("no running jobs")
             return
         click.echo(table(["NAME", "NODESxPROCS", "CPU%", "RSS", *_gpu_header(gpus), "STEPS/S"], rows))
     finally:
@@ -245,7 +246,7 @@ def top_node(backend: Target) -> None:
                 shown = "-" if not ranks else f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
                 rows.append([job.name, f"node-{node}", shown, *_usage(mine, gpus)])
         if not rows:
-            click.echo("no running jobs", err=True)
+            note("no running jobs")
             return
         click.echo(table(["JOB", "NODE", "RANKS", "CPU%", "RSS", *_gpu_header(gpus)], rows))
     finally:

@@ -10,11 +10,10 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import click
 
-from trainjob.cli.jobs import backend_option, handle_errors, make_backend
+from trainjob.cli.plumbing import EXIT_FAILED, backend_option, fail, handle_errors, make_backend
 
 DEFAULT_PORT = 8470
 
@@ -32,7 +31,7 @@ def ui_command(host: str, port: int, open_browser: bool, backend: str) -> None:
     try:
         from trainjob.ui.server import serve
     except ImportError as exc:
-        raise click.ClickException(f"the dashboard needs the ui extra: pip install 'trainjob[ui]' ({exc})") from None
+        fail(f"the dashboard needs the ui extra: pip install 'trainjob[ui]' ({exc})", EXIT_FAILED)
     serve(make_backend(backend), host=host, port=port, open_browser=open_browser)
 
 
@@ -43,7 +42,7 @@ def ui_command(host: str, port: int, open_browser: bool, backend: str) -> None:
 def gc_command(dry_run: bool, backend: str) -> None:
     """Remove finished jobs past their trainjob/ttl-seconds-after-finished, with their logs."""
     client = make_backend(backend)
-    names = expired_job_names(client, time.time())
+    names = client.expired_jobs(time.time())
     for name in names:
         if not dry_run:
             client.delete_job(name)
@@ -51,15 +50,3 @@ def gc_command(dry_run: bool, backend: str) -> None:
     if not names:
         click.echo("nothing to remove")
 
-
-def expired_job_names(client: Any, now: float) -> list[str]:
-    """Jobs of ``client``'s backend whose TTL has run out at ``now``."""
-    from trainjob.backends.local.backend import LocalBackend
-
-    if isinstance(client, LocalBackend):
-        from trainjob.backends.local.ttl import expired_jobs
-
-        return expired_jobs(client.store, now)
-    from trainjob.backends.kubernetes.ttl import ttl_remaining
-
-    return [job.name for job in client.list_jobs() if (left := ttl_remaining(job.resource, now)) is not None and left <= 0]

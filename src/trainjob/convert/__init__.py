@@ -1,7 +1,8 @@
 """Manifests of other APIs turned into TrainJobs: Kubeflow Training Operator v1 ``PyTorchJob``
-(:mod:`trainjob.convert.pytorchjob`)."""
+(:mod:`trainjob.convert.pytorchjob`), read from files beside trainer.kubeflow.org resources by :func:`load_resources`."""
 
 from trainjob.api.io import is_pytorchjob
+from trainjob.convert.documents import load_resources
 from trainjob.convert.pytorchjob import (
     CONVERSION_WARNINGS_ANNOTATION,
     CONVERTED_FROM_ANNOTATION,
@@ -21,4 +22,5 @@ __all__ = [
     "convert_pytorchjob",
     "converted_from",
     "is_pytorchjob",
+    "load_resources",
 ]

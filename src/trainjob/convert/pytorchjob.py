@@ -42,18 +42,17 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainjob.api import EnvVar, ResourceRequirements, TrainingRuntime, TrainJob
+from trainjob.api.common import EnvVar, ResourceRequirements
 from trainjob.api.errors import quote, validate_model
-from trainjob.backends.ttl import TTL_ANNOTATION
+from trainjob.api.runtime import TrainingRuntime
+from trainjob.api.trainjob import Trainer, TrainJob
+from trainjob.constants import CONVERSION_WARNINGS_ANNOTATION, CONVERTED_FROM_ANNOTATION, TTL_ANNOTATION
 from trainjob.convert.launch_command import LaunchCommand, read_launch_command
 from trainjob.convert.pytorchjob_api import API_VERSION, KIND, MASTER, WORKER, PyTorchJob, ReplicaSpec
 from trainjob.errors import ValidationError
 
-#: Annotation on a converted TrainJob (and its runtime): what it was converted from.
-CONVERTED_FROM_ANNOTATION = "trainjob/converted-from"
+#: What a converted TrainJob (and its runtime) was converted from, in its ``trainjob/converted-from`` annotation.
 CONVERTED_FROM = f"{API_VERSION} {KIND}"
-#: Annotation holding what the conversion could not carry over, one problem a line.
-CONVERSION_WARNINGS_ANNOTATION = "trainjob/conversion-warnings"
 #: The container v1 runs as the trainer; the first container when none has this name.
 PYTORCH_CONTAINER = "pytorch"
 #: Restarts of the JobSet for ``restartPolicy: OnFailure`` without ``backoffLimit``: a Job's default backoffLimit.
@@ -169,8 +168,6 @@ class _Converter:
         return trainer
 
     def _num_proc_per_node(self, launch: LaunchCommand, path: str) -> int | str | None:
-        from trainjob.api.trainjob import Trainer
-
         spec_value = self.spec.nproc_per_node
         if spec_value is None and self.spec.elastic_policy is not None:
             spec_value = self.spec.elastic_policy.n_proc_per_node

@@ -35,8 +35,9 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from trainjob.api.common import Int32, Int64, KubeModel, NamespacedObjectMeta, NumProcPerNode
 from trainjob.api.errors import quote, validate_model
 from trainjob.api.podtemplate import PodTemplate, check_job_template
+from trainjob.constants import PYTORCHJOB_API_VERSION
 
-API_VERSION = "kubeflow.org/v1"
+API_VERSION = PYTORCHJOB_API_VERSION
 KIND = "PyTorchJob"
 MASTER = "Master"
 WORKER = "Worker"
@@ -134,4 +135,3 @@ class PyTorchJob(KubeModel):
     @property
     def name(self) -> str:
         return self.metadata.name
-

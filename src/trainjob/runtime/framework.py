@@ -1,24 +1,32 @@
-"""The runtime framework: a TrainJob plus its runtime go through plugins, in a fixed order, into a :class:`Plan`.
+"""The runtime framework: a TrainJob plus its runtime go through plugins, phase by phase, into a :class:`Plan`;
+the plugins that own Kubernetes objects then render the plan.
 
-Phases, in this order (every enabled plugin runs a phase before the next phase starts):
+Resolving, in order (every enabled plugin finishes a phase before the next phase starts):
 
-=========================  ===========================================================================
-phase                      what happens
-=========================  ===========================================================================
-``validate``               each plugin returns the problems it sees; all are reported together
-``enforce_ml_policy``      node count, processes per node, the framework's env (``torch``, ``mpi``, ``plainml``)
-``enforce_pod_group_policy``  gang scheduling: PodGroup requirements and pod labels (``coscheduling``,
-                           ``volcano``)
-``build``                  final shape of the pod sets and JobSet settings (``jobset``)
-=========================  ===========================================================================
+1. :func:`initial_plan`: the runtime's pod sets with ``spec.trainer`` and ``spec.initializer`` applied
+   (:mod:`trainjob.runtime.trainer_spec`);
+2. ``validate`` (:class:`~trainjob.runtime.plugin.Validator`): every plugin's problems, reported together;
+3. ``enforce_ml_policy`` (:class:`~trainjob.runtime.plugin.MLPolicyEnforcer`): node count, processes per node,
+   the framework's env; then :func:`require_ml_policy`: some plugin must have taken the runtime's ML policy;
+4. ``enforce_pod_group_policy`` (:class:`~trainjob.runtime.plugin.PodGroupEnforcer`): gang scheduling;
+5. ``build`` (:class:`~trainjob.runtime.plugin.Builder`): final pod sets and JobSet settings.
 
-Within a phase, plugins run in registry order: the built-ins ``torch``, ``mpi``, ``plainml``, ``coscheduling``,
-``volcano``, ``jobset``, then third-party plugins sorted by entry-point name. A third-party plugin is a
-:class:`Plugin` subclass (or instance, or a callable returning one) published in the ``trainjob.plugins``
-entry-point group; one whose ``name`` equals a built-in's replaces that built-in in place::
+Rendering (:meth:`Framework.render`, used by :func:`trainjob.runtime.render.render_objects`): the
+:class:`~trainjob.runtime.plugin.Renderer` plugins that took part in the plan give their objects, the workload
+first: the JobSet (``jobset``, a builder), then the PodGroup (``coscheduling`` / ``volcano``, gang plugins), then
+what an ML policy adds (``mpi``: its Secret and ConfigMap).
 
-    [project.entry-points."trainjob.plugins"]
-    priority-class = "my_package.plugins:PriorityClassPlugin"
+A :class:`Framework` sorts its plugins into the phases once, when it is made; within a phase they run in registry
+order (:mod:`trainjob.runtime.registry`: built-ins, then entry-point plugins). The plugin base and the phase
+protocols live in :mod:`trainjob.runtime.plugin`; ``Plugin`` and ``Context`` are importable from here too.
+
+How a torch job's ``numProcPerNode`` reaches the processes, module by module: the YAML's
+``spec.trainer.numProcPerNode`` (else the runtime's ``mlPolicy.torch.numProcPerNode``) -> ``trainjob.api``'s
+``Trainer.num_proc_per_node`` -> the torch plugin's ``enforce_ml_policy``
+(:func:`~trainjob.runtime.plugins.torch.resolve_num_proc_per_node`) -> ``Plan.num_proc_per_node`` ->
+:func:`~trainjob.runtime.launch.launch_plan` -> :func:`~trainjob.runtime.launch.torchrun_env` with the backend's
+:class:`~trainjob.runtime.launch.Addressing` -> ``PET_NPROC_PER_NODE`` in the JobSet's ``node`` container, or in
+a local node process's env.
 
 >>> from trainjob.runtime import builtin_runtimes, resolve           # doctest: +SKIP
 >>> plan = resolve(job, builtin_runtimes()["torch-distributed"])    # doctest: +SKIP
@@ -28,104 +36,65 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from importlib import metadata
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import Any
 
 from trainjob.api import Runtime, TrainJob
 from trainjob.api.errors import quote
+from trainjob.constants import TRAINING_RUNTIME_KIND
 from trainjob.errors import ValidationError
-from trainjob.runtime.overrides import apply_initializers, apply_trainer
 from trainjob.runtime.plan import Plan
+from trainjob.runtime.plugin import (
+    PHASES,
+    Builder,
+    Context,
+    MLPolicyEnforcer,
+    Plugin,
+    PodGroupEnforcer,
+    Renderer,
+    Validator,
+)
+from trainjob.runtime.registry import (
+    ENTRY_POINT_GROUP,
+    builtin_plugins,
+    entry_point_plugins,
+    registered_plugins,
+)
 from trainjob.runtime.template import pod_sets_from_runtime, trainer_pod_set
+from trainjob.runtime.trainer_spec import apply_initializers, apply_trainer
 
-ENTRY_POINT_GROUP = "trainjob.plugins"
-PHASES = ("validate", "enforce_ml_policy", "enforce_pod_group_policy", "build")
-
-
-@dataclass
-class Context:
-    """What plugins see and change: the inputs and the plan being built."""
-
-    trainjob: TrainJob
-    runtime: Runtime
-    plan: Plan
-
-
-class Plugin:
-    """Base class of runtime plugins; override the phases the plugin takes part in.
-
-    >>> class Tagger(Plugin):
-    ...     name = "tagger"
-    ...     def build(self, ctx):
-    ...         ctx.plan.labels["team"] = "vision"
-    """
-
-    #: Unique plugin name, listed in :attr:`Plan.plugins` when the plugin ran.
-    name: ClassVar[str] = ""
-
-    def enabled(self, ctx: Context) -> bool:
-        """Whether this plugin applies to this job and runtime (default: always)."""
-        return True
-
-    def validate(self, ctx: Context) -> list[ValidationError]:
-        """Problems with the job or runtime; nothing is changed in this phase."""
-        return []
-
-    def enforce_ml_policy(self, ctx: Context) -> None:
-        """Set node count, processes per node and the framework's env on the plan."""
-
-    def enforce_pod_group_policy(self, ctx: Context) -> None:
-        """Set the plan's gang-scheduling requirement and the pod labels that go with it."""
-
-    def build(self, ctx: Context) -> None:
-        """Finish the pod sets and JobSet settings."""
-
-
-def builtin_plugins() -> list[Plugin]:
-    """The built-in plugins in their fixed order."""
-    from trainjob.runtime.plugins.coscheduling import CoschedulingPlugin
-    from trainjob.runtime.plugins.jobset import JobSetPlugin
-    from trainjob.runtime.plugins.mpi import MPIPlugin
-    from trainjob.runtime.plugins.plainml import PlainMLPlugin
-    from trainjob.runtime.plugins.torch import TorchPlugin
-    from trainjob.runtime.plugins.volcano import VolcanoPlugin
-
-    return [TorchPlugin(), MPIPlugin(), PlainMLPlugin(), CoschedulingPlugin(), VolcanoPlugin(), JobSetPlugin()]
-
-
-def entry_point_plugins(group: str = ENTRY_POINT_GROUP) -> list[Plugin]:
-    """Plugins installed by other distributions in the entry-point ``group``, sorted by entry-point name."""
-    plugins = []
-    for entry in sorted(metadata.entry_points(group=group), key=lambda e: e.name):
-        plugins.append(_instantiate(entry.load(), entry.name))
-    return plugins
-
-
-def registered_plugins(extra: Iterable[Plugin] = ()) -> list[Plugin]:
-    """Built-ins, then entry-point plugins, then ``extra``; a later plugin replaces an earlier one of its name."""
-    ordered: list[Plugin] = []
-    for plugin in [*builtin_plugins(), *entry_point_plugins(), *extra]:
-        if not plugin.name:
-            raise TypeError(f"plugin {plugin!r} has no name")
-        position = next((i for i, p in enumerate(ordered) if p.name == plugin.name), None)
-        if position is None:
-            ordered.append(plugin)
-        else:
-            ordered[position] = plugin
-    return ordered
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PHASES",
+    "Context",
+    "Framework",
+    "Plugin",
+    "builtin_plugins",
+    "default_framework",
+    "entry_point_plugins",
+    "initial_plan",
+    "registered_plugins",
+    "require_ml_policy",
+    "resolve",
+]
 
 
 class Framework:
-    """Runs plugins over a job and its runtime.
+    """Runs plugins over a job and its runtime, and renders the plans they make.
 
     >>> Framework().plugin_names()[:2]
     ['torch', 'mpi']
+    >>> [p.name for p in Framework().builders]
+    ['jobset']
     """
 
     def __init__(self, plugins: Sequence[Plugin] | None = None) -> None:
         self.plugins = list(plugins) if plugins is not None else registered_plugins()
+        self.validators = [p for p in self.plugins if isinstance(p, Validator)]
+        self.ml_policy_enforcers = [p for p in self.plugins if isinstance(p, MLPolicyEnforcer)]
+        self.pod_group_enforcers = [p for p in self.plugins if isinstance(p, PodGroupEnforcer)]
+        self.builders = [p for p in self.plugins if isinstance(p, Builder)]
+        self.renderers = sorted((p for p in self.plugins if isinstance(p, Renderer)), key=_render_stage)
 
     def plugin_names(self) -> list[str]:
         return [p.name for p in self.plugins]
@@ -135,20 +104,67 @@ class Framework:
         _check_runtime_matches(trainjob, runtime)
         ctx = Context(trainjob=trainjob, runtime=runtime, plan=initial_plan(trainjob, runtime))
         active = [p for p in self.plugins if p.enabled(ctx)]
-        problems = [problem for plugin in active for problem in plugin.validate(ctx)]
+        ran = {id(p) for p in active}
+        problems = [problem for p in self.validators if id(p) in ran for problem in p.validate(ctx)]
         if problems:
             raise ValidationError.combine(problems)
-        for phase in PHASES[1:]:
-            for plugin in active:
-                getattr(plugin, phase)(ctx)
-            if phase == "enforce_ml_policy" and not ctx.plan.ml_policy:
-                raise _no_ml_plugin(runtime, active)
+        for enforcer in self.ml_policy_enforcers:
+            if id(enforcer) in ran:
+                enforcer.enforce_ml_policy(ctx)
+        require_ml_policy(ctx, active)
+        for gang in self.pod_group_enforcers:
+            if id(gang) in ran:
+                gang.enforce_pod_group_policy(ctx)
+        for builder in self.builders:
+            if id(builder) in ran:
+                builder.build(ctx)
         ctx.plan.plugins = [p.name for p in active]
         return ctx.plan
 
+    def render(self, plan: Plan) -> list[dict[str, Any]]:
+        """The Kubernetes objects of ``plan``, each from the plugin that owns it if that plugin took part: the
+        JobSet, then the PodGroup when the plan asks for gang scheduling, then an MPI plan's Secret and ConfigMap."""
+        ran = set(plan.plugins)
+        return [obj for renderer in self.renderers if renderer.name in ran for obj in renderer.render(plan)]
+
+    def render_pod_group(self, plan: Plan) -> dict[str, Any] | None:
+        """The PodGroup for the plan's gang-scheduling policy (from the gang plugin of that name), or ``None``."""
+        if plan.pod_group is None:
+            return None
+        gangs = [r for r in self.renderers if isinstance(r, PodGroupEnforcer)]
+        for gang in gangs:
+            if gang.name == plan.pod_group.scheduler:
+                return next(iter(gang.render(plan)), None)
+        known = ", ".join(g.name for g in gangs)
+        raise ValueError(f"no PodGroup kind for scheduler {plan.pod_group.scheduler!r}; known: {known}")
+
+
+def require_ml_policy(ctx: Context, active: Sequence[Plugin]) -> None:
+    """The step after the ML policy phase: some plugin must have set ``plan.ml_policy``; else no installed plugin
+    runs the runtime's ML policy (``flux``, ``jax``, ``xgboost`` ...) and the job cannot run."""
+    if ctx.plan.ml_policy:
+        return
+    policy = ctx.runtime.spec.ml_policy
+    kinds = [name for name in ("flux", "jax", "xgboost") if policy is not None and getattr(policy, name)]
+    kind = kinds[0] if kinds else "this"
+    raise ValidationError(
+        "spec.mlPolicy",
+        f"no installed plugin runs {kind} ML policy (plugins: {', '.join(p.name for p in active)}); "
+        "use mlPolicy.torch, mlPolicy.mpi or no mlPolicy",
+    )
+
+
+def _render_stage(plugin: Plugin) -> int:
+    """Objects come workload first: builders' (the JobSet), then gang plugins' (the PodGroup), then ML plugins'."""
+    for stage, phase in enumerate((Builder, PodGroupEnforcer, MLPolicyEnforcer)):
+        if isinstance(plugin, phase):
+            return stage
+    return 3
+
 
 def initial_plan(trainjob: TrainJob, runtime: Runtime) -> Plan:
-    """The runtime's pod sets with the TrainJob's trainer and initializer settings applied; plugins do the rest."""
+    """Step 1 of resolving: the runtime's pod sets with ``spec.trainer`` and ``spec.initializer`` applied
+    (:mod:`trainjob.runtime.trainer_spec`); plugins do the rest."""
     pod_sets = pod_sets_from_runtime(runtime)
     trainer = trainer_pod_set(pod_sets, runtime.name)
     trainer.replicas = 1  # one Indexed Job whose completion index is the node rank
@@ -203,29 +219,9 @@ def _check_runtime_matches(trainjob: TrainJob, runtime: Runtime) -> None:
             "spec.runtimeRef",
             f"refers to {ref.kind} {quote(ref.name)}, but {runtime.kind} {runtime.name!r} was given to resolve it",
         )
-    if runtime.kind == "TrainingRuntime" and runtime.metadata.namespace != trainjob.namespace:
+    if runtime.kind == TRAINING_RUNTIME_KIND and runtime.metadata.namespace != trainjob.namespace:
         raise ValidationError(
             "spec.runtimeRef",
             f"TrainingRuntime {runtime.name!r} is in namespace {runtime.metadata.namespace!r}, "
             f"the TrainJob in {trainjob.namespace!r}; use a runtime of the job's namespace or a ClusterTrainingRuntime",
         )
-
-
-def _no_ml_plugin(runtime: Runtime, active: list[Plugin]) -> ValidationError:
-    policy = runtime.spec.ml_policy
-    kinds = [name for name in ("flux", "jax", "xgboost") if policy is not None and getattr(policy, name)]
-    kind = kinds[0] if kinds else "this"
-    return ValidationError(
-        "spec.mlPolicy",
-        f"no installed plugin runs {kind} ML policy (plugins: {', '.join(p.name for p in active)}); "
-        "use mlPolicy.torch, mlPolicy.mpi or no mlPolicy",
-    )
-
-
-def _instantiate(obj: Any, entry_name: str) -> Plugin:
-    plugin = obj() if isinstance(obj, type) or (callable(obj) and not isinstance(obj, Plugin)) else obj
-    if not isinstance(plugin, Plugin):
-        raise TypeError(
-            f"entry point {entry_name!r} in {ENTRY_POINT_GROUP} did not give a trainjob Plugin: {obj!r}"
-        )
-    return plugin

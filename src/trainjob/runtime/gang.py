@@ -1,4 +1,5 @@
-"""What a gang (all pods start together or none does) needs: how many pods and how many resources.
+"""What a gang (all pods start together or none does) needs: how many pods and how many resources; and the
+PodGroup object the gang plugins (``coscheduling``, ``volcano``) render around their spec.
 
 >>> from trainjob.runtime.plan import Container, PodSet, Resources
 >>> node = PodSet("node", 2, [Container("node", resources=Resources(requests={"cpu": "2500m"}))])
@@ -8,14 +9,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from trainjob.api.quantity import sum_quantities
-from trainjob.runtime.plan import ElasticPolicy, PodSet
-from trainjob.runtime.template import pod_metadata
+from trainjob.constants import TRAINER_STEP, TRAINJOB_NAME_LABEL
+from trainjob.runtime.plan import ElasticPolicy, Plan, PodSet
+from trainjob.runtime.template import object_metadata, pod_metadata
 
 
 def members(pod_set: PodSet, elastic: ElasticPolicy | None = None) -> int:
     """Pods of ``pod_set`` the gang waits for: all of them; an elastic trainer only needs ``minNodes``."""
-    if elastic is not None and pod_set.ancestor_step == "trainer":
+    if elastic is not None and pod_set.ancestor_step == TRAINER_STEP:
         return min(pod_set.count, elastic.min_nodes)
     return pod_set.count
 
@@ -45,3 +49,13 @@ def label_pods(
             meta.setdefault("labels", {}).update(labels)
         if annotations:
             meta.setdefault("annotations", {}).update(annotations)
+
+
+def pod_group_object(plan: Plan, api_version: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A PodGroup of ``api_version`` named after the job, labelled ``trainer.kubeflow.org/trainjob-name``."""
+    return {
+        "apiVersion": api_version,
+        "kind": "PodGroup",
+        "metadata": object_metadata(plan, {TRAINJOB_NAME_LABEL: plan.job_name}, {}),
+        "spec": spec,
+    }

@@ -43,11 +43,11 @@ from typing import Any
 
 from trainjob.api import TrainJob
 from trainjob.api.quantity import gpu_count
+from trainjob.constants import NCCL_PROFILE_ANNOTATION
 from trainjob.errors import ValidationError
 from trainjob.runtime.plan import Container, EnvVar, Plan
 from trainjob.runtime.template import upsert_env
 
-NCCL_PROFILE_ANNOTATION = "trainjob/nccl-profile"
 SHM_PATH = "/dev/shm"
 
 _IB = {

@@ -6,17 +6,40 @@ the Kubernetes backend renders a JobSet (and a PodGroup) from it. Nothing in her
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-#: The annotation Kubernetes sets on every pod of an Indexed Job; ``PET_NODE_RANK`` is read from it.
-COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
-COMPLETION_INDEX_FIELD_PATH = f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
+from trainjob.constants import (
+    COMPLETION_INDEX_ANNOTATION,
+    COMPLETION_INDEX_FIELD_PATH,
+    MASTER_PORT,
+    TRAINER_JOB,
+    TRAINER_STEP,
+)
+
+__all__ = [
+    "COMPLETION_INDEX_ANNOTATION",
+    "COMPLETION_INDEX_FIELD_PATH",
+    "Container",
+    "ContainerPort",
+    "ElasticPolicy",
+    "EnvVar",
+    "MPIPolicy",
+    "Plan",
+    "PodGroupPolicy",
+    "PodSet",
+    "Resources",
+]
 
 
 @dataclass
 class EnvVar:
-    """One container environment variable: a literal ``value`` or a Kubernetes ``value_from`` source."""
+    """One entry of a plan container's env: a literal ``value`` or a Kubernetes ``value_from`` source.
+
+    The plan's own form, made from (and rendered back into) Kubernetes env dicts; not the API model
+    :class:`trainjob.api.EnvVar` of a TrainJob's ``spec.trainer.env``
+    (:func:`~trainjob.runtime.template.env_from_api` converts).
+    """
 
     name: str
     value: str | None = None
@@ -157,7 +180,7 @@ class Plan:
     #: Set for ``mlPolicy.mpi`` runtimes: the launcher, hosts and slots.
     mpi: MPIPolicy | None = None
     pod_group: PodGroupPolicy | None = None
-    master_port: int = 29500
+    master_port: int = MASTER_PORT
     suspend: bool = False
     active_deadline_seconds: int | None = None
     managed_by: str | None = None
@@ -168,12 +191,12 @@ class Plan:
     #: Names of the plugins that ran, in order.
     plugins: list[str] = field(default_factory=list)
 
-    TRAINER_POD_SET = "node"
+    TRAINER_POD_SET = TRAINER_JOB
 
     def trainer(self) -> PodSet:
         """The trainer pod set: the one labelled ``trainer`` (an MPI job's ``launcher``), else ``node``."""
         for ps in self.pod_sets:
-            if ps.ancestor_step == "trainer":
+            if ps.ancestor_step == TRAINER_STEP:
                 return ps
         for ps in self.pod_sets:
             if ps.name == self.TRAINER_POD_SET:
@@ -185,6 +208,4 @@ class Plan:
         return f"{self.job_name}-{self.trainer().name}-0-0.{self.job_name}"
 
     def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
         return asdict(self)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainjob.api import TrainJob
+from trainjob.convert.pytorchjob import conversion_warnings, converted_from
 from trainjob.runtime.nccl import nccl_findings
 from trainjob.runtime.plan import Plan
 
@@ -31,8 +32,6 @@ class SubmitEvent:
 
 def submit_events(trainjob: TrainJob, plan: Plan) -> list[SubmitEvent]:
     """The events for submitting ``trainjob`` resolved into ``plan`` (table in the module docstring)."""
-    from trainjob.convert.pytorchjob import conversion_warnings, converted_from
-
     annotations = trainjob.metadata.annotations
     events = []
     origin = converted_from(annotations)

@@ -11,13 +11,10 @@ from typing import Any
 
 from trainjob.api import EnvVar as ApiEnvVar
 from trainjob.api import ReplicatedJob, Runtime
+from trainjob.constants import ANCESTOR_STEP_LABEL, TRAINER_JOB, TRAINER_STEP
 from trainjob.errors import ValidationError
-from trainjob.runtime.plan import Container, ContainerPort, EnvVar, PodSet, Resources
+from trainjob.runtime.plan import Container, ContainerPort, EnvVar, Plan, PodSet, Resources
 
-ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
-TRAINER_STEP = "trainer"
-TRAINER_JOB = "node"
-TRAINER_CONTAINER = "node"
 DATASET_INITIALIZER = "dataset-initializer"
 MODEL_INITIALIZER = "model-initializer"
 
@@ -25,7 +22,7 @@ MODEL_INITIALIZER = "model-initializer"
 def ancestor_step(job: ReplicatedJob) -> str | None:
     """The ``trainjob-ancestor-step`` label of a replicated job, else its name for the well-known jobs."""
     labels = (job.template.get("metadata") or {}).get("labels") or {}
-    step = labels.get(ANCESTOR_LABEL)
+    step = labels.get(ANCESTOR_STEP_LABEL)
     if step:
         return step
     return job.name if job.name in (TRAINER_JOB, DATASET_INITIALIZER, MODEL_INITIALIZER) else None
@@ -78,7 +75,7 @@ def trainer_pod_set(pod_sets: list[PodSet], runtime_name: str) -> PodSet:
     raise ValidationError(
         "spec.template.spec.replicatedJobs",
         f"runtime {runtime_name!r} has no trainer job: name one replicated job {TRAINER_JOB!r} or label it "
-        f"{ANCESTOR_LABEL}: {TRAINER_STEP}",
+        f"{ANCESTOR_STEP_LABEL}: {TRAINER_STEP}",
     )
 
 
@@ -139,6 +136,17 @@ def container_to_dict(container: Container, base: dict[str, Any] | None = None) 
     out = {k: v for k, v in typed.items() if v}
     out.update({k: copy.deepcopy(v) for k, v in (base or {}).items() if k not in typed})
     return out
+
+
+def object_metadata(plan: Plan, labels: dict[str, str], annotations: dict[str, str]) -> dict[str, Any]:
+    """The metadata of an object rendered for ``plan``: named after the job, in its namespace; empty label and
+    annotation maps are left out."""
+    meta: dict[str, Any] = {"name": plan.job_name, "namespace": plan.namespace}
+    if labels:
+        meta["labels"] = dict(labels)
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta
 
 
 def env_from_dict(data: dict[str, Any]) -> EnvVar:

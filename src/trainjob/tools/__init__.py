@@ -4,7 +4,8 @@
   :class:`~trainjob.tools.training_setup.TrainingSetup` (``trainjob plan``), and ``plan_auto``, the layout search
   (``trainjob plan --auto``), printed by :mod:`trainjob.tools.plan_report`;
 * :mod:`trainjob.tools.checker`: ``check_file`` finds the classic distributed-training mistakes
-  (``trainjob check``), with the rules in :mod:`trainjob.tools.check_rules`;
+  (``trainjob check``), with the rules in :mod:`trainjob.tools.check_rules` and what they look at (the parsed
+  script) in :mod:`trainjob.tools.script`;
 * :mod:`trainjob.tools.collectives`: nccl-tests-style benchmarks over real process groups
   (``trainjob bench collectives``), with the cost model and bus-bandwidth factors in :mod:`trainjob.tools.comm`.
 """

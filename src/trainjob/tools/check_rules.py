@@ -33,7 +33,7 @@ import ast
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from trainjob.tools.checker import Rule, Script, dotted_name
+from trainjob.tools.script import Rule, Script, dotted_name
 
 __all__ = ["MANIFEST_RULES", "RULES"]
 

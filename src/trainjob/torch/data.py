@@ -43,6 +43,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, Sampler
 
 from trainjob.errors import ValidationError
+from trainjob.torch.data_layout import current_layout
 from trainjob.torch.env import init
 from trainjob.torch.seed import rank_seed
 
@@ -195,8 +196,6 @@ class DistributedDataLoader:
         """Re-shard if a model was parallelized since this loader was built (by data-parallel rank from then on)."""
         if self._reshard is None:
             return
-        from trainjob.torch.parallel.dims import current_layout
-
         layout = current_layout()
         if layout is not self._layout:
             self.loader, self.rank, self.world_size = self._reshard(layout)
@@ -290,8 +289,6 @@ def prepare_data_loader(
         return DistributedDataLoader(loader, device, world_size=1)
     _check_shardable(loader)
     if follow:
-        from trainjob.torch.parallel.dims import current_layout
-
         layout = current_layout()
 
         def reshard(new_layout: ParallelDims | None) -> tuple[DataLoader, int, int]:

@@ -34,6 +34,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.optim import Optimizer
 
+from trainjob.constants import PET_NODE_RANK
 from trainjob.errors import ValidationError
 from trainjob.torch import env
 
@@ -131,7 +132,7 @@ def record_round(step: int, saved: dict[str, Any] | None) -> dict[str, Any]:
     """Report the round that resumed at ``step`` from a checkpoint whose ``trainjob.json`` is ``saved``
     (``None``: a fresh start): rank 0 prints a resize line and appends to ``elastic.jsonl``. Collective."""
     ctx = env.init()
-    node = os.environ.get("PET_NODE_RANK") or os.environ.get("GROUP_RANK") or "0"
+    node = os.environ.get(PET_NODE_RANK) or os.environ.get("GROUP_RANK") or "0"
     node_ranks: list[Any] = [None] * ctx.world_size
     if ctx.world_size > 1:
         dist.all_gather_object(node_ranks, int(node) if node.isdigit() else node)

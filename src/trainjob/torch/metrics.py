@@ -26,6 +26,7 @@ from collections.abc import Mapping
 
 import torch
 
+from trainjob.constants import METRICS_FILE_ENV
 from trainjob.errors import ValidationError
 from trainjob.progress import MAX_METRICS, numeric_metrics, progress_line, step_line
 from trainjob.torch import kubeflow_status, tensorboard
@@ -34,8 +35,6 @@ from trainjob.torch.env import global_rank
 __all__ = ["METRICS_FILE_ENV", "report", "update_trainjob_status"]
 
 _log = logging.getLogger(__name__)
-
-METRICS_FILE_ENV = "TRAINJOB_METRICS_FILE"
 
 
 def _as_float(name: str, value: object) -> float:

@@ -26,6 +26,10 @@ DeepSpeed's keys instead; the table is in :mod:`trainjob.torch.deepspeed_config`
 FSDP with ``reshard_after_forward=False``, stage 3 full sharding, stage 0 DDP::
 
     model = prepare_model(Net(), deepspeed_config="ds_config.json")
+
+``prepare_model`` is a short list of steps, each a function here: :func:`read_deepspeed_config`,
+:func:`check_prepare_options`, then :func:`apply_parallel` (with ``parallel=``) or :func:`check_strategy`,
+:func:`apply_ac`, and :func:`apply_fsdp_strategy` or :func:`apply_autocast` + :func:`apply_ddp_strategy`.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from torch import nn
 
 from trainjob.errors import ValidationError
 from trainjob.torch.comm_hooks import CommHook, check_comm_hook, register_comm_hook
+from trainjob.torch.data_layout import set_current_layout
 from trainjob.torch.deepspeed_config import DeepSpeedConfig, DeepSpeedSettings, map_deepspeed_config
 from trainjob.torch.env import init
 from trainjob.torch.precision import Precision, autocast_forward, precision_dtype
@@ -46,7 +51,18 @@ from trainjob.torch.wrap import Wrap, apply_activation_checkpointing, apply_ddp,
 if TYPE_CHECKING:
     from trainjob.torch.parallel import ParallelDims
 
-__all__ = ["Strategy", "prepare_model"]
+__all__ = [
+    "Strategy",
+    "apply_ac",
+    "apply_autocast",
+    "apply_ddp_strategy",
+    "apply_fsdp_strategy",
+    "apply_parallel",
+    "check_prepare_options",
+    "check_strategy",
+    "prepare_model",
+    "read_deepspeed_config",
+]
 
 Strategy = Literal["ddp", "fsdp", "none"]
 
@@ -92,84 +108,162 @@ def prepare_model(
     """
     fsdp_zero_stage = 3
     if deepspeed_config is not None:
-        given = {"strategy": strategy, "mixed_precision": mixed_precision, "cpu_offload": cpu_offload or None,
-                 "parallel": parallel}  # fmt: skip
-        clash = next((name for name, value in given.items() if value is not None), None)
-        if clash is not None:
-            raise ValidationError(clash, "comes from deepspeed_config: leave it out, or leave deepspeed_config out")
-        settings = (
-            deepspeed_config
-            if isinstance(deepspeed_config, DeepSpeedSettings)
-            else map_deepspeed_config(deepspeed_config, world_size=init().world_size)
-        )
+        settings = read_deepspeed_config(
+            deepspeed_config, strategy=strategy, mixed_precision=mixed_precision, cpu_offload=cpu_offload,
+            parallel=parallel,
+        )  # fmt: skip
         strategy, mixed_precision, cpu_offload = settings.strategy, settings.mixed_precision, settings.cpu_offload
         fsdp_zero_stage = settings.fsdp_zero_stage or 3
-    precision_dtype(mixed_precision)  # validate early
+    hook_options = check_prepare_options(
+        mixed_precision, comm_hook, comm_hook_options, strategy, parallel, parallel_options
+    )
+    if parallel is not None:
+        return apply_parallel(
+            model, parallel, strategy=strategy, wrap=wrap, mixed_precision=mixed_precision,
+            activation_checkpointing=activation_checkpointing, cpu_offload=cpu_offload, comm_hook=comm_hook,
+            hook_options=hook_options, parallel_options=parallel_options,
+        )  # fmt: skip
+    set_current_layout(None)  # data parallel over every rank: loaders shard by global rank again
+    strategy = check_strategy(strategy or "ddp", cpu_offload)
+    ctx = init()
+    blocks = select_blocks(model, wrap)
+    if activation_checkpointing:
+        blocks = apply_ac(model, blocks)
+    if strategy == "fsdp":
+        return apply_fsdp_strategy(model, blocks, ctx.device, fsdp_zero_stage, mixed_precision, cpu_offload)
+    model.to(ctx.device)
+    apply_autocast(model, mixed_precision, ctx.device)
+    if strategy == "none" or ctx.world_size == 1:
+        return model  # nothing is all-reduced: a comm hook would have nothing to compress
+    return apply_ddp_strategy(model, comm_hook, hook_options)
+
+
+def read_deepspeed_config(
+    config: DeepSpeedConfig | DeepSpeedSettings,
+    *,
+    strategy: Strategy | None,
+    mixed_precision: Precision | None,
+    cpu_offload: bool,
+    parallel: ParallelDims | None,
+) -> DeepSpeedSettings:
+    """The strategy, precision and offload a ds_config chooses; prepare_model's own ``strategy``,
+    ``mixed_precision``, ``cpu_offload`` and ``parallel`` must be left out (``None``/``False``) for it."""
+    given = {"strategy": strategy, "mixed_precision": mixed_precision, "cpu_offload": cpu_offload or None,
+             "parallel": parallel}  # fmt: skip
+    clash = next((name for name, value in given.items() if value is not None), None)
+    if clash is not None:
+        raise ValidationError(clash, "comes from deepspeed_config: leave it out, or leave deepspeed_config out")
+    if isinstance(config, DeepSpeedSettings):
+        return config
+    return map_deepspeed_config(config, world_size=init().world_size)
+
+
+def check_prepare_options(
+    mixed_precision: Precision | None,
+    comm_hook: CommHook | None,
+    comm_hook_options: dict[str, Any] | None,
+    strategy: str | None,
+    parallel: ParallelDims | None,
+    parallel_options: dict[str, Any],
+) -> dict[str, Any]:
+    """Refuse a precision, a parallelize option or a comm hook that cannot apply, before anything changes; returns
+    the comm hook's checked options (``{}`` without one)."""
+    precision_dtype(mixed_precision)
     if parallel_options:
         _check_parallel_options(parallel_options, parallel)
-    hook_options = _check_hook(comm_hook, comm_hook_options, strategy, parallel, parallel_options)
-    if parallel is not None:
-        if strategy is not None:
-            raise ValidationError("strategy", f"leave it out when parallel= is given, got {strategy!r}")
-        if wrap is not None:
-            raise ValidationError(
-                "wrap", "parallelize shards the blocks in model.layers: leave wrap out with parallel="
-            )
-        from trainjob.torch.parallel import parallelize
+    return _check_hook(comm_hook, comm_hook_options, strategy, parallel, parallel_options)
 
-        parallel_model = parallelize(
-            model,
-            parallel,
-            mixed_precision=mixed_precision,
-            activation_checkpointing=activation_checkpointing,
-            cpu_offload=cpu_offload,
-            **parallel_options,
-        )
-        if comm_hook is not None:
-            for part in parallel_model.parts:
-                if isinstance(part, nn.parallel.DistributedDataParallel):
-                    register_comm_hook(part, comm_hook, hook_options)
-        return parallel_model
-    strategy = strategy or "ddp"
-    from trainjob.torch.parallel.dims import set_current_layout
 
-    set_current_layout(None)  # data parallel over every rank: loaders shard by global rank again
+def apply_parallel(
+    model: nn.Module,
+    parallel: ParallelDims,
+    *,
+    strategy: Strategy | None,
+    wrap: Wrap,
+    mixed_precision: Precision | None,
+    activation_checkpointing: bool,
+    cpu_offload: bool,
+    comm_hook: CommHook | None,
+    hook_options: dict[str, Any],
+    parallel_options: dict[str, Any],
+) -> nn.Module:
+    """Hand the model to :func:`trainjob.torch.parallel.parallelize`, then register ``comm_hook`` on the stages it
+    wrapped in DDP."""
+    if strategy is not None:
+        raise ValidationError("strategy", f"leave it out when parallel= is given, got {strategy!r}")
+    if wrap is not None:
+        raise ValidationError("wrap", "parallelize shards the blocks in model.layers: leave wrap out with parallel=")
+    # Loaded on use: plain DDP/FSDP never loads the parallel package.
+    from trainjob.torch.parallel import parallelize
+
+    parallel_model = parallelize(
+        model,
+        parallel,
+        mixed_precision=mixed_precision,
+        activation_checkpointing=activation_checkpointing,
+        cpu_offload=cpu_offload,
+        **parallel_options,
+    )
+    if comm_hook is not None:
+        for part in parallel_model.parts:
+            if isinstance(part, nn.parallel.DistributedDataParallel):
+                register_comm_hook(part, comm_hook, hook_options)
+    return parallel_model
+
+
+def check_strategy(strategy: str, cpu_offload: bool) -> Strategy:
+    """``strategy`` if it is one of ``ddp``, ``fsdp``, ``none`` and can take ``cpu_offload``."""
     if strategy not in _STRATEGIES:
         raise ValidationError(
             "strategy", f"must be one of {', '.join(map(repr, _STRATEGIES))}, got {strategy!r}"
         )
     if cpu_offload and strategy != "fsdp":
         raise ValidationError("cpu_offload", f"needs strategy='fsdp', got strategy={strategy!r}")
+    return strategy  # type: ignore[return-value]
 
-    ctx = init()
-    blocks = select_blocks(model, wrap)
-    if activation_checkpointing:
-        if not blocks:
-            raise ValidationError(
-                "activation_checkpointing",
-                "no block to checkpoint: pass wrap= a block class, a parameter count or a predicate",
-            )
-        blocks = apply_activation_checkpointing(model, blocks)
-    if strategy == "fsdp":
-        if not cpu_offload:
-            model.to(ctx.device)
-        dtype = precision_dtype(mixed_precision)
-        # Blocks pass activations on in the compute dtype; only the root hands float32 to the loss.
-        apply_fsdp(
-            blocks,
-            [model],
-            zero_stage=fsdp_zero_stage,
-            param_dtype=dtype,
-            output_dtype=torch.float32 if dtype is not None else None,
-            cpu_offload=cpu_offload,
+
+def apply_ac(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    """Wrap ``blocks`` in activation checkpointing; returns the wrapped blocks (FSDP's units then)."""
+    if not blocks:
+        raise ValidationError(
+            "activation_checkpointing",
+            "no block to checkpoint: pass wrap= a block class, a parameter count or a predicate",
         )
-        return model
+    return apply_activation_checkpointing(model, blocks)
 
-    model.to(ctx.device)
+
+def apply_fsdp_strategy(
+    model: nn.Module,
+    blocks: list[nn.Module],
+    device: torch.device,
+    zero_stage: int,
+    mixed_precision: Precision | None,
+    cpu_offload: bool,
+) -> nn.Module:
+    """FSDP2 on every block, then on the root, over all ranks; the model goes to ``device`` unless offloaded."""
+    if not cpu_offload:
+        model.to(device)
+    dtype = precision_dtype(mixed_precision)
+    # Blocks pass activations on in the compute dtype; only the root hands float32 to the loss.
+    apply_fsdp(
+        blocks,
+        [model],
+        zero_stage=zero_stage,
+        param_dtype=dtype,
+        output_dtype=torch.float32 if dtype is not None else None,
+        cpu_offload=cpu_offload,
+    )
+    return model
+
+
+def apply_autocast(model: nn.Module, mixed_precision: Precision | None, device: torch.device) -> None:
+    """Run ``model``'s forward under autocast in ``mixed_precision`` (nothing for ``None``), float32 outputs."""
     if mixed_precision is not None:
-        autocast_forward(model, mixed_precision, ctx.device)
-    if strategy == "none" or ctx.world_size == 1:
-        return model  # nothing is all-reduced: a comm hook would have nothing to compress
+        autocast_forward(model, mixed_precision, device)
+
+
+def apply_ddp_strategy(model: nn.Module, comm_hook: CommHook | None, hook_options: dict[str, Any]) -> nn.Module:
+    """DDP over all ranks, its gradient all-reduce compressed by ``comm_hook`` when one is given."""
     ddp = apply_ddp(model)
     if comm_hook is not None:
         register_comm_hook(ddp, comm_hook, hook_options)

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from trainjob import types
-from trainjob.backends.local import views
 from trainjob.backends.local.backend import LocalBackend
 from trainjob.backends.local.logs import read_logs
 from trainjob.backends.local.store import UNFINISHED_STATUSES
@@ -30,27 +29,10 @@ def _seconds(value: Any) -> float | None:
     return None if value is None else value.timestamp()
 
 
-def _row(name: str, status: str, nodes: int, procs: int | None, runtime: str, created: float | None,
-         started: float | None, finished: float | None, step: int | None, total: int | None, loss: float | None,
-         eta: float | None) -> dict[str, Any]:
-    return {"name": name, "status": status, "nodes": nodes, "procs": procs, "runtime": runtime, "created": created,
-            "started": started, "finished": finished, "step": step, "total_steps": total, "loss": loss, "eta": eta}
-
-
-def _sdk_row(job: types.TrainJob) -> dict[str, Any]:
-    progress = job.progress
-    return _row(job.name, job.status, job.num_nodes, job.num_proc_per_node, job.runtime_name,
-                _seconds(job.creation_timestamp), _seconds(job.start_time), _seconds(job.completion_time),
-                progress.step if progress else None, progress.total_steps if progress else None,
-                progress.metrics.get("loss") if progress else None, progress.eta_seconds if progress else None)
-
-
-def _summary_row(summary: tuple[Any, ...]) -> dict[str, Any]:
-    """A row of the list from one of the local store's summary tuples."""
-    (name, status, nodes, procs, runtime, created, started, finished, step, total, loss, metrics_time, first_step,
-     first_time, *_supervisor) = summary
-    eta = views.eta_seconds(status, step, total, first_step, first_time, metrics_time)
-    return _row(name, status, nodes, procs, runtime, created, started, finished, step, total, loss, eta)
+def _row(job: types.JobSummary) -> dict[str, Any]:
+    return {"name": job.name, "status": job.status, "nodes": job.num_nodes, "procs": job.num_proc_per_node,
+            "runtime": job.runtime, "created": job.created, "started": job.started, "finished": job.finished,
+            "step": job.step, "total_steps": job.total_steps, "loss": job.loss, "eta": job.eta_seconds}
 
 
 class Dashboard:
@@ -69,19 +51,14 @@ class Dashboard:
     def jobs(self, query: str = "", status: str = "", limit: int = DEFAULT_LIST_LIMIT) -> dict[str, Any]:
         """The newest ``limit`` jobs whose name contains ``query`` and whose status is ``status`` (any when
         empty), with counts per status of every job. Rows are built for the jobs shown only."""
-        if self.local:
-            jobs: list[Any] = self.backend.list_summaries()  # tuples: name, status, ... (SUMMARY_COLUMNS)
-            to_row = _summary_row
-        else:
-            jobs = [_sdk_row(job) for job in self.backend.list_jobs()]
-            to_row = dict
-        statuses = [job[1] if self.local else job["status"] for job in jobs]
-        names = [job[0] if self.local else job["name"] for job in jobs]
+        jobs = self.backend.list_summaries()
+        statuses = [job.status for job in jobs]
+        names = [job.name for job in jobs]
         query = query.strip().lower()
         limit = max(1, min(limit, MAX_LIST_LIMIT))
         matching = [i for i in range(len(jobs) - 1, -1, -1) if (not status or statuses[i] == status) and query in names[i]]
         return {"backend": self.backend_name, "now": time.time(), "total": len(jobs), "counts": dict(Counter(statuses)),
-                "matching": len(matching), "jobs": [to_row(jobs[i]) for i in matching[:limit]]}
+                "matching": len(matching), "jobs": [_row(jobs[i]) for i in matching[:limit]]}
 
     # one job
 
@@ -90,7 +67,7 @@ class Dashboard:
         events = self.backend.get_job_events(name)
         progress = job.progress
         return {
-            **_sdk_row(job),
+            **_row(types.JobSummary.of(job)),
             "backend": self.backend_name,
             "now": time.time(),
             "reason": job.reason,

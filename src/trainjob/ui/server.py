@@ -242,8 +242,7 @@ def serve(backend: Any, host: str = "127.0.0.1", port: int = 8470, open_browser:
 
     async def main() -> None:
         tasks = [asyncio.create_task(announce())]
-        if hasattr(backend, "housekeeping"):
-            tasks.append(asyncio.create_task(housekeeping()))
+        tasks.append(asyncio.create_task(housekeeping()))
         try:
             await server.serve()
         finally:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from trainjob.api import TrainJob
 from trainjob.backends.kubernetes import views
 from trainjob.backends.kubernetes.backend import KubernetesBackend
 from trainjob.backends.kubernetes.resources import (
@@ -19,26 +20,34 @@ from trainjob.backends.kubernetes.resources import (
     RUNTIME_SNAPSHOT_ANNOTATION,
 )
 from trainjob.backends.log_selection import node_of_rank, select_nodes
+from trainjob.constants import LAUNCH_ANNOTATION
 from trainjob.errors import ValidationError
-from trainjob.runtime import builtin_runtimes
+from trainjob.runtime import builtin_runtimes, resolve
+from trainjob.runtime.launch import LaunchPlan, launch_plan
 
 
 def trainjob(nproc: Any, snapshot: bool = True) -> dict[str, Any]:
-    annotations = {}
-    if snapshot:
-        spec = builtin_runtimes()["torch-distributed"].to_dict()["spec"]
-        annotations[RUNTIME_SNAPSHOT_ANNOTATION] = json.dumps(
-            {"kind": "ClusterTrainingRuntime", "name": "torch-distributed", "labels": {}, "spec": spec})
+    """A 2-node TrainJob with 4 CPUs per node; with ``snapshot`` as the operator leaves it: the runtime snapshot
+    and the launch values it resolved the job to (``trainjob/launch``)."""
+    annotations: dict[str, str] = {}
     trainer: dict[str, Any] = {"numNodes": 2, "command": ["torchrun", "train.py"],
                                "resourcesPerNode": {"requests": {"cpu": "4"}}}
     if nproc is not None:
         trainer["numProcPerNode"] = nproc
-    return {
+    job = {
         "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
         "metadata": {"name": "grid", "namespace": "ml", "creationTimestamp": "2025-01-01T00:00:00Z",
                      "annotations": annotations},
         "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": trainer},
     }
+    if snapshot:
+        runtime = builtin_runtimes()["torch-distributed"]
+        annotations[RUNTIME_SNAPSHOT_ANNOTATION] = json.dumps(
+            {"kind": "ClusterTrainingRuntime", "name": "torch-distributed", "labels": {},
+             "spec": runtime.to_dict()["spec"]})
+        plan = resolve(TrainJob.from_dict(job), runtime)
+        annotations[LAUNCH_ANNOTATION] = json.dumps(launch_plan(plan).to_dict())
+    return job
 
 
 def pod(index: int, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -110,3 +119,43 @@ def test_the_rank_to_node_table():
     assert [node_of_rank(r, 4) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert select_nodes("j", 2, 4, None, None) == [0, 1]
     assert select_nodes("j", 2, None, None, 3) == [0, 1]  # not known yet: look everywhere
+
+
+class CreatingApi(FakeApi):
+    """Serves the built-in runtimes and keeps the TrainJob ``apply`` creates (no operator: no snapshot, no env)."""
+
+    def get(self, ref: Any, namespace: str, name: str) -> dict[str, Any] | None:
+        if ref.kind == "ClusterTrainingRuntime" and name in builtin_runtimes():
+            return builtin_runtimes()[name].to_dict()
+        if ref.kind == "TrainJob":
+            return self.job if self.job and name == self.job["metadata"]["name"] else None
+        return None
+
+    def create(self, body: dict[str, Any], ref: Any) -> dict[str, Any]:
+        self.job = {**body, "metadata": {**body["metadata"], "creationTimestamp": "2025-01-01T00:00:00Z"}}
+        return self.job
+
+
+def test_a_job_just_created_knows_its_ranks_before_the_operator_wrote_anything():
+    """``numProcPerNode: auto`` on 4 CPUs: rank 3 is node 0's, rank 5 node 1's, as soon as ``apply`` returns."""
+    client = backend({}, [pod(0), pod(1)])  # pods without PET_* (their env is not read back here)
+    client.api = CreatingApi({}, [pod(0), pod(1)])  # type: ignore[assignment]
+    job = trainjob("auto", snapshot=False)
+    created = client.apply(TrainJob.from_dict(job))
+    assert (created.num_nodes, created.num_proc_per_node) == (2, 4)
+    assert [(line.node, line.rank) for line in client.logs("grid", rank=3)] == [(0, 3)]
+    assert [name for name, _ in client.api.read] == ["grid-node-0-0"]
+    assert [(line.node, line.rank) for line in client.logs("grid", rank=5)] == [(1, 5)]
+    assert [name for name, _ in client.api.read] == ["grid-node-0-0", "grid-node-0-1"]
+    with pytest.raises(ValidationError, match="must be 0..7"):
+        list(client.logs("grid", rank=8))
+
+
+def test_launch_values_come_from_the_annotation_else_the_pods_torchrun_environment():
+    job = trainjob("auto", snapshot=False)
+    job["metadata"]["annotations"][LAUNCH_ANNOTATION] = json.dumps(LaunchPlan(2, 4).to_dict())
+    assert views.launch_values(job, []) == LaunchPlan(2, 4)
+    job["metadata"]["annotations"][LAUNCH_ANNOTATION] = "{not json"  # unreadable: the pods tell
+    elastic = pod(0, {"PET_NNODES": "1:3", "PET_NPROC_PER_NODE": "2", "PET_MASTER_PORT": "29400"})
+    assert views.launch_values(job, [elastic]) == LaunchPlan(3, 2, 29400, min_nodes=1, max_nodes=3)
+    assert views.launch_values(job, [pod(0, {"PET_NPROC_PER_NODE": "auto"})]) is None

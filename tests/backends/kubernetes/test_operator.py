@@ -24,6 +24,7 @@ from trainjob.backends.kubernetes.resources import (
     TRAINJOBS,
 )
 from trainjob.backends.kubernetes.status import find_condition
+from trainjob.constants import LAUNCH_ANNOTATION
 
 pytestmark = pytest.mark.netns
 
@@ -39,6 +40,20 @@ def trainer_container(owner: dict[str, Any]) -> dict[str, Any]:
 
 def events(k8s: TrainJobCluster, namespace: str, name: str) -> list[tuple[str, str]]:
     return [(e["type"], e["reason"]) for e in k8s.api.list_events(namespace, name)]
+
+
+def test_the_resolved_launch_values_are_recorded_on_the_job(k8s: TrainJobCluster, namespace: str) -> None:
+    """``numProcPerNode: auto`` with 4 CPUs per node resolves to 4; the operator records that, once, in the
+    ``trainjob/launch`` annotation, which ``trainjob get`` and ``logs --rank`` read instead of resolving again."""
+    trainer = {"numNodes": 2, "numProcPerNode": "auto", "command": ["torchrun", "train.py"],
+               "resourcesPerNode": {"requests": {"cpu": "4"}}}
+    k8s.create_job("auto", namespace, suspend=True, trainer=trainer)
+    wait_for(lambda: k8s.jobset("auto", namespace), 30, "the JobSet")
+    annotations = wait_for(lambda: (k8s.job("auto", namespace)["metadata"].get("annotations") or {}).get(
+        LAUNCH_ANNOTATION), 30, "the launch annotation")
+    assert json.loads(annotations) == {"numNodes": 2, "numProcPerNode": 4, "masterPort": 29500}
+    shown = k8s.trainjob("get", "auto", "-n", namespace, f"--kubeconfig={k8s.kubeconfig}", "--backend=kubernetes")
+    assert "2x4" in shown.stdout.replace(" ", ""), shown.stdout
 
 
 def test_creates_a_jobset_owned_by_the_trainjob_with_the_torch_environment(

@@ -2,7 +2,7 @@
 
 ``python elastic_worker.py STEPS CHECKPOINT_EVERY BATCH [LR_SCALING]``, under torchrun or as one process. Every
 rank appends what it saw at each start (restart count, rank, world size, resumed step) to ``rounds.jsonl`` in
-the job's directory (or the current one); rank 0 reports a loss per step (the learning rate decays linearly to 0) and writes the final loss on the whole
+``$ELASTIC_OUT``, else the job's directory (or the current one); rank 0 reports a loss per step (the learning rate decays linearly to 0) and writes the final loss on the whole
 data set to ``final.json``.
 """
 
@@ -20,7 +20,7 @@ import trainjob.torch as tt
 STEPS, EVERY, BATCH = (int(arg) for arg in sys.argv[1:4])
 SCALING = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] != "none" else None
 STEP_SECONDS = float(os.environ.get("ELASTIC_STEP_SECONDS", "0.15"))
-OUT = os.environ.get("TRAINJOB_JOB_DIR", os.getcwd())
+OUT = os.environ.get("ELASTIC_OUT") or os.environ.get("TRAINJOB_JOB_DIR", os.getcwd())
 
 ctx = tt.init()
 generator = torch.Generator().manual_seed(1)

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from jobtest.local import trainjob_resource
 
+from trainjob.api import ClusterTrainingRuntime
 from trainjob.backends.local import launcher
 from trainjob.errors import ValidationError
 from trainjob.runtime import find_runtime, resolve
+from trainjob.runtime.launch import launch_plan, torchrun_env
 
 
 @pytest.mark.parametrize(
@@ -88,3 +90,41 @@ def test_a_trainer_without_command_is_refused(tmp_path):
     plan = resolve(trainjob_resource("nocmd", []), find_runtime("torch-distributed"))
     with pytest.raises(ValidationError, match="spec.trainer.command"):
         launcher.build_launch_spec(plan, tmp_path, "/work")
+
+
+def _elastic_runtime(min_nodes: int, max_nodes: int) -> ClusterTrainingRuntime:
+    runtime = find_runtime("torch-distributed").to_dict()
+    runtime["metadata"]["name"] = "elastic"
+    runtime["spec"]["mlPolicy"] = {
+        "torch": {"numProcPerNode": 2, "elasticPolicy": {"minNodes": min_nodes, "maxNodes": max_nodes, "maxRestarts": 3}}
+    }
+    return ClusterTrainingRuntime.from_dict(runtime)
+
+
+@pytest.mark.parametrize(
+    ("kind", "restarts", "expected_max_restarts"),
+    [("static", 0, None), ("elastic", 1, "0"), ("shrinkable", 2, "3")],
+)
+def test_a_torch_nodes_pet_env_is_the_launch_contract_with_this_machines_addressing(
+    tmp_path, kind, restarts, expected_max_restarts
+):
+    if kind == "static":
+        plan = resolve(trainjob_resource("tj", ["torchrun", "t.py"], num_nodes=2, num_proc_per_node=2),
+                       find_runtime("torch-distributed"))
+    else:
+        job = trainjob_resource("tj", ["torchrun", "t.py"], runtime="elastic")
+        plan = resolve(job, _elastic_runtime(2 if kind == "shrinkable" else 3, 3))
+    spec = launcher.build_launch_spec(plan, tmp_path, str(tmp_path))
+    assert spec.shrinkable == (kind == "shrinkable")
+    rendezvous_port = 4321 if spec.shrinkable else None
+    for node in spec.nodes:
+        env = launcher.node_environment(node, 40123, sys.executable, restarts=restarts, elastic=spec.elastic,
+                                        rendezvous_port=rendezvous_port, max_restarts=spec.max_restarts)
+        addressing = launcher.local_addressing(node, 40123, restarts, rendezvous_port)
+        contract = {var.name: var.value for var in torchrun_env(launch_plan(plan), addressing)}
+        if expected_max_restarts is not None:  # the supervisor, not torchrun, restarts a group that cannot shrink
+            contract["PET_MAX_RESTARTS"] = expected_max_restarts
+        assert {name: env[name] for name in contract} == contract
+        assert (env["PET_NODE_RANK"], env["PET_MASTER_ADDR"]) == (str(node.index), "127.0.0.1")
+        if spec.shrinkable:
+            assert (env["PET_RDZV_ENDPOINT"], env["PET_RDZV_ID"]) == ("127.0.0.1:4321", f"tj-{restarts}")

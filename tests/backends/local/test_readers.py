@@ -37,7 +37,7 @@ def test_listing_skips_jobs_deleted_while_it_checks_their_supervisors(trainjob_h
 
     assert [job.name for job in backend.list_jobs()] == ["kept"]
     backend.store.insert_job({**job_row("doomed"), "status": "Running", "supervisor_pid": LOST_PID})
-    assert [summary[0] for summary in backend.list_summaries()] == ["kept"]
+    assert [summary.name for summary in backend.list_summaries()] == ["kept"]
 
 
 def test_one_backend_shared_by_threads_reads_and_writes_without_errors(trainjob_home):

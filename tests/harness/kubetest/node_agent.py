@@ -12,7 +12,8 @@ it reports pod phase, readiness, container exit codes and termination messages b
   emptyDir / hostPath / configMap / secret / projected / PVC volumes are bind-mounted at their ``mountPath`` and
   ``/dev/termination-log`` is the container's own file; the image is not run (an Event says so);
 - ``restartPolicy`` Never / OnFailure / Always, init containers, deletion with the grace period (SIGTERM, then
-  SIGKILL), ``terminationMessagePolicy: FallbackToLogsOnError``;
+  SIGKILL; a finished or deleted pod loses every process left in its network namespace, as a container's cgroup
+  would), ``terminationMessagePolicy: FallbackToLogsOnError``;
 - container logs in the CRI format, served on the kubelet's ``/containerLogs`` endpoint (TLS, client certificates
   from the cluster CA) so ``kubectl logs`` and the API server's log proxy work.
 
@@ -242,7 +243,23 @@ class NodeAgent:
         (Path("/etc/netns") / run.netns).mkdir(parents=True, exist_ok=True)
         (Path("/etc/netns") / run.netns / "hosts").touch()
 
+    def _kill_pod_processes(self, run: PodRun) -> None:
+        """SIGKILL every process left in the pod, as the container runtime does with a container's cgroup: the
+        processes a container started in sessions of their own (torchrun's workers) escape its process group, but
+        not the pod's network namespace."""
+        for _ in range(50):
+            listed = subprocess.run(["ip", "netns", "pids", run.netns], capture_output=True, text=True)
+            pids = [int(pid) for pid in listed.stdout.split() if pid.isdigit()]
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        log.warning("processes of pod netns %s survive SIGKILL", run.netns)
+
     def _remove_pod_network(self, run: PodRun) -> None:
+        self._kill_pod_processes(run)
         subprocess.run(["ip", "netns", "del", run.netns], capture_output=True)
         shutil.rmtree(Path("/etc/netns") / run.netns, ignore_errors=True)
         self.free_addresses.append(run.address)

@@ -23,29 +23,33 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trainjob import types
-from trainjob.backends.base import wait_for_status
+from trainjob.backends.base import Backend, CheckedJob, LogRequest, runtime_view
 from trainjob.backends.kubernetes import views
 from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_api_client, resolve_namespace
 from trainjob.backends.kubernetes.kubeapi import KubeApi
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
-    JOB_NAME_LABEL,
     RUNTIME_KINDS,
     TRAINING_RUNTIMES,
     TRAINJOBS,
 )
+from trainjob.constants import LAUNCH_ANNOTATION, TRAINING_RUNTIME_KIND, TRAINJOB_NAME_LABEL
 from trainjob.errors import AlreadyExistsError, NotFoundError
 
 if TYPE_CHECKING:
     from trainjob.api import Runtime as RuntimeResource
     from trainjob.api import TrainJob as TrainJobResource
+    from trainjob.trainers import TrainerFunction
 
 _POD_WAIT_POLL = 0.5
 _FINISHED_PHASES = ("Succeeded", "Failed")
 
 
-class KubernetesBackend:
+class KubernetesBackend(Backend):
     """Jobs as TrainJob objects on a cluster (see :class:`trainjob.backends.base.Backend`)."""
+
+    job_name_prefix = "t"
+    trainer_required = False  # a job made of the runtime and the options alone runs the runtime's command
 
     def __init__(
         self, config: KubernetesBackendConfig | None = None, *, pod_start_timeout: float = 600.0
@@ -57,12 +61,10 @@ class KubernetesBackend:
 
     # -- creating ---------------------------------------------------------------------------------------------------
 
-    def apply(self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = ()) -> types.TrainJob:
-        """Create ``trainjob`` (in the configured namespace unless it names another one).
-
-        ``runtimes`` given with it are created or updated first. The job is resolved against its runtime before it
-        is sent, so a job the operator would reject fails here with the same ``ValidationError``.
-        """
+    def check(self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = ()) -> CheckedJob:
+        """``trainjob`` placed in its namespace (the configured one unless it names another) and resolved against
+        its runtime: the one among ``runtimes`` it names, else the cluster's; a job the operator would reject
+        fails here with the same ``ValidationError``. Creates nothing."""
         from trainjob.backends.ttl import ttl_seconds
         from trainjob.runtime import resolve
 
@@ -72,11 +74,29 @@ class KubernetesBackend:
         meta = body["metadata"]
         if meta.get("namespace") in (None, "default"):
             meta["namespace"] = self.namespace
+        placed = type(trainjob).from_dict(body)  # resolved where it will live (the runtime's namespace rule)
+        ref = placed.spec.runtime_ref
+        given = [r for r in runtimes if r.kind == ref.kind and r.name == ref.name]
+        runtime = self._placed_runtime(given[0], meta["namespace"]) if given else self._runtime_resource(
+            ref.kind, ref.name, meta["namespace"])
+        return CheckedJob(placed, resolve(placed, runtime))
+
+    def apply(
+        self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = (), *, checked: CheckedJob | None = None
+    ) -> types.TrainJob:
+        """Create ``trainjob`` (in the configured namespace unless it names another one).
+
+        ``runtimes`` given with it are created or updated first. The job is resolved (:meth:`check`, unless
+        ``checked`` is what it returned) before it is sent, and the launch values it resolved to go with it as
+        the ``trainjob/launch`` annotation."""
+        checked = checked or self.check(trainjob, runtimes)
+        body = checked.trainjob.to_dict()
+        body.pop("status", None)
+        meta = body["metadata"]
         for runtime in runtimes:
             self._apply_runtime(runtime.to_dict(), meta["namespace"])
-        ref = trainjob.spec.runtime_ref
-        placed = type(trainjob).from_dict(body)  # resolved where it will live (the runtime's namespace rule)
-        resolve(placed, self._runtime_resource(ref.kind, ref.name, meta["namespace"]))
+        # The numbers it resolved to, read back by every view (the operator writes them again when it builds).
+        meta.setdefault("annotations", {})[LAUNCH_ANNOTATION] = json.dumps(checked.launch.to_dict())
         try:
             created = self.api.create(body, TRAINJOBS)
         except AlreadyExistsError as exc:
@@ -86,30 +106,16 @@ class KubernetesBackend:
             ) from exc
         return views.trainjob_view(created, [])
 
-    def train(
-        self,
-        runtime: types.Runtime | str | None = None,
-        initializer: Any | None = None,
-        trainer: types.CustomTrainer | types.CustomTrainerContainer | None = None,
-        options: Sequence[Any] | None = None,
-    ) -> str:
-        """Create a TrainJob for ``trainer`` (a ``CustomTrainer``'s function runs under torchrun on every node, a
-        ``CustomTrainerContainer`` runs its image) with ``options`` (:mod:`trainjob.options`); its name."""
+    def _create_trainjob(self, job: dict[str, Any], function: TrainerFunction | None) -> str:
+        """Create ``job``; a ``CustomTrainer``'s function is shipped in the trainer's environment and run with
+        torchrun on every node (:func:`trainer_spec`), a ``CustomTrainerContainer`` runs its image."""
         from trainjob.api import TrainJob
-        from trainjob.options import apply_options
-        from trainjob.trainers import check_trainer, sdk_trainjob
 
-        runtime_name = runtime.name if isinstance(runtime, types.Runtime) else runtime or "torch-distributed"
-        name = f"t{uuid.uuid4().hex[:11]}"
-        if trainer is None:
-            job = apply_options({"metadata": {"name": name, "namespace": self.namespace},
-                                 "spec": {"runtimeRef": {"name": runtime_name}}}, options, None, self)
-        else:
-            job = sdk_trainjob(check_trainer(trainer), runtime_name, name, options, self, namespace=self.namespace)
+        runtime_name = job["spec"]["runtimeRef"]["name"]
         if self.api.get(TRAINING_RUNTIMES, self.namespace, runtime_name) is not None:
-            job["spec"]["runtimeRef"]["kind"] = "TrainingRuntime"  # as get_runtime finds it: the namespace's first
-        if isinstance(trainer, types.CustomTrainer):
-            shipped = trainer_spec(trainer)
+            job["spec"]["runtimeRef"]["kind"] = TRAINING_RUNTIME_KIND  # as get_runtime finds it: the namespace's first
+        if function is not None:
+            shipped = trainer_spec(function)
             job["spec"]["trainer"]["command"] = shipped["command"]
             job["spec"]["trainer"]["env"] = shipped["env"] + job["spec"]["trainer"].get("env", [])
         return self.apply(TrainJob.from_dict(job)).name
@@ -142,29 +148,19 @@ class KubernetesBackend:
 
     def get_job(self, name: str) -> types.TrainJob:
         return views.trainjob_view(
-            self._job(name), self.api.list_pods(self.namespace, f"{JOB_NAME_LABEL}={name}")
+            self._job(name), self.api.list_pods(self.namespace, f"{TRAINJOB_NAME_LABEL}={name}")
         )
 
     def list_jobs(self, runtime: types.Runtime | None = None) -> list[types.TrainJob]:
         jobs = self.api.list(TRAINJOBS, self.namespace)
-        pods = self.api.list_pods(self.namespace, JOB_NAME_LABEL)
+        pods = self.api.list_pods(self.namespace, TRAINJOB_NAME_LABEL)
         by_job: dict[str, list[dict[str, Any]]] = {}
         for pod in pods:
-            by_job.setdefault(pod["metadata"]["labels"][JOB_NAME_LABEL], []).append(pod)
+            by_job.setdefault(pod["metadata"]["labels"][TRAINJOB_NAME_LABEL], []).append(pod)
         views_ = [views.trainjob_view(j, by_job.get(j["metadata"]["name"], [])) for j in jobs]
         if runtime is not None:
             views_ = [v for v in views_ if v.runtime_name == runtime.name]
         return sorted(views_, key=lambda v: v.creation_timestamp)
-
-    def wait_for_job_status(
-        self,
-        name: str,
-        status: set[str] | frozenset[str] = frozenset({types.COMPLETE}),
-        timeout: float = 600,
-        polling_interval: float = 2,
-        callbacks: Sequence[Callable[[types.TrainJob], None]] | None = None,
-    ) -> types.TrainJob:
-        return wait_for_status(self.get_job, name, status, timeout, polling_interval, callbacks)
 
     def get_job_events(self, name: str) -> list[types.Event]:
         """Events of the TrainJob, its JobSet, Jobs and pods (all named after the job), oldest first."""
@@ -175,52 +171,39 @@ class KubernetesBackend:
     def list_runtimes(self) -> list[types.Runtime]:
         found = {r["metadata"]["name"]: r for r in self.api.list(CLUSTER_TRAINING_RUNTIMES)}
         found.update({r["metadata"]["name"]: r for r in self.api.list(TRAINING_RUNTIMES, self.namespace)})
-        return [views.runtime_view(name, r.get("spec") or {}) for name, r in sorted(found.items())]
+        return [runtime_view(r) for _, r in sorted(found.items())]
 
     def get_runtime(self, name: str) -> types.Runtime:
         for ref, namespace in ((TRAINING_RUNTIMES, self.namespace), (CLUSTER_TRAINING_RUNTIMES, None)):
             if (obj := self.api.get(ref, namespace, name)) is not None:
-                return views.runtime_view(name, obj.get("spec") or {})
+                return runtime_view(obj)
         known = ", ".join(r.name for r in self.list_runtimes()) or "none"
         raise NotFoundError(
             f"runtime {name!r} not found in namespace {self.namespace!r} or the cluster; known: {known}"
         )
 
+    def expired_jobs(self, now: float) -> list[str]:
+        """Jobs whose TTL has run out (the operator removes them; ``trainjob gc`` does at once)."""
+        from trainjob.backends.kubernetes.ttl import ttl_remaining
+
+        return [job.name for job in self.list_jobs()
+                if (left := ttl_remaining(job.resource, now)) is not None and left <= 0]
+
     # -- logs -------------------------------------------------------------------------------------------------------
 
-    def get_job_logs(self, name: str, step: str = "node-0", follow: bool = False) -> Iterator[str]:
-        """Lines of one step's pod (``node-0``, ``node-1`` ...), as the Kubeflow SDK names them, prefixed as
-        ``trainjob logs`` prints them (``node-0/rank-1 | ...``, :class:`~trainjob.types.LogLine`)."""
-        prefix, _, index = step.rpartition("-")
-        if prefix != "node" or not index.isdigit():
-            raise NotFoundError(f"step {step!r} does not exist; steps are named node-0, node-1, ...")
-        for line in self.logs(name, node=int(index), follow=follow):
-            yield str(line)  # prefixed as `trainjob logs` prints it: node-0/rank-1 | ...
+    def _launch_shape(self, name: str) -> tuple[int, int | None]:
+        job = self.get_job(name)
+        return job.num_nodes, job.num_proc_per_node
 
-    def logs(
-        self,
-        name: str,
-        node: int | None = None,
-        rank: int | None = None,
-        follow: bool = False,
-        *,
-        since: float | None = None,
-        tail: int | None = None,
-        previous: bool = False,
-        stop_output: bool = True,
-    ) -> Iterator[types.LogLine]:
-        """Lines of every node (or one ``node``; a global ``rank`` selects its node), merged by the time the
-        kubelet stamped them.
+    def _read_logs(self, name: str, nodes: list[int], request: LogRequest) -> Iterator[types.LogLine]:
+        """The nodes' pod logs merged by the time the kubelet stamped them.
 
         ``since`` (Unix time), ``tail`` (lines in all) and ``previous`` (the pods' previous containers) are
         passed to the API server's ``pods/log``. With ``follow`` the lines stream as the pods write them; a pod
         that has not started yet is waited for (up to ``pod_start_timeout``), and the stream ends when the pods
-        finish. ``stop_output`` is accepted for the local backend's sake: a pod's log is what the pod wrote.
+        finish. ``stop_output`` changes nothing: a pod's log is what the pod wrote.
         """
-        from trainjob.backends.log_selection import select_nodes
-
-        job = self.get_job(name)
-        nodes = select_nodes(name, job.num_nodes, job.num_proc_per_node, node, rank)
+        rank, follow, since, tail, previous = request.rank, request.follow, request.since, request.tail, request.previous
         options: dict[str, Any] = {"timestamps": True}
         if since is not None:
             options["since_seconds"] = max(1, math.ceil(time.time() - since))
@@ -280,7 +263,7 @@ class KubernetesBackend:
             time.sleep(_POD_WAIT_POLL)
 
     def _trainer_pods(self, name: str) -> dict[int, dict[str, Any]]:
-        return views.trainer_pods(self.api.list_pods(self.namespace, f"{JOB_NAME_LABEL}={name}"))
+        return views.trainer_pods(self.api.list_pods(self.namespace, f"{TRAINJOB_NAME_LABEL}={name}"))
 
     # -- changing ---------------------------------------------------------------------------------------------------
 
@@ -326,6 +309,16 @@ class KubernetesBackend:
         }
         return resource_from_dict({**obj, "metadata": meta})  # type: ignore[return-value]
 
+    @staticmethod
+    def _placed_runtime(runtime: RuntimeResource, namespace: str) -> RuntimeResource:
+        """A runtime given with a job, as :meth:`_apply_runtime` places it (a TrainingRuntime in ``namespace``)."""
+        from trainjob.api import resource_from_dict
+
+        obj = runtime.to_dict()
+        if RUNTIME_KINDS[obj["kind"]].namespaced:
+            obj["metadata"]["namespace"] = namespace
+        return resource_from_dict(obj)  # type: ignore[return-value]
+
     def _apply_runtime(self, obj: dict[str, Any], namespace: str) -> None:
         ref = RUNTIME_KINDS[obj["kind"]]
         if ref.namespaced:
@@ -354,20 +347,17 @@ os.execvp("torchrun", ["torchrun", "/tmp/trainjob_train.py"])
 """
 
 
-def trainer_spec(trainer: types.CustomTrainer) -> dict[str, Any]:
-    """The ``command`` and ``env`` of ``spec.trainer`` that ship a ``CustomTrainer``'s function as source and run
-    it with torchrun on every node (its other fields: :func:`trainjob.trainers.trainer_fields`).
+def trainer_spec(function: TrainerFunction) -> dict[str, Any]:
+    """The ``command`` and ``env`` of ``spec.trainer`` that ship a ``CustomTrainer``'s checked function
+    (:func:`trainjob.trainers.trainer_function`) as source and run it with torchrun on every node (its other
+    fields: :func:`trainjob.trainers.trainer_fields`).
 
     The program, the packages and the index URLs travel in environment variables, read by a small launcher run
     with ``python -c``: no shell sees them."""
-    from trainjob.backends.local.function import function_script
-    from trainjob.trainer_checks import check_index_urls, check_requirements
-
     shipped = {
-        # The same program the local backend runs (checked at submit: name, decorators, free names).
-        "TRAINJOB_PROGRAM": function_script(trainer.func, trainer.func_args),
-        "TRAINJOB_PACKAGES": json.dumps(check_requirements(trainer.packages_to_install)),
-        "TRAINJOB_PIP_INDEX_URLS": json.dumps(check_index_urls(trainer.pip_index_urls)),
+        "TRAINJOB_PROGRAM": function.script,  # the same program the local backend runs
+        "TRAINJOB_PACKAGES": json.dumps(function.packages),
+        "TRAINJOB_PIP_INDEX_URLS": json.dumps(function.pip_index_urls),
     }
     return {
         "command": ["python", "-c", _LAUNCHER],

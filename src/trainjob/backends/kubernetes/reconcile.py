@@ -33,11 +33,13 @@ and what to change, and a ``Warning`` Event.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+from trainjob.api import TrainJob, resource_from_dict
 from trainjob.backends.kubernetes import progress
 from trainjob.backends.kubernetes import status as st
 from trainjob.backends.kubernetes.failure import root_cause
@@ -58,11 +60,15 @@ from trainjob.backends.kubernetes.resources import (
 from trainjob.backends.kubernetes.snapshot import SnapshotSigner, has_snapshot
 from trainjob.backends.kubernetes.ttl import ttl_remaining
 from trainjob.backends.kubernetes.views import trainer_pods
+from trainjob.constants import LAUNCH_ANNOTATION, TRAINER_NODE
 from trainjob.errors import AlreadyExistsError, NotFoundError, TrainJobError, ValidationError
+from trainjob.runtime import resolve
+from trainjob.runtime.launch import LaunchPlan, launch_plan
+from trainjob.runtime.render import render_objects
 
 log = logging.getLogger("trainjob.operator")
 
-DEFAULT_TRAINER = "node"
+DEFAULT_TRAINER = TRAINER_NODE
 
 
 def is_managed_here(job: dict[str, Any]) -> bool:
@@ -211,11 +217,10 @@ class Reconciler:
         """The objects (PodGroup first, then JobSet) the runtime framework renders for ``job``, owned by it."""
         return self._render(job, snapshot)[0]
 
-    def _render(self, job: dict[str, Any], snapshot: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
-        from trainjob.api import TrainJob, resource_from_dict
-        from trainjob.runtime import resolve
-        from trainjob.runtime.render import render_objects
-
+    def _render(
+        self, job: dict[str, Any], snapshot: dict[str, Any]
+    ) -> tuple[list[dict[str, Any]], list[str], LaunchPlan]:
+        """The objects, the extended-resource limits it had to set, and the launch values the job resolved to."""
         meta = job["metadata"]
         model = TrainJob.from_dict(
             {
@@ -236,7 +241,8 @@ class Reconciler:
         if snapshot["kind"] == "TrainingRuntime":
             runtime_doc["metadata"]["namespace"] = meta["namespace"]
         runtime = resource_from_dict(runtime_doc)
-        objects = render_objects(resolve(model, runtime))
+        plan = resolve(model, runtime)
+        objects = render_objects(plan)
         changes = limit_extended_resources(objects)
         keep_log_tail_on_error(objects)
         for obj in objects:
@@ -246,14 +252,14 @@ class Reconciler:
             obj_meta["ownerReferences"] = [owner_reference(job)]
             if obj["kind"] == JOBSETS.kind:  # created suspended when the job is, so no pod starts early
                 obj.setdefault("spec", {})["suspend"] = bool((job.get("spec") or {}).get("suspend"))
-        return sorted(objects, key=lambda o: o["kind"] == JOBSETS.kind), changes
+        return sorted(objects, key=lambda o: o["kind"] == JOBSETS.kind), changes, launch_plan(plan)
 
     def _build(
         self, job: dict[str, Any], status: dict[str, Any], snapshot: dict[str, Any], now: float
     ) -> dict[str, Any] | None:
         """Render and create the job's objects; ``None`` when the job cannot run (it is failed then)."""
         try:
-            objects, limits_set = self._render(job, snapshot)
+            objects, limits_set, launch = self._render(job, snapshot)
         except ValidationError as exc:
             self._fail(job, status, "InvalidTrainJob", f"{exc} (fix the TrainJob and create it again)", now)
             return None
@@ -278,12 +284,22 @@ class Reconciler:
                     self._fail(job, status, "JobSetRejected", f"{exc} (fix the runtime or the TrainJob)", now)
                     return None
                 raise
+        self._record_launch(job, launch)
         if made_jobset:
             for change in limits_set:
                 self.api.post_event(job, "Normal", "ExtendedResourceLimitsSet", change)
             self.api.post_event(job, "Normal", "JobSetCreated", f"created JobSet {job['metadata']['name']}")
             log.info("created JobSet %s/%s", job["metadata"]["namespace"], job["metadata"]["name"])
         return created
+
+    def _record_launch(self, job: dict[str, Any], launch: LaunchPlan) -> None:
+        """The resolved launch values in the ``trainjob/launch`` annotation, where the CLI and SDK read nodes and
+        processes per node (``numProcPerNode: auto`` already counted) instead of resolving the runtime again."""
+        value = json.dumps(launch.to_dict(), sort_keys=True)
+        if (job["metadata"].get("annotations") or {}).get(LAUNCH_ANNOTATION) != value:
+            meta = job["metadata"]
+            self.api.patch(TRAINJOBS, meta["namespace"], meta["name"],
+                           {"metadata": {"annotations": {LAUNCH_ANNOTATION: value}}})
 
     def _observe_trainer(
         self, job: dict[str, Any], status: dict[str, Any], jobset: dict[str, Any], trainer: str

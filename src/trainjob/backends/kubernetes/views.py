@@ -12,17 +12,25 @@ import json
 from typing import Any
 
 from trainjob import types
-from trainjob.backends.kubernetes.resources import (
+from trainjob.backends.base import runtime_view
+from trainjob.backends.kubernetes.status import find_condition
+from trainjob.constants import (
     COMPLETE,
     COMPLETION_INDEX_LABEL,
     FAILED,
+    LAUNCH_ANNOTATION,
+    MASTER_PORT,
+    PET_MASTER_PORT,
+    PET_NNODES,
+    PET_NPROC_PER_NODE,
     REPLICATED_JOB_LABEL,
     RUNNING,
     RUNTIME_SNAPSHOT_ANNOTATION,
     SUSPENDED,
+    TRAINER_JOB,
 )
-from trainjob.backends.kubernetes.status import find_condition
 from trainjob.progress import progress_of_trainer_status
+from trainjob.runtime.launch import LaunchPlan
 
 _EPOCH = datetime.datetime.fromtimestamp(0, tz=datetime.UTC)
 
@@ -58,36 +66,13 @@ def node_index(pod: dict[str, Any]) -> int:
     return int(value) if value is not None else 0
 
 
-def trainer_pods(pods: list[dict[str, Any]], trainer: str = "node") -> dict[int, dict[str, Any]]:
+def trainer_pods(pods: list[dict[str, Any]], trainer: str = TRAINER_JOB) -> dict[int, dict[str, Any]]:
     """Trainer pods by node index (the newest pod wins when a node's pod was replaced)."""
     out: dict[int, dict[str, Any]] = {}
     for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
         if (pod["metadata"].get("labels") or {}).get(REPLICATED_JOB_LABEL, trainer) == trainer:
             out[node_index(pod)] = pod
     return out
-
-
-def runtime_view(name: str, spec: dict[str, Any]) -> types.Runtime:
-    """A (Cluster)TrainingRuntime ``spec`` as the SDK's ``Runtime``."""
-    ml = spec.get("mlPolicy") or {}
-    framework = "torch" if "torch" in ml else "mpi" if "mpi" in ml else "plainml"
-    image, command = types.UNKNOWN, ()
-    for rj in ((spec.get("template") or {}).get("spec") or {}).get("replicatedJobs") or []:
-        if rj.get("name") == "node":
-            containers = ((rj.get("template") or {}).get("spec") or {}).get("template", {}).get(
-                "spec", {}
-            ).get("containers") or []
-            if containers:
-                image = containers[0].get("image", types.UNKNOWN)
-                command = tuple(containers[0].get("command") or ())
-    trainer = types.RuntimeTrainer(
-        trainer_type="CustomTrainer",
-        framework=framework,
-        image=image,
-        num_nodes=int(ml.get("numNodes") or 1),
-        command=command,
-    )
-    return types.Runtime(name=name, trainer=trainer)
 
 
 def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]]) -> types.TrainJob:
@@ -97,13 +82,14 @@ def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]]) -> types.Trai
     snapshot_text = (meta.get("annotations") or {}).get(RUNTIME_SNAPSHOT_ANNOTATION)
     snapshot = json.loads(snapshot_text) if snapshot_text else None
     ref_name = (spec.get("runtimeRef") or {}).get("name", types.UNKNOWN)
-    runtime = runtime_view(ref_name, snapshot["spec"] if snapshot else {})
+    runtime = runtime_view({"metadata": {"name": ref_name, "labels": (snapshot or {}).get("labels") or {}},
+                            "spec": (snapshot or {}).get("spec") or {}})
     status, cond = job_status(job)
     nodes = trainer.get("numNodes") or runtime.trainer.num_nodes
     nproc = trainer.get("numProcPerNode")
-    resolved = resolved_shape(job, snapshot, pods)
-    if resolved is not None:  # numProcPerNode auto|cpu|gpu, or taken from the runtime: the numbers the pods run
-        nodes, nproc = resolved[0] or nodes, resolved[1]
+    launch = launch_values(job, pods)
+    if launch is not None:  # numProcPerNode auto|cpu|gpu, or taken from the runtime: the numbers the pods run
+        nodes, nproc = launch.num_nodes, launch.num_proc_per_node
     running = _condition(job, RUNNING)
     finished = _condition(job, COMPLETE) or _condition(job, FAILED)
     steps = [
@@ -131,46 +117,39 @@ def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]]) -> types.Trai
     )
 
 
-def resolved_shape(
-    job: dict[str, Any], snapshot: dict[str, Any] | None, pods: list[dict[str, Any]]
-) -> tuple[int | None, int] | None:
-    """``(nodes, processes per node)`` as the job runs them: resolved from the runtime snapshot the operator
-    recorded (so ``numProcPerNode: auto`` counts the requested GPUs or CPUs), else read from a trainer pod's
-    ``PET_NNODES`` / ``PET_NPROC_PER_NODE`` (nodes ``None`` when elastic); ``None`` when neither is there yet."""
-    if snapshot is not None:
-        plan = _plan(job, snapshot)
-        if plan is not None:
-            return plan.num_nodes, plan.num_proc_per_node
+def launch_values(job: dict[str, Any], pods: list[dict[str, Any]]) -> LaunchPlan | None:
+    """The launch values the job runs with: the ``trainjob/launch`` annotation written when the job was resolved
+    (:data:`~trainjob.constants.LAUNCH_ANNOTATION`), else a trainer pod's ``PET_NNODES`` /
+    ``PET_NPROC_PER_NODE``; ``None`` when neither is there (a job written by an older client, before its pods)."""
+    text = ((job.get("metadata") or {}).get("annotations") or {}).get(LAUNCH_ANNOTATION)
+    if text:
+        try:
+            return LaunchPlan.from_dict(json.loads(text))
+        except (ValueError, TypeError):  # not JSON, or not launch values: the pods may tell
+            pass
     for pod in trainer_pods(pods).values():
         for container in ((pod.get("spec") or {}).get("containers")) or []:
             env = {e.get("name"): e.get("value") for e in container.get("env") or []}
-            nnodes, nproc = env.get("PET_NNODES") or "", env.get("PET_NPROC_PER_NODE") or ""
-            if nproc.isdigit():
-                return (int(nnodes) if nnodes.isdigit() else None), int(nproc)
+            plan = _launch_of_env(env)
+            if plan is not None:
+                return plan
     return None
 
 
-def _plan(job: dict[str, Any], snapshot: dict[str, Any]) -> Any:
-    """The job resolved against its runtime snapshot, as the operator resolved it; ``None`` when it cannot be."""
-    from trainjob.api import TrainJob, resource_from_dict
-    from trainjob.errors import TrainJobError
-    from trainjob.runtime import resolve
-
-    meta = job["metadata"]
+def _launch_of_env(env: dict[str, Any]) -> LaunchPlan | None:
+    """Launch values from torchrun's environment (``PET_NNODES`` is ``N`` or ``MIN:MAX``); ``None`` if absent."""
+    nnodes, nproc = str(env.get(PET_NNODES) or ""), str(env.get(PET_NPROC_PER_NODE) or "")
+    port = str(env.get(PET_MASTER_PORT) or "")
+    low, _, high = nnodes.partition(":")
+    if not (nproc.isdigit() and low.isdigit() and (high.isdigit() or not high)):
+        return None
     try:
-        model = TrainJob.from_dict({
-            "apiVersion": "trainer.kubeflow.org/v1alpha1",
-            "kind": "TrainJob",
-            "metadata": {k: meta[k] for k in ("name", "namespace", "labels") if meta.get(k)},
-            "spec": job.get("spec") or {},
-        })
-        runtime_meta = {"name": snapshot["name"], "labels": snapshot.get("labels") or {}}
-        if snapshot.get("kind") == "TrainingRuntime":
-            runtime_meta["namespace"] = meta.get("namespace", "default")
-        runtime = resource_from_dict({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": snapshot["kind"],
-                                      "metadata": runtime_meta, "spec": snapshot["spec"]})
-        return resolve(model, runtime)
-    except (TrainJobError, KeyError, TypeError, ValueError):
+        return LaunchPlan(
+            num_nodes=int(high or low), num_proc_per_node=int(nproc),
+            master_port=int(port) if port.isdigit() else MASTER_PORT,
+            min_nodes=int(low) if high else None, max_nodes=int(high) if high else None,
+        )
+    except ValueError:
         return None
 
 

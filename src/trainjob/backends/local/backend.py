@@ -22,13 +22,13 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainjob import types
-from trainjob.backends.base import wait_for_status
+from trainjob.backends.base import Backend, CheckedJob, LogRequest, NodeProcess, runtime_view
 from trainjob.backends.local import processes, queue, views, volumes
 from trainjob.backends.local.commands import check_command_files
 from trainjob.backends.local.logs import log_dir, read_logs
@@ -41,6 +41,7 @@ from trainjob.runtime.submit_events import submit_events
 if TYPE_CHECKING:
     from trainjob.api import Runtime as RuntimeResource
     from trainjob.api import TrainJob as TrainJobResource
+    from trainjob.trainers import TrainerFunction
 
 #: How often local waits look at the store; reading SQLite is cheap, so failures are seen at once.
 LOCAL_POLL_SECONDS = 0.2
@@ -77,8 +78,11 @@ class LocalProcessBackendConfig:
     mount_mechanism: str | None = None
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     """Runs jobs as processes on this machine; every method reads and writes the shared store."""
+
+    check_interval = LOCAL_POLL_SECONDS
+    initializer_refusal = "dataset and model initializers are not run by the local backend"
 
     def __init__(self, config: LocalProcessBackendConfig | None = None) -> None:
         self.config = config or LocalProcessBackendConfig()
@@ -86,49 +90,48 @@ class LocalBackend:
 
     # creating jobs
 
+    def check(self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = ()) -> CheckedJob:
+        """``trainjob`` resolved against its runtime (among ``runtimes``, then the built-ins), its name, TTL and,
+        unless it mounts volumes (checked when it is created), the script its command runs checked here."""
+        from trainjob.runtime import find_runtime, resolve
+
+        name = check_job_name(trainjob.name)
+        ttl_seconds(trainjob.metadata.annotations)
+        plan = resolve(trainjob, find_runtime(trainjob.spec.runtime_ref, runtimes, namespace=trainjob.namespace))
+        container = plan.trainer().container()
+        if not container.volume_mounts:
+            try:
+                check_command_files([*container.command, *container.args], container.working_dir or os.getcwd(),
+                                    provided=self.store.job_dir(name))
+            except ValidationError as exc:
+                raise ValidationError(f"TrainJob {name}: {exc.path}", exc.message) from None
+        return CheckedJob(trainjob, plan)
+
     def apply(
-        self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = (), *, inherit_env: bool | None = None,
-        config_maps: Mapping[str, str | Path] | None = None,
+        self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = (), *, checked: CheckedJob | None = None,
+        inherit_env: bool | None = None, config_maps: Mapping[str, str | Path] | None = None,
     ) -> types.TrainJob:
         """Create and start ``trainjob``; nothing is created when it is invalid or its name is taken.
 
-        ``inherit_env`` (default: the config's) passes the nodes this whole environment, not only what a pod
-        would get; ``config_maps`` (NAME: file or directory) are added to the config's for this job."""
-        self._submit(trainjob, runtimes, inherit_env=inherit_env, config_maps=config_maps)
+        ``checked``: what :meth:`check` returned for it (not resolved again). ``inherit_env`` (default: the
+        config's) passes the nodes this whole environment, not only what a pod would get; ``config_maps`` (NAME:
+        file or directory) are added to the config's for this job."""
+        self._submit(checked or self.check(trainjob, runtimes), inherit_env=inherit_env, config_maps=config_maps)
         return self.get_job(trainjob.name)
 
-    def train(
-        self,
-        runtime: types.Runtime | str | None = None,
-        initializer: Any | None = None,
-        trainer: types.CustomTrainer | types.CustomTrainerContainer | None = None,
-        options: Sequence[Any] | None = None,
-    ) -> str:
-        """Run ``trainer`` on every node of a new job (``options`` from :mod:`trainjob.options`); its name.
-
-        A ``CustomTrainer``'s function runs on every rank; a ``CustomTrainerContainer`` runs its command (the
-        ``TrainerCommand`` option: images are not run here)."""
+    def _create_trainjob(self, job: dict[str, Any], function: TrainerFunction | None) -> str:
+        """Create ``job``; a ``CustomTrainer``'s function is written next to the job and run with torchrun
+        (a ``CustomTrainerContainer`` runs its command: the ``TrainerCommand`` option; images are not run here)."""
         from trainjob.api import TrainJob
-        from trainjob.backends.local.function import SCRIPT_NAME, function_script
-        from trainjob.runtime import DEFAULT_RUNTIME
-        from trainjob.trainer_checks import check_index_urls, check_requirements
-        from trainjob.trainers import check_trainer, sdk_trainjob
+        from trainjob.backends.local.function import SCRIPT_NAME
 
-        if initializer is not None:
-            raise ValidationError("initializer", "dataset and model initializers are not run by the local backend")
-        trainer = check_trainer(trainer)
-        runtime_name = runtime.name if isinstance(runtime, types.Runtime) else (runtime or DEFAULT_RUNTIME)
-        job = sdk_trainjob(trainer, runtime_name, "j" + uuid.uuid4().hex[:11], options, self)
         name = check_job_name(job["metadata"].get("name"))
-        if not isinstance(trainer, types.CustomTrainer):
-            self._submit(TrainJob.from_dict(job), ())
+        if function is None:
+            self._submit(self.check(TrainJob.from_dict(job)))
             return name
-        script = function_script(trainer.func, trainer.func_args)
-        packages = check_requirements(trainer.packages_to_install)  # again: the fields may have changed since
-        pip_index_urls = check_index_urls(trainer.pip_index_urls)
         job["spec"]["trainer"]["command"] = ["torchrun", str(self.store.job_dir(name) / SCRIPT_NAME)]
-        self._submit(TrainJob.from_dict(job), (), packages=packages, pip_index_urls=pip_index_urls,
-                     files={SCRIPT_NAME: script})
+        self._submit(self.check(TrainJob.from_dict(job)), packages=function.packages,
+                     pip_index_urls=function.pip_index_urls, files={SCRIPT_NAME: function.script})
         return name
 
     def get_runtime_packages(self, runtime: types.Runtime | str) -> None:
@@ -147,8 +150,7 @@ class LocalBackend:
 
     def _submit(
         self,
-        trainjob: TrainJobResource,
-        runtimes: Sequence[RuntimeResource],
+        checked: CheckedJob,
         packages: list[str] | None = None,
         pip_index_urls: list[str] | None = None,
         files: dict[str, str] | None = None,
@@ -156,12 +158,10 @@ class LocalBackend:
         config_maps: Mapping[str, str | Path] | None = None,
     ) -> None:
         from trainjob.backends.local.launcher import build_launch_spec
-        from trainjob.runtime import find_runtime, resolve
 
-        name = check_job_name(trainjob.name)
+        trainjob, plan, launch = checked.trainjob, checked.plan, checked.launch
+        name = trainjob.name
         job_dir = self.store.job_dir(name)
-        runtime = find_runtime(trainjob.spec.runtime_ref, runtimes, namespace=trainjob.namespace)
-        plan = resolve(trainjob, runtime)
         inherit = self.config.inherit_env if inherit_env is None else inherit_env
         spec = build_launch_spec(plan, job_dir, os.getcwd(), packages, pip_index_urls, inherit_env=inherit)
         volume_plan = self._plan_volumes(plan, job_dir, spec, config_maps)
@@ -185,8 +185,8 @@ class LocalBackend:
         reason = {types.SUSPENDED: "Suspended", types.QUEUED: queue.PENDING_REASON}.get(status, "Created")
         self.store.insert_job({
             "name": name, "namespace": trainjob.namespace, "uid": uid, "status": status,
-            "reason": reason, "message": None, "runtime": runtime.name,
-            "num_nodes": plan.num_nodes, "num_proc_per_node": plan.num_proc_per_node, "created": now,
+            "reason": reason, "message": None, "runtime": plan.runtime_name,
+            "num_nodes": launch.num_nodes, "num_proc_per_node": launch.num_proc_per_node, "created": now,
             "resource": resource, "launch": spec.to_dict(), "priority": priority, "cpus": request.cores,
             "memory_bytes": request.memory, "gpus": request.gpus, "ttl_seconds": ttl,
         })
@@ -197,8 +197,8 @@ class LocalBackend:
                 volumes.prepare(volume_plan, job_dir)
             for file_name, text in (files or {}).items():
                 (job_dir / file_name).write_text(text, encoding="utf-8")
-            self.store.add_event(name, "Created", f"{plan.num_nodes} node(s) x {plan.num_proc_per_node} process(es) "
-                                 f"on runtime {runtime.name}")
+            self.store.add_event(name, "Created", f"{launch.num_nodes} node(s) x {launch.num_proc_per_node} "
+                                 f"process(es) on runtime {plan.runtime_name}")
             for reason, message in spec.notes:
                 self.store.add_event(name, reason, message)
             for event in submit_events(trainjob, plan):  # converted from a PyTorchJob, NCCL settings that do nothing
@@ -264,10 +264,11 @@ class LocalBackend:
             rows = [row for row in rows if row["runtime"] == runtime.name]
         return [views.sdk_job(row) for row in rows]
 
-    def list_summaries(self) -> list[tuple[Any, ...]]:
-        """One tuple per job (:data:`~trainjob.backends.local.store.SUMMARY_COLUMNS`), supervisors checked.
+    def list_summaries(self) -> list[types.JobSummary]:
+        """One summary per job, oldest first, supervisors checked.
 
-        The fast path of ``trainjob list``: no per-job objects, so thousands of jobs list in milliseconds.
+        The fast path of ``trainjob list``: read from the store's summary columns, no per-job SDK objects, so
+        thousands of jobs list in milliseconds.
         """
         self.housekeeping()
         summaries = self.store.list_summaries()
@@ -279,7 +280,15 @@ class LocalBackend:
         if stale:
             self._checked(self.store.list_jobs(stale))
             summaries = self.store.list_summaries()
-        return summaries
+        return [views.job_summary(summary) for summary in summaries]
+
+    def expired_jobs(self, now: float) -> list[str]:
+        return expired_jobs(self.store, now)
+
+    def node_processes(self, name: str) -> dict[int, NodeProcess]:
+        """Each node's keeper process, its status and exit code (``NotFoundError`` for unknown jobs)."""
+        self.store.get_job(name)
+        return {row["idx"]: NodeProcess(row["status"], row["pid"], row["exit_code"]) for row in self.store.nodes(name)}
 
     def housekeeping(self) -> None:
         """What a controller would do between commands: remove expired jobs, admit queued ones that fit."""
@@ -295,37 +304,18 @@ class LocalBackend:
         self.store.get_job(name)
         return [views.sdk_event(row) for row in self.store.events(name)]
 
-    def get_job_logs(self, name: str, step: str = "node-0", follow: bool = False) -> Iterator[str]:
-        """Lines of one step (``node-0``, ``node-1`` ...), prefixed as ``trainjob logs`` prints them
-        (``node-0/rank-1 | loss 0.41``, :class:`~trainjob.types.LogLine`)."""
+    def _launch_shape(self, name: str) -> tuple[int, int | None]:
         row = self.store.get_job(name)
-        steps = [f"node-{i}" for i in range(row["num_nodes"])]
-        if step not in steps:
-            raise ValidationError("step", f"must be one of {', '.join(steps)}, got {step!r}")
-        return map(str, self.logs(name, node=int(step.removeprefix("node-")), follow=follow))
+        return row["num_nodes"], row["num_proc_per_node"]
 
-    def logs(
-        self,
-        name: str,
-        node: int | None = None,
-        rank: int | None = None,
-        follow: bool = False,
-        *,
-        since: float | None = None,
-        tail: int | None = None,
-        previous: bool = False,
-        stop_output: bool = False,
-    ) -> Iterator[types.LogLine]:
-        """Lines of every node (or one ``node``, or one global ``rank``) merged by time; ``follow`` streams until the
-        job ends. ``since`` (Unix time), ``tail``, ``previous`` and ``stop_output``: see :func:`read_logs`."""
-        from trainjob.backends.log_selection import select_nodes
-
-        row = self.store.get_job(name)
-        nodes = select_nodes(name, row["num_nodes"], row["num_proc_per_node"], node, rank)
-        if previous and not log_dir(self.store.job_dir(name), previous=True).is_dir():
+    def _read_logs(self, name: str, nodes: list[int], request: LogRequest) -> Iterator[types.LogLine]:
+        """The node files' lines (:func:`read_logs`); ``follow`` streams until the job ends."""
+        job_dir = self.store.job_dir(name)
+        if request.previous and not log_dir(job_dir, previous=True).is_dir():
             raise NotFoundError(f"TrainJob {name} has no previous attempt: it was not restarted or resumed")
-        return read_logs(self.store.job_dir(name), nodes, rank=rank, follow=follow, finished=lambda: self._settled(name),
-                         since=since, tail=tail, previous=previous, stop_output=stop_output)
+        return read_logs(job_dir, nodes, rank=request.rank, follow=request.follow,
+                         finished=lambda: self._settled(name), since=request.since, tail=request.tail,
+                         previous=request.previous, stop_output=request.stop_output)
 
     def _settled(self, name: str) -> bool:
         """Whether the job has ended (or is gone); asked on every poll of a followed log, so reads a narrow row."""
@@ -334,20 +324,6 @@ class LocalBackend:
         except NotFoundError:  # deleted while its supervisor was being checked
             return True
         return not rows or rows[0]["status"] not in UNFINISHED_STATUSES
-
-    def wait_for_job_status(
-        self,
-        name: str,
-        status: set[str] | frozenset[str] = frozenset({types.COMPLETE}),
-        timeout: float = 600,
-        polling_interval: float = 2,
-        callbacks: Sequence[Callable[[types.TrainJob], None]] | None = None,
-    ) -> types.TrainJob:
-        """Wait until the job's status is in ``status``; raises ``JobFailedError`` as soon as it fails.
-
-        The store is read every :data:`LOCAL_POLL_SECONDS`; ``callbacks`` get the job every ``polling_interval``."""
-        return wait_for_status(self.get_job, name, status, timeout, polling_interval, callbacks,
-                               check_interval=LOCAL_POLL_SECONDS)
 
     # changing jobs
 
@@ -420,12 +396,12 @@ class LocalBackend:
     def list_runtimes(self) -> list[types.Runtime]:
         from trainjob.runtime import builtin_runtimes
 
-        return [sdk_runtime_of(r) for r in builtin_runtimes().values()]
+        return [runtime_view(r.to_dict()) for _, r in sorted(builtin_runtimes().items())]
 
     def get_runtime(self, name: str) -> types.Runtime:
         from trainjob.runtime import find_runtime
 
-        return sdk_runtime_of(find_runtime(name))
+        return runtime_view(find_runtime(name).to_dict())
 
     # supervisor liveness
 
@@ -474,27 +450,6 @@ class LocalBackend:
             self.store.add_event(name, "SupervisorLost", message, type="Warning")
             self._stop_job_processes(name, self.store.get_job(name))
             self.admit_queued()
-
-
-def sdk_runtime_of(runtime: RuntimeResource) -> types.Runtime:
-    """The SDK view of a runtime resource: framework label, trainer image, default node count."""
-    data = runtime.to_dict()
-    spec = data.get("spec", {})
-    jobs = spec.get("template", {}).get("spec", {}).get("replicatedJobs", [])
-    image = ""
-    for job in jobs:
-        for container in job.get("template", {}).get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
-            if container.get("name") == "node":
-                image = container.get("image", "")
-    ml_policy = spec.get("mlPolicy") or {}
-    trainer = types.RuntimeTrainer(
-        trainer_type="CustomTrainer",
-        framework=data.get("metadata", {}).get("labels", {}).get("trainer.kubeflow.org/framework", "torch"),
-        image=image,
-        num_nodes=ml_policy.get("numNodes", 1),
-        device_count=str((ml_policy.get("torch") or {}).get("numProcPerNode", types.UNKNOWN)),
-    )
-    return types.Runtime(name=runtime.name, trainer=trainer)
 
 
 __all__ = ["LocalBackend", "LocalProcessBackendConfig"]

@@ -1,28 +1,36 @@
 """How each node of a plan becomes a process on this machine: command, environment, CPUs, GPUs, ports.
 
-A node process gets its pod's command, args and environment, with these local changes:
+A node process gets its pod's command, args and environment. The torch launch values in it (``PET_NNODES``,
+``PET_NPROC_PER_NODE``) are the plan's, as on a cluster; where the nodes meet is this machine's
+:class:`~trainjob.runtime.launch.Addressing` (:func:`local_addressing`), turned into ``PET_*`` variables by the
+same function that addresses a JobSet's pods (:func:`trainjob.runtime.launch.addressing_env`). With the local
+settings:
 
 =================================  ====================================================================
-``PET_MASTER_ADDR``                ``127.0.0.1`` (the pod would get ``{job}-node-0-0.{job}``)
+``PET_NODE_RANK``                  the node's index (a pod reads its completion index)
+``PET_MASTER_ADDR``                ``127.0.0.1`` (a pod gets ``{job}-node-0-0.{job}``)
 ``PET_MASTER_PORT``                a free port picked when the nodes start, so jobs can run side by side
 ``PET_RDZV_ENDPOINT``              ``127.0.0.1:{that port}`` for elastic jobs; for shrinkable ones (below) the port of
                                    a rendezvous store the supervisor runs, not one inside a node
-``PET_RDZV_CONF``                  shrinkable jobs: :data:`~trainjob.backends.local.rendezvous.RDZV_CONF`
-``PET_NODE_RANK``                  the node's index (the pod reads its completion index)
+``PET_RDZV_CONF``, ``PET_RDZV_ID`` shrinkable jobs: :data:`~trainjob.backends.local.rendezvous.RDZV_CONF` and
+                                   ``{job}-{restart count}``, a fresh rendezvous per round
+``PET_MAX_RESTARTS``               ``0`` for elastic jobs: the supervisor restarts the whole node group;
+                                   ``maxRestarts`` for shrinkable ones: how many lost nodes the ranks outlive
 ``OMP_NUM_THREADS``                the node's CPUs divided by its processes, unless the job sets it
 ``CUDA_VISIBLE_DEVICES``           the node's GPUs, disjoint between nodes, when GPUs are requested
 ``TRAINJOB_JOB_NAME/_JOB_DIR``     the job's name and directory
 ``TRAINJOB_METRICS_FILE``          where ``trainjob.torch.report`` appends metrics (JSON lines)
 ``PET_LOG_DIR``, ``PET_TEE``       torchrun writes one log per rank and tees it, lines prefixed by rank
 ``TORCHELASTIC_ERROR_FILE``        where torchrun records the error of a failed node
-``PET_MAX_RESTARTS``               ``0`` for elastic jobs: the supervisor restarts the whole node group;
-                                   ``maxRestarts`` for shrinkable ones: how many lost nodes the ranks outlive
 ``TRAINJOB_RESTART_COUNT``         how many times the supervisor restarted the node group so far
 ``PYTHONUNBUFFERED``               ``1`` unless set, so logs stream while they are written
 ``PYTHONPATH``                     starts with :mod:`~trainjob.backends.local.worker_site`: every rank
                                    records its exception in its torchelastic error file, as ``@record``
                                    would, so the job's status names it
 =================================  ====================================================================
+
+The rank, master address and port are given to every node, torch or not, so a script with its own rendezvous
+(a plain ``python`` job, an MPI job's ranks) finds node 0 too.
 
 An elastic job with ``minNodes < maxNodes`` whose command is ``torchrun`` is *shrinkable*: a lost node does not
 stop the others, which go on at the smaller size from their last checkpoint, and the node comes back after
@@ -50,24 +58,41 @@ runs under a keeper (:mod:`~trainjob.backends.local.node_keeper`) that writes it
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from trainjob.api.quantity import cpu_count, gpu_count
 from trainjob.backends.local.logs import DEFAULT_LOG_MAX_BYTES, log_max_bytes
+from trainjob.backends.local.mpi import (
+    HOSTS_ENV,
+    MODULE,
+    MPIRUN_NAMES,
+    NODE_ENV,
+    SLOTS_ENV,
+    hostfile_path,
+)
+from trainjob.backends.local.rendezvous import RDZV_CONF
+from trainjob.backends.local.worker_site import SITE_DIR
+from trainjob.constants import PET_PREFIX, PET_RDZV_ENDPOINT, PET_RDZV_ID
 from trainjob.errors import ValidationError
-
-if TYPE_CHECKING:
-    from trainjob.runtime.plan import Plan
+from trainjob.runtime.launch import Addressing, addressing_env
+from trainjob.runtime.plan import Plan
+from trainjob.runtime.plugins.mpi import HOSTFILE_VOLUME, LAUNCHER, SSH_AUTH_VOLUME, openmpi_env
+from trainjob.runtime.template import pod_spec
 
 #: The prefix torchrun puts before every line of a training process (``[rank3]: ...``); logs.py parses it.
 RANK_PREFIX_TEMPLATE = "[rank${rank}]: "
+#: Where the nodes of a job on this machine meet.
+LOCAL_HOST = "127.0.0.1"
 #: Inherited variables that would confuse the node processes (a job started from inside another job).
-_INHERITED_DROP_PREFIXES = ("PET_", "TORCHELASTIC_", "TRAINJOB_SITE_")
+_INHERITED_DROP_PREFIXES = (PET_PREFIX, "TORCHELASTIC_", "TRAINJOB_SITE_")
 _INHERITED_DROP = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
 #: What a node gets from the environment it is started from unless the job inherits all of it: what a pod's
 #: container has anyway, what this Python environment needs, and trainjob's own settings.
@@ -156,8 +181,6 @@ def build_launch_spec(
 ) -> LaunchSpec:
     """The launch spec of ``plan``; ``ValidationError`` when the trainer has no command to run here."""
     if plan.mpi is not None:  # a launcher and hosts: trainjob.backends.local.mpi
-        from trainjob.backends.local.mpi import build_mpi_launch_spec
-
         return build_mpi_launch_spec(plan, job_dir, cwd, packages, pip_index_urls, inherit_env)
     trainer = plan.trainer()
     container = trainer.container()
@@ -180,8 +203,7 @@ def build_launch_spec(
     notes += [note for note in (cpu_note, gpu_note, environment_note(os.environ, inherit_env)) if note]
     nodes = []
     for index in range(plan.num_nodes):
-        env = container.env_dict(index)
-        env["PET_NODE_RANK"] = str(index)
+        env = container.env_dict(index)  # the pod's env, its completion index (PET_NODE_RANK) resolved to ``index``
         env.setdefault("OMP_NUM_THREADS", str(max(1, len(cpu_sets[index]) // max(1, plan.num_proc_per_node))))
         if gpu_sets is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_sets[index])
@@ -211,6 +233,90 @@ def build_launch_spec(
         base_env=passed_env(os.environ, inherit_env),
         inherit_env=inherit_env,
     )
+
+
+def build_mpi_launch_spec(
+    plan: Plan,
+    job_dir: Path,
+    cwd: str,
+    packages: list[str] | None = None,
+    pip_index_urls: list[str] | None = None,
+    inherit_env: bool = False,
+) -> LaunchSpec:
+    """The launch spec of an MPI plan (:mod:`trainjob.backends.mpi`): node 0 the launcher (and host 0), node
+    ``i`` host ``i``; the launcher's ``OMPI_MCA_*`` env is the plugin's with the hostfile in the job's directory."""
+    policy = plan.mpi
+    assert policy is not None
+    launcher = next(p for p in plan.pod_sets if p.name == LAUNCHER)
+    drop_mpi_volumes(plan)
+    container = launcher.containers[0]
+    command = [*container.command, *container.args]
+    if not command:
+        raise ValidationError(
+            "spec.trainer.command",
+            "the local backend needs the launcher's command (e.g. mpirun python train.py), got none",
+        )
+    if os.path.basename(command[0]) in MPIRUN_NAMES and shutil.which(command[0]) is None:
+        raise ValidationError(
+            "spec.trainer.command",
+            f"{command[0]!r} is not installed on this machine; install OpenMPI (Debian: apt-get install openmpi-bin)",
+        )
+    hosts = len(policy.hosts)
+    resources = container.resources.effective()
+    requested_cpus = _requested_cpus(resources)
+    cpu_sets, cpu_note = share_cpus(hosts, requested_cpus)
+    gpu_sets, gpu_note = share_gpus(hosts, _requested_gpus(resources), visible_gpus())
+    notes: list[tuple[str, str]] = []
+    if container.image:
+        notes.append(("ImageNotUsed", f"image {container.image} is not used locally; nodes run in this Python environment"))
+    layout = ", ".join(f"node-{i} is {host}" for i, host in enumerate(policy.hosts))
+    notes.append(("MPIHosts", f"{hosts} host(s) x {policy.slots} slot(s) on this machine: {layout}"))
+    if not policy.run_launcher_as_node:
+        notes.append(("LauncherSharesNode", "the launcher's mpirun runs in node-0's process here (a pod of its own "
+                      "on a cluster)"))
+    notes += [note for note in (cpu_note, gpu_note, environment_note(os.environ, inherit_env)) if note]
+    nodes = []
+    for index in range(hosts):
+        env = container.env_dict(0)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, len(cpu_sets[index]) // policy.slots)))
+        if gpu_sets is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_sets[index])
+        # the OMPI_MCA_* env of the plugin, with the hostfile where the launcher writes it here
+        env.update({var.name: var.value or "" for var in openmpi_env(policy, hostfile=str(hostfile_path(job_dir)))})
+        env.update({
+            HOSTS_ENV: json.dumps(policy.hosts),
+            NODE_ENV: str(index),
+            SLOTS_ENV: str(policy.slots),
+            "TRAINJOB_JOB_NAME": plan.job_name,
+            "TRAINJOB_JOB_DIR": str(job_dir),
+            "TRAINJOB_METRICS_FILE": str(job_dir / "metrics.jsonl"),
+        })
+        role = ["launcher", *command] if index == 0 else ["node"]
+        pinned = cpu_sets[index] if requested_cpus is not None else []
+        nodes.append(NodeLaunch(index=index, command=["python", "-m", MODULE, *role], env=env, cpus=pinned))
+    return LaunchSpec(
+        nodes=nodes,
+        cwd=container.working_dir or cwd,
+        active_deadline_seconds=plan.active_deadline_seconds,
+        packages=list(packages or []),
+        pip_index_urls=list(pip_index_urls or []),
+        log_max_bytes=log_max_bytes(),
+        notes=notes,
+        base_env=passed_env(os.environ, inherit_env),
+        inherit_env=inherit_env,
+    )
+
+
+def drop_mpi_volumes(plan: Plan) -> None:
+    """Take the SSH keys and hostfile volumes off ``plan``'s pods: here there is no ``ssh``, and the hostfile is
+    written to the job's directory, so only the job's own volumes are left for the local backend to provide."""
+    ours = {HOSTFILE_VOLUME, SSH_AUTH_VOLUME}
+    for pod_set in plan.pod_sets:
+        spec = pod_spec(pod_set.template)
+        if "volumes" in spec:
+            spec["volumes"] = [v for v in spec["volumes"] if v.get("name") not in ours]
+        for container in pod_set.containers:
+            container.volume_mounts = [m for m in container.volume_mounts if m.get("name") not in ours]
 
 
 def passed_env(environ: Mapping[str, str], inherit_env: bool = False) -> dict[str, str]:
@@ -249,14 +355,10 @@ def _names(names: list[str]) -> str:
 
 
 def _requested_cpus(resources: dict[str, str]) -> int | None:
-    from trainjob.api.quantity import cpu_count
-
     return cpu_count(resources["cpu"]) if "cpu" in resources else None
 
 
 def _requested_gpus(resources: dict[str, str]) -> int:
-    from trainjob.api.quantity import gpu_count
-
     return gpu_count(resources)
 
 
@@ -344,6 +446,29 @@ def node_argv(command: list[str], python: str, shrinkable: bool = False) -> list
     return list(command)
 
 
+def local_addressing(
+    node: NodeLaunch, port: int, restarts: int = 0, rendezvous_port: int | None = None
+) -> Addressing:
+    """Where node ``node`` of a job on this machine meets the others: its index is its rank, the master is
+    ``127.0.0.1:{port}``; with ``rendezvous_port`` (a shrinkable job) the rendezvous is the supervisor's store
+    there, one per round of the node group (``{job}-{restarts}``).
+
+    >>> local_addressing(NodeLaunch(1, ["x"], {"PET_RDZV_ID": "job"}), 40123, 2, 4321).rdzv_id
+    'job-2'
+    """
+    rdzv_id = node.env.get(PET_RDZV_ID, "job")
+    if rendezvous_port is None:
+        return Addressing(LOCAL_HOST, node_rank=node.index, master_port=port, rdzv_id=rdzv_id)
+    return Addressing(
+        LOCAL_HOST,
+        node_rank=node.index,
+        master_port=port,
+        rdzv_endpoint=f"{LOCAL_HOST}:{rendezvous_port}",
+        rdzv_id=f"{rdzv_id}-{restarts}",
+        rdzv_conf=RDZV_CONF,
+    )
+
+
 def node_environment(
     node: NodeLaunch,
     port: int,
@@ -356,25 +481,16 @@ def node_environment(
 ) -> dict[str, str]:
     """The full environment of a node process: ``base_env`` (what it gets of the environment the job was created
     from, :attr:`LaunchSpec.base_env`; default: :func:`passed_env` of this one), then the node's own."""
-    from trainjob.backends.local.worker_site import SITE_DIR
-
     env = dict(passed_env(os.environ) if base_env is None else base_env)
     env.update(node.env)
-    env.update(PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port))
-    if "PET_RDZV_ENDPOINT" in node.env:
-        env["PET_RDZV_ENDPOINT"] = f"127.0.0.1:{port}"
-    if elastic and rendezvous_port is not None:
-        # Shrinkable: the store is the supervisor's; the agents restart their ranks when a peer node is lost.
-        from trainjob.backends.local.rendezvous import RDZV_CONF
-
-        env.update(PET_RDZV_ENDPOINT=f"127.0.0.1:{rendezvous_port}", PET_RDZV_CONF=RDZV_CONF,
-                   PET_RDZV_ID=f"{env.get('PET_RDZV_ID', 'job')}-{restarts}", PET_MAX_RESTARTS=str(max_restarts))
-        # A fresh store for the ranks of every round: the one torchrun shares by default outlives its rounds,
-        # and ranks of a smaller round would read the addresses the ranks of the last one left in it.
-        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    elif elastic:
-        # The supervisor restarts the whole node group from a fresh rendezvous; torchrun must not restart alone.
-        env["PET_MAX_RESTARTS"] = "0"
+    shrinkable = elastic and rendezvous_port is not None
+    addressing = local_addressing(node, port, restarts, rendezvous_port if shrinkable else None)
+    # Elastic: the supervisor restarts the whole node group from a fresh rendezvous, so torchrun must not restart
+    # alone; shrinkable: the agents restart their ranks when a peer node is lost, up to maxRestarts times.
+    rendezvous = addressing_env(
+        addressing, rendezvous=elastic or PET_RDZV_ENDPOINT in node.env, max_restarts=max_restarts if shrinkable else 0
+    )
+    env.update({var.name: var.value for var in rendezvous if var.value is not None})
     env["TRAINJOB_RESTART_COUNT"] = str(restarts)
     env["PATH"] = os.pathsep.join([os.path.dirname(python), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])

@@ -2,7 +2,8 @@
 
 A plan with ``mlPolicy.mpi`` (:mod:`trainjob.runtime.plugins.mpi`) has hosts, each running ``slots`` ranks. Locally
 node ``i`` plays host ``i`` of the hostfile, and node 0 also plays the launcher (with ``runLauncherAsNode`` it is
-host 0 on a cluster too; without, the launcher's pod has no ranks and here shares node-0's process):
+host 0 on a cluster too; without, the launcher's pod has no ranks and here shares node-0's process). Their launch
+spec is :func:`trainjob.backends.local.launcher.build_mpi_launch_spec`; this module is what they run:
 
 - **Nodes** (``python -m trainjob.backends.local.mpi node``) play the node pods' ``sshd``: each listens on a socket
   of its own (abstract, named after the job's directory and the node) and runs what ``mpirun`` asks for there
@@ -29,7 +30,6 @@ import functools
 import hashlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -37,14 +37,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from trainjob.backends.local.mpi_output import RankLines, RankRelay, failure_report
-from trainjob.errors import ValidationError
-
-if TYPE_CHECKING:
-    from trainjob.backends.local.launcher import LaunchSpec
-    from trainjob.runtime.plan import Plan
 
 MODULE = "trainjob.backends.local.mpi"
 RSH_MODULE = "trainjob.backends.local.mpi_rsh"
@@ -55,99 +50,12 @@ SLOTS_ENV = "TRAINJOB_MPI_SLOTS"
 HOSTS_READY_SECONDS = 120.0
 #: What ``mpirun`` needs to run as root, set on the launcher only (a container would run as its own user).
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-_MPIRUN_NAMES = ("mpirun", "mpiexec", "orterun")
-
-
-def build_mpi_launch_spec(
-    plan: Plan,
-    job_dir: Path,
-    cwd: str,
-    packages: list[str] | None = None,
-    pip_index_urls: list[str] | None = None,
-    inherit_env: bool = False,
-) -> LaunchSpec:
-    """The launch spec of an MPI plan: node 0 the launcher (and host 0), node ``i`` host ``i``."""
-    from trainjob.backends.local import launcher as local
-    from trainjob.backends.local.logs import log_max_bytes
-    from trainjob.runtime.plugins.mpi import HOSTFILE_ENV, LAUNCHER
-
-    policy = plan.mpi
-    assert policy is not None
-    launcher = next(p for p in plan.pod_sets if p.name == LAUNCHER)
-    drop_mpi_volumes(plan)
-    container = launcher.containers[0]
-    command = [*container.command, *container.args]
-    if not command:
-        raise ValidationError(
-            "spec.trainer.command",
-            "the local backend needs the launcher's command (e.g. mpirun python train.py), got none",
-        )
-    if os.path.basename(command[0]) in _MPIRUN_NAMES and shutil.which(command[0]) is None:
-        raise ValidationError(
-            "spec.trainer.command",
-            f"{command[0]!r} is not installed on this machine; install OpenMPI (Debian: apt-get install openmpi-bin)",
-        )
-    hosts = len(policy.hosts)
-    resources = container.resources.effective()
-    requested_cpus = local._requested_cpus(resources)
-    cpu_sets, cpu_note = local.share_cpus(hosts, requested_cpus)
-    gpu_sets, gpu_note = local.share_gpus(hosts, local._requested_gpus(resources), local.visible_gpus())
-    notes: list[tuple[str, str]] = []
-    if container.image:
-        notes.append(("ImageNotUsed", f"image {container.image} is not used locally; nodes run in this Python environment"))
-    layout = ", ".join(f"node-{i} is {host}" for i, host in enumerate(policy.hosts))
-    notes.append(("MPIHosts", f"{hosts} host(s) x {policy.slots} slot(s) on this machine: {layout}"))
-    if not policy.run_launcher_as_node:
-        notes.append(("LauncherSharesNode", "the launcher's mpirun runs in node-0's process here (a pod of its own "
-                      "on a cluster)"))
-    notes += [note for note in (cpu_note, gpu_note, local.environment_note(os.environ, inherit_env)) if note]
-    nodes = []
-    for index in range(hosts):
-        env = container.env_dict(0)
-        env.setdefault("OMP_NUM_THREADS", str(max(1, len(cpu_sets[index]) // policy.slots)))
-        if gpu_sets is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_sets[index])
-        env.update({
-            HOSTFILE_ENV: str(hostfile_path(job_dir)),
-            HOSTS_ENV: json.dumps(policy.hosts),
-            NODE_ENV: str(index),
-            SLOTS_ENV: str(policy.slots),
-            "TRAINJOB_JOB_NAME": plan.job_name,
-            "TRAINJOB_JOB_DIR": str(job_dir),
-            "TRAINJOB_METRICS_FILE": str(job_dir / "metrics.jsonl"),
-        })
-        role = ["launcher", *command] if index == 0 else ["node"]
-        pinned = cpu_sets[index] if requested_cpus is not None else []
-        nodes.append(local.NodeLaunch(index=index, command=["python", "-m", MODULE, *role], env=env, cpus=pinned))
-    return local.LaunchSpec(
-        nodes=nodes,
-        cwd=container.working_dir or cwd,
-        active_deadline_seconds=plan.active_deadline_seconds,
-        packages=list(packages or []),
-        pip_index_urls=list(pip_index_urls or []),
-        log_max_bytes=log_max_bytes(),
-        notes=notes,
-        base_env=local.passed_env(os.environ, inherit_env),
-        inherit_env=inherit_env,
-    )
-
-
-def drop_mpi_volumes(plan: Plan) -> None:
-    """Take the SSH keys and hostfile volumes off ``plan``'s pods: here there is no ``ssh``, and the hostfile is
-    written to the job's directory, so only the job's own volumes are left for the local backend to provide."""
-    from trainjob.runtime.plugins.mpi import HOSTFILE_VOLUME, SSH_AUTH_VOLUME
-    from trainjob.runtime.template import pod_spec
-
-    ours = {HOSTFILE_VOLUME, SSH_AUTH_VOLUME}
-    for pod_set in plan.pod_sets:
-        spec = pod_spec(pod_set.template)
-        if "volumes" in spec:
-            spec["volumes"] = [v for v in spec["volumes"] if v.get("name") not in ours]
-        for container in pod_set.containers:
-            container.volume_mounts = [m for m in container.volume_mounts if m.get("name") not in ours]
+#: Commands that are ``mpirun``: the local backend checks that one is installed before the job starts.
+MPIRUN_NAMES = ("mpirun", "mpiexec", "orterun")
 
 
 def hostfile_path(job_dir: Path) -> Path:
+    """Where the launcher writes the hostfile (the ConfigMap's ``hostfile`` on a cluster)."""
     return job_dir / "mpi" / "hostfile"
 
 

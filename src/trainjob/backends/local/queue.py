@@ -40,6 +40,7 @@ import psutil
 from trainjob import types
 from trainjob.backends.local.launcher import LaunchSpec, visible_gpus
 from trainjob.backends.local.store import ACTIVE_STATUSES, Store
+from trainjob.constants import OVERSUBSCRIBE_ANNOTATION, PRIORITY_ANNOTATION
 from trainjob.errors import ValidationError
 
 if TYPE_CHECKING:
@@ -47,8 +48,6 @@ if TYPE_CHECKING:
     from trainjob.runtime.plan import Plan
 
 OVERSUBSCRIBE_ENV = "TRAINJOB_OVERSUBSCRIBE"
-PRIORITY_ANNOTATION = "trainjob/priority"
-OVERSUBSCRIBE_ANNOTATION = "trainjob/oversubscribe"
 #: Reason of a job that waits for resources (its message says which); ``Pending`` before the first admission pass.
 WAITING_REASON = "WaitingForResources"
 PENDING_REASON = "Pending"

@@ -23,13 +23,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainjob.constants import CREATED, QUEUED, RUNNING
 from trainjob.errors import AlreadyExistsError, NotFoundError, ValidationError
 
 HOME_ENV = "TRAINJOB_HOME"
 DB_FILE = "trainjob.db"
-ACTIVE_STATUSES = ("Created", "Running")
+ACTIVE_STATUSES = (CREATED, RUNNING)
 #: Statuses of a job that has not ended: active, or waiting in the local queue for resources.
-UNFINISHED_STATUSES = ("Queued", *ACTIVE_STATUSES)
+UNFINISHED_STATUSES = (QUEUED, *ACTIVE_STATUSES)
 _NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
 _SCHEMA = """

@@ -39,6 +39,7 @@ from trainjob.backends.local.logs import note_stop_reason
 from trainjob.backends.local.node_keeper import JOB_OVER_EXIT_CODE, LEFTOVER_GRACE_SECONDS, STOP_GRACE_SECONDS
 from trainjob.backends.local.nodes import NodeHandle
 from trainjob.backends.local.store import ACTIVE_STATUSES, Store
+from trainjob.constants import COMPLETE, CREATED, FAILED, RUNNING, SUSPENDED
 from trainjob.errors import NotFoundError
 
 POLL_SECONDS = 0.05
@@ -120,8 +121,8 @@ class Supervisor:
         while not self.terminating:
             if not adopted:
                 self._start_nodes(python, restarts)
-                self.store.transition(self.name, "Running", "NodesStarted", f"{len(self.nodes)} node(s) running",
-                                      from_statuses=("Created",), started=started)
+                self.store.transition(self.name, RUNNING, "NodesStarted", f"{len(self.nodes)} node(s) running",
+                                      from_statuses=(CREATED,), started=started)
             adopted = False
             outcome = self._watch(started)
             if outcome is None:  # terminating, suspended or finished: status already written
@@ -132,7 +133,7 @@ class Supervisor:
                 self.store.add_event(self.name, "Restarting", f"restart {restarts} of {self.spec.max_restarts}: {outcome}",
                                      type="Warning")
                 continue
-            self._finish("Failed", "NodeFailed", outcome)
+            self._finish(FAILED, "NodeFailed", outcome)
             return
 
     def _python(self, adopted: bool) -> str | None:
@@ -145,7 +146,7 @@ class Supervisor:
         try:
             python = prepare_environment(self.job_dir / "venv", self.spec.packages, self.spec.pip_index_urls)
         except PackageInstallError as exc:
-            self._finish("Failed", "PackageInstallFailed", str(exc))
+            self._finish(FAILED, "PackageInstallFailed", str(exc))
             return None
         self.store.add_event(self.name, "PackagesInstalled", f"installed {' '.join(self.spec.packages)}")
         return python
@@ -222,17 +223,17 @@ class Supervisor:
             if kept and all(code == 0 for code in kept):
                 self._ingest_metrics()
                 lost = "".join(f"; node-{i} was lost" for i in sorted(self.lost))
-                self._finish("Complete", "Completed", f"all {len(kept)} node(s) exited with code 0{lost}")
+                self._finish(COMPLETE, "Completed", f"all {len(kept)} node(s) exited with code 0{lost}")
                 return None
             if deadline is not None and time.time() > deadline:
                 self._stop_nodes(f"activeDeadlineSeconds={self.spec.active_deadline_seconds} exceeded")
-                self._finish("Failed", "DeadlineExceeded",
+                self._finish(FAILED, "DeadlineExceeded",
                              f"ran longer than activeDeadlineSeconds={self.spec.active_deadline_seconds}")
                 return None
             if self._suspend_requested():
                 self._stop_nodes("the job was suspended; `trainjob resume` starts it again")
-                self.store.transition(self.name, "Suspended", "Suspended", "node processes stopped; resume to start them again",
-                                      from_statuses=("Created", "Running"), request=None)
+                self.store.transition(self.name, SUSPENDED, "Suspended", "node processes stopped; resume to start them again",
+                                      from_statuses=ACTIVE_STATUSES, request=None)
                 self.store.add_event(self.name, "Suspended", "node processes stopped")
                 return None
             time.sleep(POLL_SECONDS)
@@ -428,9 +429,9 @@ class Supervisor:
             self.store.set_node(self.name, node.index, status="Stopped", exit_code=node.code, finished=time.time())
 
     def _finish(self, status: str, reason: str, message: str) -> None:
-        if self.store.transition(self.name, status, reason, message, from_statuses=("Created", "Running"),
+        if self.store.transition(self.name, status, reason, message, from_statuses=ACTIVE_STATUSES,
                                  finished=time.time(), request=None):
-            self.store.add_event(self.name, reason, message, type="Normal" if status == "Complete" else "Warning")
+            self.store.add_event(self.name, reason, message, type="Normal" if status == COMPLETE else "Warning")
 
     def _suspend_requested(self) -> bool:
         request = self.store.get_request(self.name)
@@ -476,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         return supervisor.run()
     except Exception as exc:  # the job must not stay Running when the supervisor itself breaks
         supervisor._stop_nodes()
-        supervisor._finish("Failed", "SupervisorError", f"{type(exc).__name__}: {exc}")
+        supervisor._finish(FAILED, "SupervisorError", f"{type(exc).__name__}: {exc}")
         raise
     finally:
         admit_next(store)

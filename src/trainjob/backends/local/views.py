@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from trainjob import types
+from trainjob.constants import TRAINER_JOB
 from trainjob.progress import numeric_metrics, remaining_seconds, trainer_status
 
 
@@ -45,6 +46,24 @@ def progress(row: dict[str, Any]) -> types.Progress | None:
         updated=timestamp(row["metrics_time"]),
         eta_seconds=remaining if active else None,
         percent=percent,
+    )
+
+
+def job_summary(summary: tuple[Any, ...]) -> types.JobSummary:
+    """A job's summary from the store's summary columns (:data:`~trainjob.backends.local.store.SUMMARY_COLUMNS`):
+    the time left as :func:`progress` gives it, for an active job only."""
+    (name, status, nodes, procs, runtime, created, started, finished, step, total, loss, last_time, first_step,
+     first_time, percent, remaining, *_supervisor) = summary
+    if last_time is None:
+        step = total = loss = remaining = percent = None
+    elif percent is None and remaining is None:
+        remaining = eta_seconds(status, step, total, first_step, first_time, last_time)
+    elif status not in (types.CREATED, types.RUNNING):
+        remaining = None
+    return types.JobSummary(
+        name=name, status=status, num_nodes=nodes, num_proc_per_node=procs, runtime=runtime, created=created,
+        started=started, finished=finished, step=step, total_steps=total,
+        loss=loss if isinstance(loss, int | float) else None, eta_seconds=remaining, percent=percent,
     )
 
 
@@ -98,7 +117,7 @@ def resource_with_status(row: dict[str, Any], nodes: list[dict[str, Any]]) -> di
     counts["ready"] = counts["active"]
     if row["status"] == types.SUSPENDED:
         counts["suspended"] = row["num_nodes"]
-    resource["status"] = {"conditions": [condition], "jobsStatus": [{"name": "node", **counts}]}
+    resource["status"] = {"conditions": [condition], "jobsStatus": [{"name": TRAINER_JOB, **counts}]}
     reported = trainer_status(progress(row)) if "step" in row else None
     if reported is not None:
         resource["status"]["trainerStatus"] = reported

@@ -59,6 +59,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainjob.constants import TRAINER_CONTAINER, TRAINER_JOB
 from trainjob.errors import ValidationError
 
 if TYPE_CHECKING:
@@ -594,8 +595,8 @@ def data_overrides(volumes: tuple[str, ...] | list[str], flag: str = "--data") -
         mounts.append({"name": f"data-{index}", "mountPath": path, **({"readOnly": True} if read_only else {})})
     if not claims:
         return []
-    return [{"targetJobs": [{"name": "node"}],
-             "spec": {"volumes": claims, "containers": [{"name": "node", "volumeMounts": mounts}]}}]
+    return [{"targetJobs": [{"name": TRAINER_JOB}],
+             "spec": {"volumes": claims, "containers": [{"name": TRAINER_CONTAINER, "volumeMounts": mounts}]}}]
 
 
 def parse_config_maps(values: tuple[str, ...] | list[str], flag: str = "--config-map") -> dict[str, Path]:

@@ -9,24 +9,34 @@
   ``securityContext``; a runtime patch's JobSet and Job metadata go to the JobSet and to the named Jobs;
 - the JobSet network gets ``subdomain: {job}`` and ``enableDNSHostnames: true`` so that pod
   ``{job}-node-0-0`` resolves as ``{job}-node-0-0.{job}``.
+
+Rendering (:func:`render_jobset`): the ``jobset.x-k8s.io/v1alpha2`` JobSet named after the job. Each pod set becomes
+one replicated job of Indexed Jobs (``completions = parallelism`` = pods per job), so the completion index is the
+node rank and, with the JobSet network's subdomain, pod ``{job}-node-0-0`` answers at ``{job}-node-0-0.{job}``.
+The runtime's template fields the plan does not model are kept.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from trainjob.api.errors import quote, shorten
+from trainjob.constants import JOBSET_API_VERSION, TRAINJOB_NAME_LABEL
 from trainjob.errors import ValidationError
-from trainjob.runtime.framework import Context, Plugin
 from trainjob.runtime.gang import label_pods
 from trainjob.runtime.patches import PodPatch, metadata_changes, patched_jobs, pod_patches
 from trainjob.runtime.plan import Plan, PodSet
-from trainjob.runtime.template import env_from_api, pod_spec, upsert_env
+from trainjob.runtime.plugin import Builder, Context, Plugin, Renderer, Validator
+from trainjob.runtime.template import container_to_dict, env_from_api, object_metadata, pod_spec, upsert_env
 
-TRAINJOB_NAME_LABEL = "trainer.kubeflow.org/trainjob-name"
+#: Jobs need a pod restart policy other than ``Always``; failures are handled by the JobSet, not in place.
+DEFAULT_RESTART_POLICY = "Never"
 
 
-class JobSetPlugin(Plugin):
+class JobSetPlugin(Plugin, Validator, Builder, Renderer):
+    """Phases: validate (the jobs that patches name), build (labels, patches, pod DNS), render (the JobSet)."""
+
     name = "jobset"
 
     def validate(self, ctx: Context) -> list[ValidationError]:
@@ -62,6 +72,58 @@ class JobSetPlugin(Plugin):
             for target, _ in patch.targets:
                 apply_pod_patch(patch, jobs[target])
         _enable_pod_dns(plan)
+
+    def render(self, plan: Plan) -> list[dict[str, Any]]:
+        return [render_jobset(plan)]
+
+
+def render_jobset(plan: Plan) -> dict[str, Any]:
+    """The JobSet named after the job, in its namespace, labelled ``trainer.kubeflow.org/trainjob-name``."""
+    spec = copy.deepcopy(plan.jobset_spec)
+    if plan.suspend:
+        spec["suspend"] = True
+    spec["replicatedJobs"] = [_replicated_job(plan, pod_set) for pod_set in plan.pod_sets]
+    return {
+        "apiVersion": JOBSET_API_VERSION,
+        "kind": "JobSet",
+        "metadata": object_metadata(plan, plan.labels, plan.annotations),
+        "spec": spec,
+    }
+
+
+def _replicated_job(plan: Plan, pod_set: PodSet) -> dict[str, Any]:
+    template = copy.deepcopy(pod_set.template)
+    job_meta = template.setdefault("metadata", {})
+    job_meta["labels"] = {**(job_meta.get("labels") or {}), **plan.labels}
+    if plan.annotations:
+        job_meta["annotations"] = {**(job_meta.get("annotations") or {}), **plan.annotations}
+    job_spec = template.setdefault("spec", {})
+    pods_per_job = max(1, pod_set.count // max(1, pod_set.replicas))
+    job_spec["completionMode"] = "Indexed"
+    job_spec["parallelism"] = pods_per_job
+    job_spec["completions"] = pods_per_job
+    if plan.active_deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = plan.active_deadline_seconds
+    pod_template = job_spec.get("template") or {}
+    pod = dict(pod_template.get("spec") or {})
+    originals = {c.get("name"): c for c in pod.get("containers") or []}
+    pod["containers"] = [container_to_dict(c, originals.get(c.name)) for c in pod_set.containers]
+    pod.setdefault("restartPolicy", DEFAULT_RESTART_POLICY)
+    job_spec["template"] = {
+        "metadata": pod_template.get("metadata") or {},
+        "spec": _containers_first(pod),
+    }
+    replicated: dict[str, Any] = {"name": pod_set.name}
+    if pod_set.group_name:
+        replicated["groupName"] = pod_set.group_name
+    if pod_set.depends_on:
+        replicated["dependsOn"] = copy.deepcopy(pod_set.depends_on)
+    return {**replicated, "replicas": pod_set.replicas, "template": template}
+
+
+def _containers_first(pod: dict[str, Any]) -> dict[str, Any]:
+    keys = ["initContainers", "containers"]
+    return {k: pod[k] for k in keys if k in pod} | {k: v for k, v in pod.items() if k not in keys}
 
 
 def apply_pod_patch(patch: PodPatch, pod_set: PodSet) -> None:

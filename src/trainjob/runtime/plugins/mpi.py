@@ -26,9 +26,9 @@ launcher env (OpenMPI)                 ``OMPI_MCA_orte_default_hostfile=/etc/mpi
                                        ``OMPI_MCA_plm_rsh_args=-o ConnectionAttempts=10``
 =====================================  ==================================================================
 
-Only ``OpenMPI`` (also spelt ``""``) is supported, as in Kubeflow v2.1. The Secret and the ConfigMap are rendered
-beside the JobSet (:mod:`trainjob.runtime.render`); the key pair is generated when the Secret is rendered, so an
-operator creates the Secret once and keeps it (it is immutable).
+Only ``OpenMPI`` (also spelt ``""``) is supported, as in Kubeflow v2.1. This plugin renders the Secret and the
+ConfigMap (labelled ``trainer.kubeflow.org/trainjob-name``), which go beside the JobSet; the key pair is generated
+when the Secret is rendered, so an operator creates the Secret once and keeps it (it is immutable).
 """
 
 from __future__ import annotations
@@ -42,14 +42,15 @@ from typing import Any
 from trainjob.api import MPIMLPolicy
 from trainjob.api.errors import quote
 from trainjob.api.quantity import gpu_count
+from trainjob.constants import TRAINER_CONTAINER, TRAINER_JOB, TRAINJOB_NAME_LABEL
 from trainjob.errors import ValidationError
-from trainjob.runtime.framework import Context, Plugin
-from trainjob.runtime.overrides import requested_num_nodes
 from trainjob.runtime.plan import Container, EnvVar, MPIPolicy, Plan, PodSet, Resources
-from trainjob.runtime.template import TRAINER_CONTAINER, env_from_api, pod_spec, upsert_env
+from trainjob.runtime.plugin import Context, MLPolicyEnforcer, Plugin, Renderer, Validator
+from trainjob.runtime.template import env_from_api, pod_spec, upsert_env
+from trainjob.runtime.trainer_spec import requested_num_nodes
 
 LAUNCHER = "launcher"
-NODE = "node"
+NODE = TRAINER_JOB
 SUPPORTED_IMPLEMENTATIONS = ("OpenMPI",)
 DEFAULT_SSH_AUTH_MOUNT_PATH = "/root/.ssh"
 SSH_AUTH_SECRET_SUFFIX = "-mpi-ssh-auth"
@@ -64,10 +65,11 @@ HOSTFILE_ENV = "OMPI_MCA_orte_default_hostfile"
 RSH_ARGS = "-o ConnectionAttempts=10"
 
 
-def openmpi_env(policy: MPIPolicy) -> list[EnvVar]:
-    """The launcher's ``OMPI_MCA_*`` variables (see the module docstring)."""
+def openmpi_env(policy: MPIPolicy, hostfile: str = f"{HOSTFILE_DIR}/{HOSTFILE_NAME}") -> list[EnvVar]:
+    """The launcher's ``OMPI_MCA_*`` variables (see the module docstring); ``hostfile`` is where the hostfile is
+    (the ConfigMap's mount; the local backend writes it into the job's directory)."""
     return [
-        EnvVar(HOSTFILE_ENV, f"{HOSTFILE_DIR}/{HOSTFILE_NAME}"),
+        EnvVar(HOSTFILE_ENV, hostfile),
         EnvVar("OMPI_MCA_orte_keep_fqdn_hostnames", "true"),
         EnvVar("OMPI_MCA_orte_set_default_slots", str(policy.slots)),
         EnvVar("OMPI_MCA_plm_rsh_args", RSH_ARGS),
@@ -82,8 +84,10 @@ def hostfile_configmap_name(job_name: str) -> str:
     return job_name + HOSTFILE_CONFIGMAP_SUFFIX
 
 
-class MPIPlugin(Plugin):
-    """Launcher, node count, hostfile, SSH keys and ``OMPI_MCA_*`` env for ``mlPolicy.mpi`` runtimes."""
+class MPIPlugin(Plugin, Validator, MLPolicyEnforcer, Renderer):
+    """Launcher, node count, hostfile, SSH keys and ``OMPI_MCA_*`` env for ``mlPolicy.mpi`` runtimes.
+
+    Phases: validate, ML policy, render (the SSH keys Secret and the hostfile ConfigMap)."""
 
     name = "mpi"
 
@@ -145,6 +149,15 @@ class MPIPlugin(Plugin):
         plan.num_proc_per_node = policy.slots
         _mount_secrets(plan, launcher, node)
         upsert_env(launcher_container, openmpi_env(policy))
+
+    def render(self, plan: Plan) -> list[dict[str, Any]]:
+        """The SSH keys Secret and hostfile ConfigMap of an MPI plan, labelled with the job's name."""
+        if plan.mpi is None:
+            return []
+        objects = [render_ssh_auth_secret(plan), render_hostfile_configmap(plan)]
+        for obj in objects:
+            obj["metadata"]["labels"] = {TRAINJOB_NAME_LABEL: plan.job_name}
+        return objects
 
 
 def render_ssh_auth_secret(plan: Plan) -> dict[str, Any]:

@@ -8,12 +8,12 @@ launcher (a shell script, ``python -m``, an MPI-less custom rendezvous) can run.
 from __future__ import annotations
 
 from trainjob.errors import ValidationError
-from trainjob.runtime.framework import Context, Plugin
-from trainjob.runtime.overrides import requested_num_nodes
+from trainjob.runtime.plugin import Context, MLPolicyEnforcer, Plugin, Validator
+from trainjob.runtime.trainer_spec import requested_num_nodes
 
 
-class PlainMLPlugin(Plugin):
-    """Node count for runtimes whose ``mlPolicy`` sets neither ``torch`` nor ``mpi``."""
+class PlainMLPlugin(Plugin, Validator, MLPolicyEnforcer):
+    """Node count for runtimes whose ``mlPolicy`` sets neither ``torch`` nor ``mpi``. Phases: validate, ML policy."""
 
     name = "plainml"
 

@@ -1,6 +1,10 @@
 """The torch plugin: what ``torchrun`` on every node needs, for runtimes with ``mlPolicy.torch``.
 
-Environment of the trainer (``node``) container (``torchrun`` reads ``PET_<OPTION>`` as ``--<option>``):
+The plugin resolves the launch values (node count, processes per node, port, elastic range) onto the plan; the
+one function :func:`trainjob.runtime.launch.torchrun_env` turns them, with the JobSet's addressing
+(:func:`~trainjob.runtime.launch.kubernetes_addressing`), into the environment of the trainer (``node``)
+container (``torchrun`` reads ``PET_<OPTION>`` as ``--<option>``); the local backend calls the same function's
+addressing part with its own addressing:
 
 =======================  =====================================================================
 variable                 value
@@ -16,6 +20,9 @@ variable                 value
 ``PET_RDZV_ENDPOINT``    elastic only: ``{master addr}:29500``
 ``PET_RDZV_ID``          elastic only: the job name
 ``PET_RDZV_CONF``        elastic only: ``last_call_timeout=5`` (torchrun waits 30 s by default for late nodes)
+``TORCH_DISABLE_SHARE_`` elastic only: ``1``, so the ranks of each rendezvous round get a store of their own (the
+``RDZV_TCP_STORE``       shared one outlives its round, and a smaller round's ranks would read the last round's
+                         addresses and time out)
 =======================  =====================================================================
 
 ``PET_*`` names in ``spec.trainer.env`` are rejected: they would silently fight the values above.
@@ -29,24 +36,14 @@ from trainjob.api import TorchElasticPolicy, TrainJob
 from trainjob.api.common import MAX_NUM_PROC_PER_NODE
 from trainjob.api.errors import quote
 from trainjob.api.quantity import cpu_count, gpu_count
+from trainjob.constants import PET_PREFIX, TRAINER_CONTAINER
 from trainjob.errors import ValidationError
-from trainjob.runtime.framework import Context, Plugin
-from trainjob.runtime.overrides import requested_num_nodes
+from trainjob.runtime.launch import kubernetes_addressing, launch_plan, torchrun_env
 from trainjob.runtime.patches import pod_patches
-from trainjob.runtime.plan import (
-    COMPLETION_INDEX_FIELD_PATH,
-    ContainerPort,
-    ElasticPolicy,
-    EnvVar,
-    Plan,
-    Resources,
-)
-from trainjob.runtime.template import TRAINER_CONTAINER, env_to_dict, main_container, pod_spec, upsert_env
-
-RESERVED_ENV_PREFIX = "PET_"
-MASTER_PORT = 29500
-RDZV_BACKEND = "c10d"
-LAST_CALL_TIMEOUT_SECONDS = 5
+from trainjob.runtime.plan import ContainerPort, ElasticPolicy, EnvVar, Plan, Resources
+from trainjob.runtime.plugin import Context, MLPolicyEnforcer, Plugin, Validator
+from trainjob.runtime.template import env_to_dict, main_container, pod_spec, upsert_env
+from trainjob.runtime.trainer_spec import requested_num_nodes
 
 
 def resolve_num_proc_per_node(setting: int | str | None, resources: Resources) -> int:
@@ -98,30 +95,13 @@ def _at_most_max(setting: str, count: int, what: str) -> int:
 
 
 def torch_env(plan: Plan) -> list[EnvVar]:
-    """The ``PET_*`` variables for the trainer container of ``plan`` (see the module docstring)."""
-    master_addr = plan.master_addr()
-    elastic = plan.elastic
-    nnodes = f"{elastic.min_nodes}:{elastic.max_nodes}" if elastic else str(plan.num_nodes)
-    env = [
-        EnvVar("PET_NNODES", nnodes),
-        EnvVar("PET_NPROC_PER_NODE", str(plan.num_proc_per_node)),
-        EnvVar("PET_NODE_RANK", value_from={"fieldRef": {"fieldPath": COMPLETION_INDEX_FIELD_PATH}}),
-        EnvVar("PET_MASTER_ADDR", master_addr),
-        EnvVar("PET_MASTER_PORT", str(plan.master_port)),
-    ]
-    if elastic:
-        env += [
-            EnvVar("PET_MAX_RESTARTS", str(elastic.max_restarts)),
-            EnvVar("PET_RDZV_BACKEND", RDZV_BACKEND),
-            EnvVar("PET_RDZV_ENDPOINT", f"{master_addr}:{plan.master_port}"),
-            EnvVar("PET_RDZV_ID", plan.job_name),
-            EnvVar("PET_RDZV_CONF", f"last_call_timeout={LAST_CALL_TIMEOUT_SECONDS}"),
-        ]
-    return env
+    """The ``PET_*`` variables of the trainer container of ``plan``: its launch values, addressed as in a JobSet."""
+    return torchrun_env(launch_plan(plan), kubernetes_addressing(plan))
 
 
-class TorchPlugin(Plugin):
-    """Node count, processes per node, ``PET_*`` env and port 29500 for ``mlPolicy.torch`` runtimes."""
+class TorchPlugin(Plugin, Validator, MLPolicyEnforcer):
+    """Node count, processes per node, ``PET_*`` env and port 29500 for ``mlPolicy.torch`` runtimes.
+    Phases: validate, ML policy."""
 
     name = "torch"
 
@@ -226,12 +206,12 @@ def _reserved_env_problems(trainjob: TrainJob) -> list[ValidationError]:
     problems = []
     trainer = trainjob.spec.trainer
     for i, var in enumerate((trainer.env if trainer else None) or []):
-        if var.name.startswith(RESERVED_ENV_PREFIX):
+        if var.name.startswith(PET_PREFIX):
             problems.append(_reserved(f"spec.trainer.env[{i}].name", var.name))
     for patch in pod_patches(trainjob):
         for j, container in enumerate((patch.spec.containers if patch.spec else None) or []):
             for k, var in enumerate(container.env or []):
-                if var.name.startswith(RESERVED_ENV_PREFIX):
+                if var.name.startswith(PET_PREFIX):
                     problems.append(_reserved(f"{patch.path}.spec.containers[{j}].env[{k}].name", var.name))
     return problems
 

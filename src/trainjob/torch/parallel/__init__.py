@@ -10,7 +10,8 @@
     loss = model.train_step(tokens, targets)
 
 ``trainjob.torch.prepare_model(model, parallel=dims, pipeline=...)`` does the same. FSDP, DDP and activation
-checkpointing are :mod:`trainjob.torch.wrap`'s, shared with ``prepare_model`` and re-exported here.
+checkpointing are :mod:`trainjob.torch.wrap`'s, shared with ``prepare_model`` and re-exported here. The default
+loss (``lm_loss``, next-token cross-entropy) is :mod:`trainjob.torch.parallel.loss`'s.
 
 Names load on first use, so :class:`ParallelDims` (the one definition of the rank layout, which the planner in
 :mod:`trainjob.tools` uses too) can be imported without importing torch.
@@ -33,6 +34,8 @@ _EXPORTS = {
     "apply_tp": "trainjob.torch.parallel.tensor",
     "check_tp_plan": "trainjob.torch.parallel.tensor",
     "transformer_plan": "trainjob.torch.parallel.tensor",
+    "LossFn": "trainjob.torch.parallel.loss",
+    "lm_loss": "trainjob.torch.parallel.loss",
     "apply_activation_checkpointing": "trainjob.torch.wrap",
     "apply_ddp": "trainjob.torch.wrap",
     "apply_fsdp": "trainjob.torch.wrap",
@@ -40,6 +43,7 @@ _EXPORTS = {
 
 __all__ = [
     "MESH_DIM_NAMES",
+    "LossFn",
     "SCHEDULES",
     "ParallelDims",
     "ParallelModel",
@@ -50,6 +54,7 @@ __all__ = [
     "apply_tp",
     "check_microbatches",
     "check_tp_plan",
+    "lm_loss",
     "parallelize",
     "split_layers",
     "transformer_plan",
@@ -58,6 +63,7 @@ __all__ = [
 if TYPE_CHECKING:
     from trainjob.torch.parallel.compose import ParallelModel, parallelize
     from trainjob.torch.parallel.dims import MESH_DIM_NAMES, ParallelDims
+    from trainjob.torch.parallel.loss import LossFn, lm_loss
     from trainjob.torch.parallel.pipeline import SCHEDULES, PipelineConfig, check_microbatches
     from trainjob.torch.parallel.stages import split_layers
     from trainjob.torch.parallel.tensor import apply_tp, check_tp_plan, transformer_plan

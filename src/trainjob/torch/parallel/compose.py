@@ -1,10 +1,12 @@
 """Compose pipeline, tensor and data parallelism on one device mesh, in that order, from outside the model.
 
-1. **PP** cuts the model into stages and keeps this rank's (one, or two for interleaved / V schedules);
-2. **TP** shards each stage's linear layers over ``mesh["tp"]``;
-3. **activation checkpointing** wraps each transformer block;
-4. **FSDP** (ZeRO 1-3) or **DDP** (ZeRO 0) over the ``(dp_replicate, dp_shard)`` mesh: block by block, then each
-   stage as a whole.
+0. :func:`check_parallelize` refuses what cannot work before anything changes;
+1. **PP** (:func:`apply_pipeline`) cuts the model into stages and keeps this rank's (one, or two for interleaved /
+   V schedules);
+2. **TP** (:func:`apply_tensor_parallel`) shards each stage's linear layers over ``mesh["tp"]``;
+3. **activation checkpointing** (:func:`apply_stage_checkpointing`) wraps each transformer block;
+4. **FSDP** (ZeRO 1-3) or **DDP** (ZeRO 0) (:func:`apply_data_parallel`) over the ``(dp_replicate, dp_shard)``
+   mesh: block by block, then each stage as a whole.
 
 The result is a :class:`ParallelModel`: an ``nn.Module`` whose parameters are this rank's share under the original
 names (hand it to the optimizer and to :class:`trainjob.torch.Checkpointer`, whose DCP checkpoints then load under
@@ -28,16 +30,26 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from trainjob.errors import ValidationError
 from trainjob.torch.clip import clip_grad_norm_
+from trainjob.torch.data_layout import set_current_layout
 from trainjob.torch.env import init
-from trainjob.torch.parallel.dims import ParallelDims, set_current_layout
-from trainjob.torch.parallel.gpt import lm_loss
-from trainjob.torch.parallel.pipeline import LossFn, PipelineConfig, PipelineRunner
+from trainjob.torch.parallel.dims import ParallelDims
+from trainjob.torch.parallel.loss import LossFn, lm_loss
+from trainjob.torch.parallel.pipeline import PipelineConfig, PipelineRunner
 from trainjob.torch.parallel.stages import build_stage_modules, meta_copy
 from trainjob.torch.parallel.tensor import TPPlan, apply_tp, check_tp_plan, transformer_plan
 from trainjob.torch.precision import Precision, precision_dtype
 from trainjob.torch.wrap import apply_activation_checkpointing, apply_ddp, apply_fsdp
 
-__all__ = ["ParallelModel", "parallelize"]
+__all__ = [
+    "ParallelModel",
+    "apply_data_parallel",
+    "apply_pipeline",
+    "apply_stage_checkpointing",
+    "apply_tensor_parallel",
+    "check_parallelize",
+    "parallelize",
+    "stage_blocks",
+]
 
 
 class ParallelModel(nn.Module):
@@ -158,7 +170,8 @@ def parallelize(
     :func:`trainjob.torch.prepare_data_loader` shards data by this layout's data-parallel rank: the ranks of one
     tensor-parallel / pipeline group read the same batches. ``tp_plan`` defaults to
     :func:`~trainjob.torch.parallel.tensor.transformer_plan`; ``pipeline`` to ``PipelineConfig()`` (1F1B) when
-    ``parallel.pp > 1``; ``loss_fn(outputs, targets)`` is what the last pipeline stage and ``train_step`` compute.
+    ``parallel.pp > 1``; ``loss_fn(outputs, targets)`` is what the last pipeline stage and ``train_step`` compute
+    (default: :func:`~trainjob.torch.parallel.loss.lm_loss`).
     Data parallelism uses FSDP2 for ``zero_stage`` 1-3 and DDP for 0 (see :mod:`trainjob.torch.wrap`, shared with
     :func:`trainjob.torch.prepare_model`); ``mixed_precision`` (``"bf16"``/``"fp16"``) and ``cpu_offload`` go
     through FSDP's policies, so they apply FSDP even at ``dp == 1``; without pipelining the model's outputs come
@@ -166,79 +179,143 @@ def parallelize(
     """
     dtype = precision_dtype(mixed_precision)
     device = init().device
+    plan = tp_plan if tp_plan is not None else transformer_plan(sequence_parallel)
+    check_parallelize(model, parallel, plan, zero_stage=zero_stage, dtype=dtype, cpu_offload=cpu_offload)
+    mesh = mesh or parallel.build_mesh(device.type)
+    parts: list[nn.Module] = [model]
+    runner: PipelineRunner | None = None
+    if parallel.pp > 1:
+        parts, runner = apply_pipeline(
+            model, parallel, mesh, pipeline or PipelineConfig(), loss_fn=loss_fn, device=device,
+            activation_dtype=dtype, sequence_parallel=sequence_parallel,
+        )  # fmt: skip
+    for part in parts:  # only this rank's stages go to its device
+        part.to(device)
+    if parallel.tp > 1:
+        apply_tensor_parallel(parts, mesh["tp"], plan)
+    blocks = stage_blocks(parts)
+    if activation_checkpointing:
+        blocks = apply_stage_checkpointing(parts, type(model).__name__)
+    parts = apply_data_parallel(
+        parts, blocks, parallel, mesh, zero_stage=zero_stage, param_dtype=dtype, cpu_offload=cpu_offload,
+        float32_outputs=runner is None,
+    )  # fmt: skip
+    if runner is not None:
+        runner.parts = parts  # DDP wrapped the stages the schedule runs
+    set_current_layout(parallel)  # data loaders now shard by data-parallel rank (trainjob.torch.data)
+    return ParallelModel(parts, dims=parallel, mesh=mesh, loss_fn=loss_fn, pipeline=runner)
+
+
+def check_parallelize(
+    model: nn.Module,
+    parallel: ParallelDims,
+    plan: TPPlan,
+    *,
+    zero_stage: int,
+    dtype: torch.dtype | None,
+    cpu_offload: bool,
+) -> None:
+    """Refuse a layout this process group, the data-parallel settings or the model cannot take, before anything
+    changes: the world size, ``zero_stage`` with precision/offload/TP, and (``tp > 1``) the TP plan's layers."""
     if parallel.world_size != dist.get_world_size():
         raise ValidationError(
             "parallel.world_size",
             f"is {parallel.world_size} but the process group has {dist.get_world_size()} ranks",
         )
     _check_data_parallel(parallel, zero_stage, dtype, cpu_offload)
-    plan = tp_plan if tp_plan is not None else transformer_plan(sequence_parallel)
     if parallel.tp > 1:
-        check_tp_plan(model, plan, parallel.tp)  # before anything changes
-    mesh = mesh or parallel.build_mesh(device.type)
+        check_tp_plan(model, plan, parallel.tp)
 
-    runner: PipelineRunner | None = None
-    parts = [model]
-    if parallel.pp > 1:
-        config = pipeline or PipelineConfig()
-        shape_model = meta_copy(model)
-        pp_rank = parallel.coordinates(dist.get_rank())["pp"]
-        parts, indices, stage_layers = build_stage_modules(
-            model,
-            pp=parallel.pp,
-            pp_rank=pp_rank,
-            stages_per_rank=config.resolved_stages_per_rank(),
-            style=config.rule().style,
-            split_points=config.split_points,
+
+def apply_pipeline(
+    model: nn.Module,
+    parallel: ParallelDims,
+    mesh: DeviceMesh,
+    config: PipelineConfig,
+    *,
+    loss_fn: LossFn,
+    device: torch.device,
+    activation_dtype: torch.dtype | None,
+    sequence_parallel: bool,
+) -> tuple[list[nn.Module], PipelineRunner]:
+    """Cut ``model`` into stages and keep this rank's (one, or two for interleaved / V schedules); returns them and
+    the runner that drives ``config``'s schedule over ``mesh["pp"]``."""
+    shape_model = meta_copy(model)
+    pp_rank = parallel.coordinates(dist.get_rank())["pp"]
+    parts, indices, stage_layers = build_stage_modules(
+        model,
+        pp=parallel.pp,
+        pp_rank=pp_rank,
+        stages_per_rank=config.resolved_stages_per_rank(),
+        style=config.rule().style,
+        split_points=config.split_points,
+    )
+    runner = PipelineRunner(
+        parts=parts,
+        stage_indices=indices,
+        stage_layers=stage_layers,
+        shape_model=shape_model,
+        config=config,
+        pp_mesh=mesh["pp"],
+        loss_fn=loss_fn,
+        device=device,
+        activation_dtype=activation_dtype,
+        seq_shards=parallel.tp if sequence_parallel else 1,
+    )
+    return parts, runner
+
+
+def apply_tensor_parallel(parts: list[nn.Module], tp_mesh: DeviceMesh, plan: TPPlan) -> None:
+    """Shard each stage's linear layers over ``tp_mesh`` as ``plan`` says (:func:`~.tensor.apply_tp`)."""
+    for part in parts:
+        apply_tp(part, tp_mesh, plan)
+
+
+def stage_blocks(parts: list[nn.Module]) -> list[nn.Module]:
+    """The transformer blocks of every stage: the children of each one's ``layers``, the FSDP units."""
+    return [block for part in parts for block in _blocks(part)]
+
+
+def apply_stage_checkpointing(parts: list[nn.Module], model_name: str) -> list[nn.Module]:
+    """Wrap every stage's blocks in activation checkpointing; returns the wrapped blocks (the FSDP units then)."""
+    if not stage_blocks(parts):
+        raise ValidationError(
+            "activation_checkpointing",
+            f"checkpoints the blocks in model.layers; {model_name} has none",
         )
-        runner = PipelineRunner(
-            parts=parts,
-            stage_indices=indices,
-            stage_layers=stage_layers,
-            shape_model=shape_model,
-            config=config,
-            pp_mesh=mesh["pp"],
-            loss_fn=loss_fn,
-            device=device,
-            activation_dtype=dtype,
-            seq_shards=parallel.tp if sequence_parallel else 1,
-        )
-    for part in parts:  # only this rank's stages go to its device
-        part.to(device)
+    return [wrapped for part in parts for wrapped in apply_activation_checkpointing(part, _blocks(part))]
 
-    if parallel.tp > 1:
-        for part in parts:
-            apply_tp(part, mesh["tp"], plan)
 
-    blocks = [block for part in parts for block in _blocks(part)]
-    if activation_checkpointing:
-        if not blocks:
-            raise ValidationError(
-                "activation_checkpointing",
-                f"checkpoints the blocks in model.layers; {type(model).__name__} has none",
-            )
-        blocks = [
-            wrapped for part in parts for wrapped in apply_activation_checkpointing(part, _blocks(part))
-        ]
-
+def apply_data_parallel(
+    parts: list[nn.Module],
+    blocks: list[nn.Module],
+    parallel: ParallelDims,
+    mesh: DeviceMesh,
+    *,
+    zero_stage: int,
+    param_dtype: torch.dtype | None,
+    cpu_offload: bool,
+    float32_outputs: bool,
+) -> list[nn.Module]:
+    """DDP over the one data-parallel mesh dimension (``zero_stage=0``), or FSDP2 over ``(dp_replicate, dp_shard)``
+    block by block then stage by stage (1-3; also at ``dp == 1`` for its precision and offload policies). Returns
+    the stages as they now run: DDP wraps them, FSDP changes them in place. ``float32_outputs``: the root hands
+    float32 to the loss (without pipelining)."""
     if zero_stage == 0 and parallel.dp > 1:
         dim = "dp_replicate" if parallel.dp_replicate > 1 else "dp_shard"
-        parts = [apply_ddp(part, mesh[dim]) for part in parts]
-        if runner is not None:
-            runner.parts = parts
-    elif zero_stage > 0 and (parallel.dp > 1 or dtype is not None or cpu_offload):
+        return [apply_ddp(part, mesh[dim]) for part in parts]
+    if zero_stage > 0 and (parallel.dp > 1 or param_dtype is not None or cpu_offload):
         dp_mesh = mesh["dp_shard"] if parallel.dp_replicate == 1 else parallel.dp_mesh(mesh)
         apply_fsdp(
             blocks,
             parts,
             dp_mesh,
             zero_stage=zero_stage,
-            param_dtype=dtype,
-            output_dtype=torch.float32 if dtype is not None and runner is None else None,
+            param_dtype=param_dtype,
+            output_dtype=torch.float32 if param_dtype is not None and float32_outputs else None,
             cpu_offload=cpu_offload,
         )
-    set_current_layout(parallel)  # data loaders now shard by data-parallel rank (trainjob.torch.data)
-    return ParallelModel(parts, dims=parallel, mesh=mesh, loss_fn=loss_fn, pipeline=runner)
+    return parts
 
 
 def _check_data_parallel(

@@ -26,7 +26,7 @@ from trainjob.errors import ValidationError
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["MESH_DIM_NAMES", "ParallelDims", "current_layout", "set_current_layout"]
+__all__ = ["MESH_DIM_NAMES", "ParallelDims"]
 
 MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "pp", "tp")
 """Mesh dimension names, outermost first; every mesh has all four, unused ones with size 1."""
@@ -177,18 +177,3 @@ def _spans_nodes(dp_replicate: int, dp_shard: int, pp: int, tp: int, dim: str, g
     dims = ParallelDims(dp_replicate=dp_replicate, dp_shard=dp_shard, pp=pp, tp=tp,
                         world_size=dp_replicate * dp_shard * pp * tp)  # fmt: skip
     return any(len({rank // gpus_per_node for rank in group}) > 1 for group in dims.groups(dim))  # type: ignore[arg-type]
-
-
-_current: ParallelDims | None = None
-
-
-def set_current_layout(dims: ParallelDims | None) -> None:
-    """Record the layout of the model this process prepared last (``parallelize`` sets it, a plain
-    ``prepare_model`` clears it): data loaders prepared without ``rank=`` shard by its data-parallel rank."""
-    global _current
-    _current = dims
-
-
-def current_layout() -> ParallelDims | None:
-    """The layout set by the last ``parallelize`` in this process, or ``None`` (data parallel over every rank)."""
-    return _current

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainjob.torch.parallel.loss import lm_loss  # the loss this model trains with, parallelize's default too
+
 __all__ = ["GPT", "GPTConfig", "lm_loss", "transformer_flops_per_token"]
 
 
@@ -130,11 +132,6 @@ def _init_weights(module: nn.Module) -> None:
             nn.init.zeros_(module.bias)
     elif isinstance(module, nn.Embedding):
         nn.init.normal_(module.weight, std=0.02)
-
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over every position: ``lm_loss(model(x), y)``."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
 def transformer_flops_per_token(cfg: GPTConfig, seq_len: int) -> float:

@@ -26,7 +26,6 @@ model, so no shapes are exchanged between ranks at run time::
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -46,6 +45,7 @@ from torch.distributed.pipelining import (
 )
 
 from trainjob.errors import ValidationError
+from trainjob.torch.parallel.loss import LossFn
 from trainjob.torch.parallel.stages import stage_to_rank
 
 __all__ = [
@@ -56,8 +56,6 @@ __all__ = [
     "ScheduleRule",
     "check_microbatches",
 ]
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,14 @@
-"""Where a command's jobs live: the backend and, for Kubernetes, the namespace, kubeconfig and context.
+"""The plumbing every ``trainjob`` command shares: exit codes, errors, and the backend a command talks to.
 
-Every job command takes ``--backend local|kubernetes`` and, as kubectl does, ``-n/--namespace``, ``--kubeconfig``
-and ``--context``. What is not given on the command line comes from, in order:
+Exit codes scripts can rely on (:data:`EXIT_OK` ...): 0 success, 1 the job or operation failed, 2 bad input
+(usage, validation, unknown names), 3 timeout while waiting, 130 interrupted. Every error leaves through
+:func:`fail` (one ``error: ...`` line per line of the message on stderr, then the exit code); a command wrapped in
+:func:`handle_errors` gets trainjob's errors turned into the matching code (:func:`exit_code`), never a
+traceback. Notes and warnings for the user go to stderr through :func:`note`.
+
+Where a command's jobs live: the backend and, for Kubernetes, the namespace, kubeconfig and context. Every job
+command takes ``--backend local|kubernetes`` and, as kubectl does, ``-n/--namespace``, ``--kubeconfig`` and
+``--context`` (:func:`backend_option`). What is not given on the command line comes from, in order:
 
 ====================  ===========================================================================================
 ``--backend``         ``$TRAINJOB_BACKEND``, then ``backend:`` in the config file, then ``local``
@@ -28,11 +35,21 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
-from trainjob.errors import ValidationError
+from trainjob.errors import AlreadyExistsError, JobFailedError, NotFoundError, TrainJobError, ValidationError
+
+if TYPE_CHECKING:
+    from trainjob.backends.base import Backend
+
+#: Exit codes of every ``trainjob`` command (one table for the CLI).
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_TIMEOUT = 3
+EXIT_INTERRUPTED = 130
 
 BACKENDS = ("local", "kubernetes")
 BACKEND_ENV = "TRAINJOB_BACKEND"
@@ -157,8 +174,7 @@ def backend_option(command: F) -> F:
         try:
             kwargs["backend"] = resolve_target(backend, namespace, kubeconfig, context)
         except ValidationError as exc:
-            click.echo(f"error: {exc}", err=True)
-            raise SystemExit(2) from None
+            fail(str(exc), EXIT_BAD_INPUT)
         return command(*args, **kwargs)
 
     options = [
@@ -174,7 +190,7 @@ def backend_option(command: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def make_backend(target: Target | str) -> Any:
+def make_backend(target: Target | str) -> Backend:
     """A backend for ``target`` (a :class:`Target`, or a backend name); Kubernetes is imported only when asked."""
     from trainjob.client import backend_for
 
@@ -187,3 +203,50 @@ def make_backend(target: Target | str) -> Any:
         return backend_for(KubernetesBackendConfig(namespace=target.namespace, config_file=target.kubeconfig,
                                                    context=target.context))
     return backend_for(None)
+
+
+# -- errors and exit codes ----------------------------------------------------------------------------------------
+
+
+def note(message: str) -> None:
+    """A line for the user that is not the command's output (``note: ...``, ``warning: ...``): on stderr."""
+    click.echo(message, err=True)
+
+
+def exit_with(code: int) -> NoReturn:
+    """End the command with ``code`` when what it printed already says why (``check`` found errors ...)."""
+    raise SystemExit(code)
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    """End the command: each line of ``message`` as ``error: LINE`` on stderr, then exit with ``code``."""
+    for line in message.splitlines() or [""]:
+        note(f"error: {line}")
+    exit_with(code)
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code an error ends a command with: bad input (invalid, unknown or taken names) 2, a failed job
+    or operation 1, a timeout 3."""
+    if isinstance(exc, ValidationError | NotFoundError | AlreadyExistsError):
+        return EXIT_BAD_INPUT
+    if isinstance(exc, TimeoutError):
+        return EXIT_TIMEOUT
+    return EXIT_FAILED
+
+
+def handle_errors(command: F) -> F:
+    """Turn trainjob errors (and timeouts) into :func:`fail` with their :func:`exit_code`; Ctrl-C exits 130."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except (ValidationError, NotFoundError, AlreadyExistsError) as exc:
+            fail(str(exc).replace("\n", "; "), EXIT_BAD_INPUT)
+        except (JobFailedError, TimeoutError, TrainJobError) as exc:
+            fail(str(exc), exit_code(exc))
+        except KeyboardInterrupt:
+            exit_with(EXIT_INTERRUPTED)
+
+    return wrapper  # type: ignore[return-value]

@@ -1,15 +1,18 @@
-"""The TrainJob's own settings applied on top of the runtime's pod sets: the trainer container (image, command,
-args, env, resources) and the dataset / model initializers (``STORAGE_URI``, env, secret)."""
+"""``spec.trainer`` and ``spec.initializer`` of a TrainJob applied to its runtime's pod sets: the trainer
+container (image, command, args, env, resources, the NCCL profile) and the dataset / model initializers
+(``STORAGE_URI``, env, secret). The framework does this before any plugin runs (:func:`initial_plan
+<trainjob.runtime.framework.initial_plan>`); :func:`requested_num_nodes` is the node count the ML plugins start from."""
 
 from __future__ import annotations
 
 from trainjob.api import InitializerSource, Runtime, Trainer, TrainJob
+from trainjob.constants import TRAINER_CONTAINER
 from trainjob.errors import ValidationError
+from trainjob.runtime.nccl import NCCL_PROFILE_ANNOTATION, apply_profile_annotation
 from trainjob.runtime.plan import Container, EnvVar, PodSet, Resources
 from trainjob.runtime.template import (
     DATASET_INITIALIZER,
     MODEL_INITIALIZER,
-    TRAINER_CONTAINER,
     env_from_api,
     main_container,
     pod_spec,
@@ -30,8 +33,6 @@ def apply_trainer(trainjob: TrainJob, trainer: PodSet, runtime: Runtime | None =
     """Put ``spec.trainer`` on the trainer's ``node`` container: set fields replace, ``env`` is merged by name,
     ``resourcesPerNode`` replaces the container's resources as a whole. Then the NCCL profile of annotation
     ``trainjob/nccl-profile`` (the job's, else ``runtime``'s) adds the variables the container does not set."""
-    from trainjob.runtime.nccl import NCCL_PROFILE_ANNOTATION, apply_profile_annotation
-
     spec = trainjob.spec.trainer
     annotation_sets = [trainjob.metadata.annotations, runtime.metadata.annotations if runtime else None]
     if spec is None and not any(NCCL_PROFILE_ANNOTATION in (a or {}) for a in annotation_sets):

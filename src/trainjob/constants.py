@@ -1,0 +1,92 @@
+"""The names trainjob shares with Kubernetes, Kubeflow Trainer, JobSet and torchrun, each written once.
+
+Every module that puts one of these names into a manifest, an environment or a status, or reads one back, imports
+it from here. This module imports nothing from trainjob, so anything can import it.
+
+>>> TRAINER_NODE, API_VERSION
+('node', 'trainer.kubeflow.org/v1alpha1')
+>>> JOB_STATUSES
+('Queued', 'Created', 'Running', 'Complete', 'Failed', 'Suspended')
+"""
+
+from __future__ import annotations
+
+# --- API groups and versions ------------------------------------------------------------------------------------
+API_GROUP = "trainer.kubeflow.org"
+API_VERSION = f"{API_GROUP}/v1alpha1"
+TRAINJOB_KIND = "TrainJob"
+TRAINING_RUNTIME_KIND = "TrainingRuntime"
+CLUSTER_TRAINING_RUNTIME_KIND = "ClusterTrainingRuntime"
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+COSCHEDULING_API_VERSION = "scheduling.x-k8s.io/v1alpha1"
+VOLCANO_API_VERSION = "scheduling.volcano.sh/v1beta1"
+PYTORCHJOB_API_VERSION = "kubeflow.org/v1"
+
+# --- the trainer ------------------------------------------------------------------------------------------------
+#: The replicated job (JobSet) and the container that run the training: one pod per node.
+TRAINER_NODE = "node"
+TRAINER_JOB = TRAINER_NODE
+TRAINER_CONTAINER = TRAINER_NODE
+#: The port torchrun's rendezvous (and ``PET_MASTER_PORT``) uses on node 0.
+MASTER_PORT = 29500
+#: The ``trainjob-ancestor-step`` label value of the trainer's replicated job.
+TRAINER_STEP = "trainer"
+
+# --- labels and annotations of Kubeflow Trainer, JobSet, Kubernetes and the gang schedulers ---------------------
+TRAINJOB_NAME_LABEL = f"{API_GROUP}/trainjob-name"
+ANCESTOR_STEP_LABEL = f"{API_GROUP}/trainjob-ancestor-step"
+RUNTIME_SNAPSHOT_ANNOTATION = f"{API_GROUP}/runtime-snapshot"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+#: Set by Kubernetes on every pod of an Indexed Job; ``PET_NODE_RANK`` is read from it.
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+COMPLETION_INDEX_LABEL = COMPLETION_INDEX_ANNOTATION
+COMPLETION_INDEX_FIELD_PATH = f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+VOLCANO_GROUP_NAME_ANNOTATION = "scheduling.k8s.io/group-name"
+VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
+#: The framework a runtime runs (``torch``, ``mpi``, ``deepspeed`` ...), as the Kubeflow SDK reads it.
+FRAMEWORK_LABEL = f"{API_GROUP}/framework"
+
+# --- trainjob's own annotations ---------------------------------------------------------------------------------
+ANNOTATION_PREFIX = "trainjob/"
+#: The launch values (nodes, processes per node, port, elastic range) the job was resolved to, as JSON.
+LAUNCH_ANNOTATION = f"{ANNOTATION_PREFIX}launch"
+TTL_ANNOTATION = f"{ANNOTATION_PREFIX}ttl-seconds-after-finished"
+PRIORITY_ANNOTATION = f"{ANNOTATION_PREFIX}priority"
+OVERSUBSCRIBE_ANNOTATION = f"{ANNOTATION_PREFIX}oversubscribe"
+NCCL_PROFILE_ANNOTATION = f"{ANNOTATION_PREFIX}nccl-profile"
+RESIZE_ANNOTATION = f"{ANNOTATION_PREFIX}last-resize"
+CONVERTED_FROM_ANNOTATION = f"{ANNOTATION_PREFIX}converted-from"
+CONVERSION_WARNINGS_ANNOTATION = f"{ANNOTATION_PREFIX}conversion-warnings"
+
+# --- torchrun's environment (torchrun reads PET_<OPTION> as --<option>) -----------------------------------------
+PET_PREFIX = "PET_"
+PET_NNODES = "PET_NNODES"
+PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+PET_NODE_RANK = "PET_NODE_RANK"
+PET_MASTER_ADDR = "PET_MASTER_ADDR"
+PET_MASTER_PORT = "PET_MASTER_PORT"
+PET_MAX_RESTARTS = "PET_MAX_RESTARTS"
+PET_RDZV_BACKEND = "PET_RDZV_BACKEND"
+PET_RDZV_ENDPOINT = "PET_RDZV_ENDPOINT"
+PET_RDZV_ID = "PET_RDZV_ID"
+PET_RDZV_CONF = "PET_RDZV_CONF"
+#: Set to ``1`` for elastic jobs: each rendezvous round's ranks get a store of their own. The one torchrun shares
+#: by default outlives its round, and the ranks of a smaller round would read what the last round's left in it.
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+# --- job statuses (the TrainJob's condition types, and the SDK's steps) -----------------------------------------
+QUEUED = "Queued"
+CREATED = "Created"
+RUNNING = "Running"
+COMPLETE = "Complete"
+FAILED = "Failed"
+SUSPENDED = "Suspended"
+JOB_STATUSES = (QUEUED, CREATED, RUNNING, COMPLETE, FAILED, SUSPENDED)
+FINISHED_STATUSES = (COMPLETE, FAILED)
+
+# --- trainjob's own environment in training processes -----------------------------------------------------------
+#: The JSON-lines file ``trainjob.torch.report`` appends metrics to (set by the local backend).
+METRICS_FILE_ENV = "TRAINJOB_METRICS_FILE"

@@ -1,0 +1,136 @@
+"""trainjob's modules import each other without circles.
+
+The graph is read from the source: every ``import`` and ``from ... import``, at module level or inside a function
+(an import moved into a function to dodge a circle still counts), except those under ``if TYPE_CHECKING:``. Importing
+``a.b.c`` also depends on the package ``a.b``, whose ``__init__`` runs first. The top package ``trainjob`` is left out as a target: its ``__init__``
+runs before any of its modules and loads the SDK's names lazily.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from pathlib import Path
+
+import trainjob
+
+ROOT = Path(trainjob.__file__).resolve().parent
+
+
+def module_files(root: Path = ROOT) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package under ``root``."""
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _type_checking_imports(tree: ast.AST) -> set[int]:
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skipped
+
+
+def _imported_names(module: str, is_package: bool, node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        package = module.split(".") if is_package else module.split(".")[:-1]
+        package = package[: len(package) - (node.level - 1)]
+        base = ".".join([*package, *([base] if base else [])])
+    return [base, *(f"{base}.{alias.name}" for alias in node.names)]
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the trainjob modules it imports (nearest enclosing module of each imported name)."""
+    top = next(iter(modules)).split(".")[0]
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skipped = _type_checking_imports(tree)
+        deps: set[str] = set()
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Import | ast.ImportFrom) or id(node) in skipped:
+                continue
+            for name in _imported_names(module, path.name == "__init__.py", node):
+                while name and name not in modules:
+                    name = name.rpartition(".")[0]
+                if name and name not in (module, top) and not module.startswith(name + "."):
+                    deps.add(name)  # a module's own packages are already running when it is imported
+        for dep in list(deps):  # a submodule's packages run their __init__ first
+            parts = dep.split(".")
+            for i in range(2, len(parts)):
+                package = ".".join(parts[:i])
+                if package != top and not module.startswith(package + ".") and package != module:
+                    deps.add(package)
+        graph[module] = deps
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(start: str) -> None:  # iterative, so deep graphs do not hit the recursion limit
+        work: list[tuple[str, Iterable[str]]] = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(iter(children), None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_graph_reader_finds_a_circle(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("from pkg.sub.b import B\n")
+    (package / "a.py").write_text("def f():\n    from pkg.sub import b\n")  # in a function: still counts
+    (package / "sub" / "b.py").write_text("from pkg import a\nB = 1\n")
+    (package / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n")
+    graph = import_graph(module_files(package))
+    assert graph["pkg.c"] == set()
+    assert cycles(graph) == [["pkg.a", "pkg.sub", "pkg.sub.b"]]
+
+
+def test_trainjob_has_no_import_cycles() -> None:
+    found = cycles(import_graph(module_files()))
+    assert found == [], "modules that import each other in a circle:\n" + "\n".join(" <-> ".join(c) for c in found)
