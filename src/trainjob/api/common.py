@@ -15,9 +15,10 @@ from pydantic.alias_generators import to_camel
 
 from trainjob.api.errors import quote, validate_model
 from trainjob.api.quantity import Quantity, QuantityError, parse_quantity
-
-API_GROUP = "trainer.kubeflow.org"
-API_VERSION = f"{API_GROUP}/v1alpha1"
+from trainjob.constants import (
+    API_GROUP as API_GROUP,  # re-exported: API modules and users import them from here
+)
+from trainjob.constants import API_VERSION as API_VERSION
 
 #: Most trainer nodes of one job. Kubernetes supports clusters of up to 5,000 nodes; a trainer pod usually
 #: takes a whole node, so 10,000 leaves room while every per-node table (node ranks, the local backend's node

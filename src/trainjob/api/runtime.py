@@ -32,6 +32,7 @@ from trainjob.api.common import (
 )
 from trainjob.api.errors import shorten
 from trainjob.api.podtemplate import check_job_template
+from trainjob.constants import TRAINER_CONTAINER
 
 
 class TorchElasticPolicy(KubeModel):
@@ -62,8 +63,8 @@ class EnvInjectionTarget(KubeModel):
     @field_validator("container_names")
     @classmethod
     def _not_the_trainer(cls, names: list[str]) -> list[str]:
-        if "node" in names:
-            raise ValueError("must not include 'node': the trainer container always gets the PET_* env")
+        if TRAINER_CONTAINER in names:
+            raise ValueError(f"must not include {TRAINER_CONTAINER!r}: the trainer container always gets the PET_* env")
         return names
 
 

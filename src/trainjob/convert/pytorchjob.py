@@ -46,7 +46,14 @@ from trainjob.api.common import EnvVar, ResourceRequirements
 from trainjob.api.errors import quote, validate_model
 from trainjob.api.runtime import TrainingRuntime
 from trainjob.api.trainjob import Trainer, TrainJob
-from trainjob.constants import CONVERSION_WARNINGS_ANNOTATION, CONVERTED_FROM_ANNOTATION, TTL_ANNOTATION
+from trainjob.constants import API_VERSION as TRAINER_API_VERSION
+from trainjob.constants import (
+    CONVERSION_WARNINGS_ANNOTATION,
+    CONVERTED_FROM_ANNOTATION,
+    TRAINER_CONTAINER,
+    TRAINER_JOB,
+    TTL_ANNOTATION,
+)
 from trainjob.convert.launch_command import LaunchCommand, read_launch_command
 from trainjob.convert.pytorchjob_api import API_VERSION, KIND, MASTER, WORKER, PyTorchJob, ReplicaSpec
 from trainjob.errors import ValidationError
@@ -214,7 +221,7 @@ class _Converter:
             pod_spec.pop("restartPolicy")
         containers = pod_spec["containers"]
         node = {k: v for k, v in containers[index].items() if k not in _TRAINER_FIELDS[1:]}
-        node["name"] = "node"
+        node["name"] = TRAINER_CONTAINER
         extra_container_fields = set(node) - {"name"}
         containers[index] = node
         failure_policy = self._failure_policy(primary)
@@ -234,12 +241,12 @@ class _Converter:
             "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
             "spec": {"template": {**({"metadata": pod_meta} if pod_meta else {}), "spec": pod_spec}},
         }
-        jobset_spec: dict[str, Any] = {"replicatedJobs": [{"name": "node", "template": job_template}]}
+        jobset_spec: dict[str, Any] = {"replicatedJobs": [{"name": TRAINER_JOB, "template": job_template}]}
         if failure_policy is not None:
             jobset_spec["failurePolicy"] = failure_policy
         spec: dict[str, Any] = {"mlPolicy": ml_policy, "template": {"spec": jobset_spec}}
         return TrainingRuntime.from_dict({
-            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "apiVersion": TRAINER_API_VERSION,
             "kind": "TrainingRuntime",
             "metadata": {
                 "name": self.job.name,
@@ -334,7 +341,7 @@ class _Converter:
         if meta.labels:
             metadata["labels"] = dict(meta.labels)
         return TrainJob.from_dict({
-            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "apiVersion": TRAINER_API_VERSION,
             "kind": "TrainJob",
             "metadata": metadata,
             "spec": spec,

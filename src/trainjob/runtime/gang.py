@@ -13,7 +13,8 @@ from typing import Any
 
 from trainjob.api.quantity import sum_quantities
 from trainjob.constants import TRAINER_STEP, TRAINJOB_NAME_LABEL
-from trainjob.runtime.plan import ElasticPolicy, Plan, PodSet
+from trainjob.runtime.plan import ElasticPolicy, Plan, PodGroupPolicy, PodSet
+from trainjob.runtime.plugin import Context, Plugin, PodGroupEnforcer, Renderer
 from trainjob.runtime.template import object_metadata, pod_metadata
 
 
@@ -59,3 +60,34 @@ def pod_group_object(plan: Plan, api_version: str, spec: dict[str, Any]) -> dict
         "metadata": object_metadata(plan, {TRAINJOB_NAME_LABEL: plan.job_name}, {}),
         "spec": spec,
     }
+
+
+class GangPlugin(Plugin, PodGroupEnforcer, Renderer):
+    """What the gang-scheduling plugins share: enabled by ``podGroupPolicy.<name>``, a PodGroup requirement of every
+    pod (``minNodes`` of an elastic trainer) and their summed requests, rendered as the scheduler's PodGroup.
+    Subclasses name the scheduler (``name``, ``api_version``) and add their own settings."""
+
+    api_version = ""
+
+    def enabled(self, ctx: Context) -> bool:
+        policy = ctx.runtime.spec.pod_group_policy
+        return policy is not None and getattr(policy, self.name) is not None
+
+    def gang_policy(self, plan: Plan, **settings: Any) -> PodGroupPolicy:
+        """The plan's PodGroup requirement: every pod, their requests, and the scheduler's own ``settings``."""
+        return PodGroupPolicy(scheduler=self.name, min_member=gang_size(plan.pod_sets, plan.elastic),
+                              min_resources=gang_resources(plan.pod_sets, plan.elastic), **settings)
+
+    def render(self, plan: Plan) -> list[dict[str, Any]]:
+        policy = plan.pod_group
+        if policy is None or policy.scheduler != self.name:
+            return []
+        spec: dict[str, Any] = {"minMember": policy.min_member}
+        if policy.min_resources:
+            spec["minResources"] = dict(policy.min_resources)
+        spec.update(self.pod_group_spec(policy))
+        return [pod_group_object(plan, self.api_version, spec)]
+
+    def pod_group_spec(self, policy: PodGroupPolicy) -> dict[str, Any]:
+        """The scheduler's own PodGroup fields, after ``minMember`` and ``minResources``."""
+        return {}
