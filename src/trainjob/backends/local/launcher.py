@@ -219,9 +219,16 @@ def build_launch_spec(
         # Pinned only when CPUs were requested; otherwise the nodes float over the machine like plain torchrun.
         pinned = cpu_sets[index] if requested_cpus is not None else []
         nodes.append(NodeLaunch(index=index, command=command, env=env, cpus=pinned))
+    return _launch_spec(plan, nodes, container.working_dir or cwd, notes, packages, pip_index_urls, inherit_env)
+
+
+def _launch_spec(plan: Plan, nodes: list[NodeLaunch], cwd: str, notes: list[tuple[str, str]],
+                 packages: list[str] | None, pip_index_urls: list[str] | None, inherit_env: bool) -> LaunchSpec:
+    """The spec of ``nodes``, with what every local job carries: its deadline, elastic settings, packages and the
+    environment passed on from here."""
     return LaunchSpec(
         nodes=nodes,
-        cwd=container.working_dir or cwd,
+        cwd=cwd,
         elastic=plan.elastic is not None,
         max_restarts=plan.elastic.max_restarts if plan.elastic else 0,
         min_nodes=plan.elastic.min_nodes if plan.elastic else None,
@@ -294,17 +301,7 @@ def build_mpi_launch_spec(
         role = ["launcher", *command] if index == 0 else ["node"]
         pinned = cpu_sets[index] if requested_cpus is not None else []
         nodes.append(NodeLaunch(index=index, command=["python", "-m", MODULE, *role], env=env, cpus=pinned))
-    return LaunchSpec(
-        nodes=nodes,
-        cwd=container.working_dir or cwd,
-        active_deadline_seconds=plan.active_deadline_seconds,
-        packages=list(packages or []),
-        pip_index_urls=list(pip_index_urls or []),
-        log_max_bytes=log_max_bytes(),
-        notes=notes,
-        base_env=passed_env(os.environ, inherit_env),
-        inherit_env=inherit_env,
-    )
+    return _launch_spec(plan, nodes, container.working_dir or cwd, notes, packages, pip_index_urls, inherit_env)
 
 
 def drop_mpi_volumes(plan: Plan) -> None:
