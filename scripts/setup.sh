@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs trainjob with its dev and example dependencies.
-# torch is pinned by constraints.txt to the CPU build so no CUDA packages are pulled in.
+# Creates .venv (if missing) and installs trainjob with its dev and example dependencies, every package at the
+# version requirements/dev.lock pins (transitive ones included; `bash scripts/lock.sh` refreshes the lock).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev]"
-# Real DeepSpeed for examples/deepspeed and its tests: only a source release exists; DS_BUILD_OPS=0 builds it
-# without compiling (its CPU ops compile on first use) and without a second torch (no build isolation).
-DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --no-build-isolation -c constraints.txt "deepspeed>=0.16"
+lock=requirements/dev.lock
+pin() { sed -n "s/^$1==//p" "$lock"; }
+# The build tools first, at their pinned versions; nothing below builds in an isolated (unpinned) environment.
+.venv/bin/python -m pip install -q --disable-pip-version-check "pip==$(pin pip)" "setuptools==$(pin setuptools)" \
+  "wheel==$(pin wheel)"
+# Everything but DeepSpeed, whose only release is a source one that imports torch while it builds.
+grep -v '^deepspeed==' "$lock" > .venv/dev-lock-wheels.txt
+.venv/bin/python -m pip install -q --disable-pip-version-check -r .venv/dev-lock-wheels.txt
+# trainjob itself, editable; its dependencies are all in the lock already.
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+# Real DeepSpeed for examples/deepspeed and its tests: DS_BUILD_OPS=0 builds it without compiling (its CPU ops
+# compile on first use) and against the torch installed above (no build isolation).
+DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps \
+  "deepspeed==$(pin deepspeed)"
+.venv/bin/python -m pip check >/dev/null || { .venv/bin/python -m pip check; exit 1; }
 # The dashboard's browser tests drive Debian's chromium headless (Playwright never downloads a browser here).
 # Installed when missing and we are root; otherwise those tests skip with the reason (CI requires them).
 if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -82,11 +82,22 @@ def check_yaml(text: str) -> None:
     expands to without expanding it, and stops at the first limit, so it takes milliseconds whatever ``text``
     is.
     """
+    try:
+        _walk_events(yaml.parse(text, Loader=_Parser))
+    except yaml.MarkedYAMLError as exc:
+        # libyaml (PyYAML >= 6.0.3's wheels) refuses nesting past its own bound (1,000 levels) while scanning
+        # ahead, before the event that crosses ours arrives; any depth it refuses is past ours too.
+        if "nesting depth" in (exc.problem or ""):
+            raise InputRefusedError(f"nests deeper than {MAX_DEPTH} levels, the limit", exc.problem_mark) from None
+        raise
+
+
+def _walk_events(events: Any) -> None:
     nodes = chars = depth = 0
     aliased = False
     anchors: dict[str, tuple[int, int, int]] = {}  # anchor -> (nodes, characters, height) it expands to
     open_: list[_Collection] = []
-    for event in yaml.parse(text, Loader=_Parser):
+    for event in events:
         if isinstance(event, yaml.DocumentStartEvent):
             anchors.clear()
         elif isinstance(event, yaml.ScalarEvent):
