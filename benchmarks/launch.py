@@ -38,7 +38,7 @@ def time_command(argv: list[str], env: dict[str, str], cwd: Path) -> float:
 
 
 def time_plain_torchrun(script: Path, env: dict[str, str], cwd: Path) -> float:
-    from trainjob.backends.local.launcher import free_port
+    from trainjob.backends.local.process_specs import free_port
 
     port = str(free_port())
     started = time.perf_counter()
@@ -115,7 +115,7 @@ def fill_store(home: Path, count: int) -> None:
 
 
 def list_cost(count: int, runs: int, workdir: Path) -> dict[str, float]:
-    from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+    from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
     from trainjob.cli.jobs_format import LIST_HEADER, summary_rows, table
 
     home = workdir / "list-home"

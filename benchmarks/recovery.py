@@ -153,7 +153,7 @@ def run_torchrun_nodes(args: argparse.Namespace, base: Path) -> dict:
 def run_trainjob(args: argparse.Namespace, base: Path) -> dict:
     from jobtest.local import elastic_runtime, trainjob_resource
 
-    from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+    from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 
     os.environ["TRAINJOB_NODE_BACKOFF_SECONDS"] = "600"  # measure the shrink alone
     backend = LocalBackend(LocalProcessBackendConfig(home=base / "home"))
@@ -178,7 +178,7 @@ def run_trainjob(args: argparse.Namespace, base: Path) -> dict:
 
 
 def _free_port() -> int:
-    from trainjob.backends.local.launcher import free_port
+    from trainjob.backends.local.process_specs import free_port
 
     return free_port()
 

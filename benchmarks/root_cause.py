@@ -47,7 +47,7 @@ def main() -> None:
     os.environ["TRAINJOB_HOME"] = str(workdir / "home")
     from jobtest.local import trainjob_resource, wait_until
 
-    from trainjob.backends.local.backend import LocalBackend
+    from trainjob.backends.local.client.backend import LocalBackend
     from trainjob.errors import JobFailedError
 
     script = workdir / "loop.py"

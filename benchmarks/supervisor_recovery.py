@@ -90,7 +90,7 @@ def main() -> None:
     os.environ["TRAINJOB_HOME"] = str(workdir / "home")
     from jobtest.local import processes_under, trainjob_resource
 
-    from trainjob.backends.local.backend import LocalBackend
+    from trainjob.backends.local.client.backend import LocalBackend
 
     script = workdir / "train.py"
     script.write_text(TRAIN)

@@ -14,13 +14,13 @@ import pytest
 from jobtest.local import delete_all_jobs, make_wheel, processes_under
 
 from trainjob.backends.base import Backend
-from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
-from trainjob.client import CustomTrainer, TrainerClient
+from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 from trainjob.errors import JobFailedError, NotFoundError, ValidationError
+from trainjob.sdk.client import CustomTrainer, TrainerClient
 
 # The seeds' SDK example, word for word except for its first import line.
 SEED_EXAMPLE = '''
-from trainjob.client import TrainerClient, CustomTrainer
+from trainjob.sdk.client import TrainerClient, CustomTrainer
 
 # 定义训练函数
 def train_pytorch():
@@ -83,7 +83,7 @@ def offline_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return wheels
 
 
-def test_the_seeds_sdk_example_runs_with_only_its_import_changed(client, offline_index, tmp_path, monkeypatch):
+def test_the_seeds_sdk_example_runs_with_only_its_import_changed(subprocesses, client, offline_index, tmp_path, monkeypatch):
     example = tmp_path / "example.py"
     example.write_text(SEED_EXAMPLE, encoding="utf-8")
     # It asks for 4 nodes x 8 CPUs, 32Gi and 2 GPUs, more than this machine has: the local queue would refuse it.
@@ -108,7 +108,7 @@ def show_arguments(text: str, count: int) -> None:
     print(repr(text), count * 2, transformers.__version__, sep="|")
 
 
-def test_function_arguments_reach_the_function_verbatim(client, offline_index):
+def test_function_arguments_reach_the_function_verbatim(local_jobs, client, offline_index):
     text = "$HOME `id`; rm -rf / && echo \"quoted\" 'single'"
     name = client.train(trainer=CustomTrainer(
         func=show_arguments, func_args={"text": text, "count": 21}, packages_to_install=["transformers"],
@@ -119,12 +119,13 @@ def test_function_arguments_reach_the_function_verbatim(client, offline_index):
     assert list(client.get_job_logs(name)) == [f"node-0/rank-0 | {text!r}|42|4.53.0"]
 
 
-def test_a_failed_package_install_fails_the_job_with_pips_message(client, offline_index):
+def test_a_failed_package_install_fails_the_job_with_pips_message(local_jobs, client, offline_index):
     name = client.train(trainer=CustomTrainer(func=show_arguments, func_args={"text": "", "count": 1},
                                               packages_to_install=["no-such-package-anywhere==1.0"]))
     started = time.monotonic()
     with pytest.raises(JobFailedError, match="PackageInstallFailed.*No matching distribution found for no-such-package-anywhere"):
         client.wait_for_job_status(name, timeout=120)
+    # Real clock on purpose: guards that a failed install ends the wait at once, not at the 120 s timeout.
     assert time.monotonic() - started < 60
     assert client.get_job(name).steps == []
 
@@ -173,7 +174,7 @@ def test_functions_that_would_fail_on_every_rank_are_refused_at_submit(client, t
     assert client.list_jobs() == []
 
 
-def test_a_function_with_a_decorator_over_several_lines_runs_undecorated(client, tmp_path):
+def test_a_function_with_a_decorator_over_several_lines_runs_undecorated(local_jobs, client, tmp_path):
     train = user_function(tmp_path, """
         import functools
 

@@ -1,9 +1,18 @@
-"""trainjob's modules import each other without circles.
+"""trainjob's modules import each other without circles, and each layer only imports the layers below it.
 
 The graph is read from the source: every ``import`` and ``from ... import``, at module level or inside a function
 (an import moved into a function to dodge a circle still counts), except those under ``if TYPE_CHECKING:``. Importing
 ``a.b.c`` also depends on the package ``a.b``, whose ``__init__`` runs first. The top package ``trainjob`` is left out as a target: its ``__init__``
 runs before any of its modules and loads the SDK's names lazily.
+
+The layers, as :data:`LAYER_RULES` checks them (what a module reaches through any chain of imports):
+
+=========================================  ===================================================================
+``trainjob.torch`` (inside training)       no backend, no CLI, no ``TrainerClient``
+``trainjob.runtime``                       no backend, no CLI, no ``TrainerClient``
+``trainjob.backends``                      no CLI, no ``TrainerClient``: they speak the SDK's types, below it
+``trainjob.sdk`` but ``trainjob.sdk.client``  no backend, no CLI (``TrainerClient`` is the one that picks a backend)
+=========================================  ===================================================================
 """
 
 from __future__ import annotations
@@ -118,6 +127,51 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+#: (importing package, packages it must not reach, modules of the importing package the rule leaves out)
+LAYER_RULES: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
+    ("trainjob.torch", ("trainjob.backends", "trainjob.cli", "trainjob.sdk.client"), ()),
+    ("trainjob.runtime", ("trainjob.backends", "trainjob.cli", "trainjob.sdk.client"), ()),
+    ("trainjob.backends", ("trainjob.cli", "trainjob.sdk.client"), ()),
+    ("trainjob.sdk", ("trainjob.backends", "trainjob.cli"), ("trainjob.sdk.client",)),
+]
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def import_chain(graph: dict[str, set[str]], start: str, targets: tuple[str, ...]) -> list[str] | None:
+    """The shortest chain of imports from ``start`` to a module inside one of ``targets``; ``None`` if none."""
+    came_from: dict[str, str | None] = {start: None}
+    queue = [start]
+    for module in queue:  # breadth first: the queue grows while it is walked
+        for dep in sorted(graph.get(module, ())):
+            if dep in came_from:
+                continue
+            came_from[dep] = module
+            if any(_within(dep, target) for target in targets):
+                chain = [dep]
+                while (previous := came_from[chain[-1]]) is not None:
+                    chain.append(previous)
+                return chain[::-1]
+            queue.append(dep)
+    return None
+
+
+def layer_violations(
+    graph: dict[str, set[str]], rules: list[tuple[str, tuple[str, ...], tuple[str, ...]]]
+) -> list[list[str]]:
+    """For each module that reaches a package its rule forbids, the chain of imports that gets there."""
+    found = []
+    for package, forbidden, exempt in rules:
+        for module in sorted(graph):
+            if _within(module, package) and not any(_within(module, e) for e in exempt):
+                chain = import_chain(graph, module, forbidden)
+                if chain is not None:
+                    found.append(chain)
+    return found
+
+
 def test_the_graph_reader_finds_a_circle(tmp_path: Path) -> None:
     package = tmp_path / "pkg"
     (package / "sub").mkdir(parents=True)
@@ -134,3 +188,25 @@ def test_the_graph_reader_finds_a_circle(tmp_path: Path) -> None:
 def test_trainjob_has_no_import_cycles() -> None:
     found = cycles(import_graph(module_files()))
     assert found == [], "modules that import each other in a circle:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_layer_check_finds_an_import_through_a_neutral_module(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    for sub in ("torch", "backends", "sdk"):
+        (package / sub).mkdir(parents=True)
+        (package / sub / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "torch" / "metrics.py").write_text("from pkg import progress\n")
+    (package / "progress.py").write_text("def f():\n    from pkg.backends import rootcause\n")
+    (package / "backends" / "rootcause.py").write_text("")
+    (package / "sdk" / "client.py").write_text("from pkg.backends import rootcause\n")
+    rules = [("pkg.torch", ("pkg.backends",), ()), ("pkg.sdk", ("pkg.backends",), ("pkg.sdk.client",))]
+    found = layer_violations(import_graph(module_files(package)), rules)
+    assert found == [["pkg.torch.metrics", "pkg.progress", "pkg.backends"]]  # its __init__ runs first
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    found = layer_violations(import_graph(module_files()), LAYER_RULES)
+    assert found == [], "imports against the layers (see this module's docstring):\n" + "\n".join(
+        " -> ".join(chain) for chain in found
+    )

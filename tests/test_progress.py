@@ -16,7 +16,7 @@ from trainjob.progress import (
     step_line,
     trainer_status,
 )
-from trainjob.types import Progress
+from trainjob.sdk.types import Progress
 
 
 @pytest.mark.parametrize(

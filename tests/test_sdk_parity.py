@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from jobtest.local import delete_all_jobs, processes_under, wait_until
 
-from trainjob import types
 from trainjob.backends.base import wait_for_status
-from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 from trainjob.cli.main import main
-from trainjob.client import CustomTrainer, CustomTrainerContainer, TrainerClient
 from trainjob.errors import NotFoundError, ValidationError
-from trainjob.options import (
+from trainjob.sdk import types
+from trainjob.sdk.client import CustomTrainer, CustomTrainerContainer, TrainerClient
+from trainjob.sdk.options import (
     ActiveDeadlineSeconds,
     Annotations,
     ContainerPatch,
@@ -35,7 +35,7 @@ from trainjob.options import (
     TrainerCommand,
     TrainingRuntimeSpecPatch,
 )
-from trainjob.trainers import sdk_trainjob
+from trainjob.sdk.trainers import sdk_trainjob
 
 
 @pytest.fixture
@@ -50,6 +50,7 @@ def job_at(status: str) -> types.TrainJob:
 
 
 def test_callbacks_come_every_polling_interval_while_the_job_is_read_more_often():
+    # Real clock (wait_for_status takes none): guards the callback interval, which is given in seconds.
     started, reads, seen = time.monotonic(), [], []
 
     def get_job(name: str) -> types.TrainJob:
@@ -64,8 +65,8 @@ def test_callbacks_come_every_polling_interval_while_the_job_is_read_more_often(
     assert seen[-1] == "Complete"
 
 
-def test_a_local_wait_calls_back_at_the_interval_asked_for(client, tmp_path):
-    """The issue's case: 81 callbacks in 16 s at polling_interval=5 (the store was read, and callbacks called,
+def test_a_local_wait_calls_back_at_the_interval_asked_for(local_jobs, client, tmp_path):
+    """A case once seen: 81 callbacks in 16 s at polling_interval=5 (the store was read, and callbacks called,
     every 0.2 s)."""
     name = client.train(trainer=CustomTrainerContainer(image="local"), options=[
         TrainerCommand(["python", "-c", "import time; time.sleep(3)"])])
@@ -130,7 +131,7 @@ def test_options_and_trainers_that_cannot_run_are_refused_before_anything_starts
         ActiveDeadlineSeconds(0)
 
 
-def test_a_container_trainer_runs_its_command_here_named_labelled_and_patched(client):
+def test_a_container_trainer_runs_its_command_here_named_labelled_and_patched(local_jobs, client):
     name = client.train(
         trainer=CustomTrainerContainer(image="ghcr.io/me/train:1", env={"GREETING": "hi"}),
         options=[Name("container-job"), Labels({"team": "cv"}),
@@ -145,13 +146,13 @@ def test_a_container_trainer_runs_its_command_here_named_labelled_and_patched(cl
     assert "ghcr.io/me/train:1 is not used locally" in reasons["ImageNotUsed"]
 
 
-def test_custom_trainer_image_is_the_trainers_image(client):
+def test_custom_trainer_image_is_the_trainers_image(local_jobs, client):
     name = client.train(trainer=CustomTrainer(func=a_function, image="ghcr.io/me/torch:2"))
     assert client.get_job(name).resource["spec"]["trainer"]["image"] == "ghcr.io/me/torch:2"
     assert client.wait_for_job_status(name, timeout=120).status == "Complete"
 
 
-def test_runtime_packages_are_printed(client, capsys):
+def test_runtime_packages_are_printed(subprocesses, client, capsys):
     client.get_runtime_packages(client.get_runtime("torch-distributed"))
     out = capsys.readouterr().out
     assert out.startswith("Python: 3.") and "torch " in out and "pydantic " in out
@@ -170,7 +171,7 @@ while not os.path.exists(flag) and time.time() < deadline:
 """
 
 
-def test_progress_reported_in_the_job_reaches_get_list_and_the_trainer_status(client, tmp_path, capsys):
+def test_progress_reported_in_the_job_reaches_get_list_and_the_trainer_status(local_jobs, client, tmp_path, capsys):
     script = tmp_path / "progress.py"
     script.write_text(REPORTS_PROGRESS)
     name = client.train(trainer=CustomTrainerContainer(image="local"),

@@ -20,6 +20,10 @@ here="$(cd "$(dirname "$0")" && pwd)"
 cache="${TRAINJOB_CLUSTER_CACHE:-$HOME/.cache/trainjob/cluster}"
 mkdir -p "$cache"
 command -v go >/dev/null || { echo "build.sh: Go is needed (https://go.dev/dl/); none on PATH" >&2; exit 2; }
+# One build at a time per cache (test runs, benchmarks and a developer's shell may start it together): a second
+# run waits, then finds everything done.
+exec 9>"$cache/.lock"
+flock 9
 gover="$(go env GOVERSION)"
 export GOFLAGS="${GOFLAGS:--mod=readonly}" CGO_ENABLED=0
 
@@ -40,7 +44,7 @@ build() {
   rm -rf "$out.tmp" && mkdir -p "$out.tmp"
   (cd "$dir" && go build -trimpath -ldflags="-s -w" -o "$out.tmp/" "$@")
   touch "$out.tmp/.complete"
-  rm -rf "$out" && mv "$out.tmp" "$out"
+  rm -rf "$out" && mv -T "$out.tmp" "$out"
   log "built $name in $((SECONDS - start)) s"
   echo "$out"
 }
@@ -82,7 +86,7 @@ if [ ! -f "$manifests/.complete" ]; then
     paths=volcano.sh/apis/pkg/apis/scheduling/v1beta1 output:crd:dir="$manifests.tmp/podgroups")
   chmod -R u+w "$manifests.tmp"
   touch "$manifests.tmp/.complete"
-  rm -rf "$manifests" && mv "$manifests.tmp" "$manifests"
+  rm -rf "$manifests" && mv -T "$manifests.tmp" "$manifests"
 fi
 
 if [ "$manifests_only" = 1 ]; then

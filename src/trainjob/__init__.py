@@ -17,7 +17,7 @@ _CLIENT_NAMES = (
 )
 
 if TYPE_CHECKING:
-    from trainjob.client import (
+    from trainjob.sdk.client import (
         CustomTrainer,
         CustomTrainerContainer,
         KubernetesBackendConfig,
@@ -40,7 +40,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # Loaded on first use so that `import trainjob` (and the CLI) stays fast.
     if name in _CLIENT_NAMES:
-        from trainjob import client
+        from trainjob.sdk import client
 
         return getattr(client, name)
     if name == "update_trainjob_status":

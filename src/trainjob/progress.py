@@ -35,8 +35,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from trainjob.backends.rootcause import strip_rank_prefixes
-from trainjob.types import Progress
+from trainjob.rootcause import strip_rank_prefixes
+from trainjob.sdk.types import Progress
 
 #: Kubeflow Trainer's limits on ``trainerStatus.metrics``: entries, and characters of a name or a value.
 MAX_METRICS = 256
@@ -207,7 +207,7 @@ def trainer_status(progress: Progress | None, metrics: Mapping[str, object] | No
 
 
 def progress_of_trainer_status(status: Mapping[str, Any] | None) -> Progress | None:
-    """``status.trainerStatus`` (Kubeflow v2.2 shape) as the SDK's :class:`~trainjob.types.Progress`."""
+    """``status.trainerStatus`` (Kubeflow v2.2 shape) as the SDK's :class:`~trainjob.sdk.types.Progress`."""
     if not status or not status.get("lastUpdatedTime"):
         return None
     updated = datetime.fromisoformat(str(status["lastUpdatedTime"]).replace("Z", "+00:00"))

@@ -26,7 +26,7 @@ spec:
 
 
 def billion_laughs(width: int = 9, levels: int = 9) -> str:
-    """The 680-byte kind of bomb from the issue: each level lists ``width`` aliases of the level below."""
+    """The 680-byte kind of bomb ("billion laughs"): each level lists ``width`` aliases of the level below."""
     items = [f"&l0 [{', '.join(['lol'] * width)}]"]
     items += [f"&l{n} [{', '.join([f'*l{n - 1}'] * width)}]" for n in range(1, levels + 1)]
     return f"[{', '.join(items)}]"
@@ -50,6 +50,7 @@ def refused(text: str) -> str:
     start = time.perf_counter()
     with pytest.raises(ValidationError) as err:
         load_resources(text)
+    # Real clock on purpose: guards that a hostile input is refused at its limit, not expanded for minutes.
     assert time.perf_counter() - start < 1.0
     return str(err.value)
 

@@ -311,7 +311,7 @@ def test_a_bad_pytorchjob_in_a_file_names_the_document():
 
 
 @pytest.mark.parametrize("module", ["trainjob.convert.pytorchjob", "trainjob.convert.pytorchjob_api",
-                                    "trainjob.convert.launch_command"])
+                                    "trainjob.convert.container_command"])
 def test_the_docstring_examples_of_the_convert_modules_hold(module):
     import doctest
     import importlib

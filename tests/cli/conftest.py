@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from jobtest.local import delete_all_jobs, processes_under
 
-from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 from trainjob.cli.main import main
 
 Cli = Callable[..., tuple[int, str, str]]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from jobtest.local import wait_until
 
-from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 from trainjob.cli import top
 from trainjob.cli.arena import parse_command
 from trainjob.errors import ValidationError
@@ -34,7 +34,7 @@ def test_torchrun_in_the_command_is_refused_with_the_fix():
         parse_command(("torchrun --nproc-per-node 2 train.py",))
 
 
-def test_submit_pytorchjob_maps_arena_flags_onto_the_trainjob(cli, tmp_path, monkeypatch):
+def test_submit_pytorchjob_maps_arena_flags_onto_the_trainjob(local_jobs, cli, tmp_path, monkeypatch):
     (tmp_path / "train.py").write_text("import os, sys\nprint('worker', os.environ['RANK'], sys.argv[1:], flush=True)\n")
     monkeypatch.chdir(tmp_path)
 
@@ -77,7 +77,7 @@ while True:
 """
 
 
-def test_top_shows_jobs_nodes_and_ranks_with_cpu_memory_and_steps(cli, tmp_path, trainjob_home):
+def test_top_shows_jobs_nodes_and_ranks_with_cpu_memory_and_steps(local_jobs, cli, tmp_path, trainjob_home):
     backend = LocalBackend(LocalProcessBackendConfig(home=trainjob_home))
     script = tmp_path / "busy.py"
     script.write_text(WORKER)

@@ -123,7 +123,7 @@ EXPECTED_WORLD = {"002-0": 2, "003-0": 2, "004-0": 1, "004-1": 2}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_WORLD))
-def test_seed_pytorchjob_runs_locally_with_a_replaced_script(cli, tmp_path, name):
+def test_seed_pytorchjob_runs_locally_with_a_replaced_script(local_jobs, cli, tmp_path, name):
     path = runnable(name, tmp_path)
     job_name = yaml.safe_load(path.read_text())["metadata"]["name"]
     code, out, err = cli("apply", "-f", str(path))
@@ -168,7 +168,7 @@ def test_get_and_describe_pytorchjob_show_the_converted_job(cli, tmp_path):
     assert code == 0 and "kubeflow.org/v1 PyTorchJob" in out
 
 
-def test_run_follows_a_pytorchjob_file_to_its_end(cli, tmp_path):
+def test_run_follows_a_pytorchjob_file_to_its_end(local_jobs, cli, tmp_path):
     path = runnable("004-0", tmp_path)
     job_name = yaml.safe_load(path.read_text())["metadata"]["name"]
     code, out, err = cli("run", "-f", str(path))

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from jobtest.local import delete_all_jobs, processes_under
 
-from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 from trainjob.cli.main import main
 
 JOB_YAML = """
@@ -100,7 +100,7 @@ def test_a_duplicate_name_is_refused_and_the_first_job_kept(capsys, tmp_path, tr
     assert json.loads(run(capsys, "get", "twin", "-o", "json")[1])["metadata"]["uid"] == uid
 
 
-def test_detached_run_then_wait_list_get_logs_events_delete(capsys, trainjob_home, hello):
+def test_detached_run_then_wait_list_get_logs_events_delete(local_jobs, capsys, trainjob_home, hello):
     code, out, _ = run(capsys, "run", hello, "--nodes", "1", "--nproc-per-node", "1", "--cpu", "1", "--name", "greet",
                        "--detach", "--", "--flag", "$HOME")
     assert (code, out.strip()) == (0, "greet")
@@ -123,7 +123,7 @@ def test_detached_run_then_wait_list_get_logs_events_delete(capsys, trainjob_hom
     assert job_names(trainjob_home) == []
 
 
-def test_a_failing_run_streams_its_logs_and_exits_1(capsys, tmp_path):
+def test_a_failing_run_streams_its_logs_and_exits_1(local_jobs, capsys, tmp_path):
     script = write(tmp_path, "crash.py", "print('about to fail', flush=True)\nraise SystemExit(7)\n")
 
     code, out, err = run(capsys, "run", script, "--nodes", "2", "--nproc-per-node", "1", "--name", "crash")
@@ -133,7 +133,7 @@ def test_a_failing_run_streams_its_logs_and_exits_1(capsys, tmp_path):
     assert "trainjob/crash Failed: NodeFailed: " in err and "exited with code 7" in err
 
 
-def test_wait_times_out_with_exit_3_and_suspend_resume_round_trip(capsys, tmp_path):
+def test_wait_times_out_with_exit_3_and_suspend_resume_round_trip(local_jobs, capsys, tmp_path):
     job = write(tmp_path, "nap.yaml", JOB_YAML.format(name="nap", runtime="torch-distributed", suspend="false"))
     assert run(capsys, "apply", "-f", job)[:2] == (0, "trainjob/nap created\n")
 

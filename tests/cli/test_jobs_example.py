@@ -8,13 +8,13 @@ from pathlib import Path
 
 from jobtest.local import delete_all_jobs
 
-from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 from trainjob.cli.main import main
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits_ddp.py"
 
 
-def test_digits_example_reaches_95_percent_on_2_nodes_x_2_processes(capsys, trainjob_home):
+def test_digits_example_reaches_95_percent_on_2_nodes_x_2_processes(local_jobs, capsys, trainjob_home):
     backend = LocalBackend(LocalProcessBackendConfig(home=trainjob_home))
     try:
         code = main(["run", str(EXAMPLE), "--nodes", "2", "--nproc-per-node", "2", "--name", "digits",
@@ -31,7 +31,7 @@ def test_digits_example_reaches_95_percent_on_2_nodes_x_2_processes(capsys, trai
         delete_all_jobs(backend)
 
 
-def test_digits_example_runs_under_plain_torchrun(tmp_path):
+def test_digits_example_runs_under_plain_torchrun(subprocesses, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
          "--log-dir", str(tmp_path / "torchrun-logs"), str(EXAMPLE),

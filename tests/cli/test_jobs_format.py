@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainjob.backends.local.views import eta_seconds
+from trainjob.backends.local.client.views import eta_seconds
 from trainjob.cli.jobs_format import human_duration, progress_summary, table
 
 

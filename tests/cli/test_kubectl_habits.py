@@ -11,7 +11,7 @@ import pytest
 import yaml
 from jobtest.local import processes_under
 
-from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 from trainjob.cli.plumbing import Target, resolve_target
 from trainjob.cli.selectors import parse_selector
 from trainjob.errors import ValidationError

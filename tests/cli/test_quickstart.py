@@ -78,9 +78,8 @@ def test_every_job_the_quick_start_reads_is_created_before() -> None:
             assert names and set(names) <= created, f"{command!r} reads {names}; created so far: {sorted(created)}"
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
+def test_the_quick_start_runs_as_written(subprocesses, tmp_path: Path) -> None:
     env = {**os.environ, "TRAINJOB_HOME": str(tmp_path / "home"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("TRAINJOB_BACKEND", None)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from trainjob.backends.local.volumes import VOLUMES_ROOT_ENV, data_overrides
+from trainjob.backends.local.volumes import VOLUMES_ROOT_ENV
 from trainjob.cli.arena import data_overrides as arena_data_overrides
+from trainjob.cli.volume_flags import data_overrides
 from trainjob.errors import ValidationError
 
 WRITER = """
@@ -33,7 +34,7 @@ def claims(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root / "default"
 
 
-def test_run_data_mounts_the_claims_on_every_node(cli, tmp_path, claims, monkeypatch):
+def test_run_data_mounts_the_claims_on_every_node(local_jobs, cli, tmp_path, claims, monkeypatch):
     monkeypatch.setenv("TRAINJOB_MOUNT_MECHANISM", "namespace")
     script = tmp_path / "writer.py"
     script.write_text(textwrap.dedent(WRITER))
@@ -81,7 +82,7 @@ spec:
 """
 
 
-def test_apply_needs_the_config_maps_the_job_mounts(cli, tmp_path, claims, monkeypatch):
+def test_apply_needs_the_config_maps_the_job_mounts(local_jobs, cli, tmp_path, claims, monkeypatch):
     monkeypatch.setenv("TRAINJOB_MOUNT_MECHANISM", "env")
     script = tmp_path / "show.py"
     script.write_text("import sys\nprint('setting', open('/etc/settings/lr.txt').read(), flush=True)\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 
-def test_run_flags_become_the_queue_and_ttl_annotations(cli, tmp_path: Path) -> None:
+def test_run_flags_become_the_queue_and_ttl_annotations(local_jobs, cli, tmp_path: Path) -> None:
     script = tmp_path / "hello.py"
     script.write_text("print('hello')\n")
     code, out, err = cli("run", str(script), "--name", "flagged", "--priority", "7", "--oversubscribe",

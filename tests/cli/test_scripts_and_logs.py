@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from jobtest.local import processes_under, trainjob_resource, wait_until
 
-from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 from trainjob.errors import ValidationError
 
 
@@ -18,7 +18,7 @@ def backend(trainjob_home: Path) -> LocalBackend:
     return LocalBackend(LocalProcessBackendConfig(home=trainjob_home))
 
 
-def test_run_m_runs_a_module_from_the_working_directory(cli, tmp_path, monkeypatch):
+def test_run_m_runs_a_module_from_the_working_directory(local_jobs, cli, tmp_path, monkeypatch):
     package = tmp_path / "mypkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -32,7 +32,7 @@ def test_run_m_runs_a_module_from_the_working_directory(cli, tmp_path, monkeypat
     assert cli("get", "mod", "-o", "json")[1].count('"-m"') == 1
 
 
-def test_run_no_python_runs_a_shell_script(cli, tmp_path):
+def test_run_no_python_runs_a_shell_script(local_jobs, cli, tmp_path):
     script = tmp_path / "train.sh"
     script.write_text("#!/bin/sh\necho \"shell rank $RANK of $WORLD_SIZE args $*\"\n")
     script.chmod(0o755)
@@ -98,7 +98,7 @@ time.sleep(600)
 """
 
 
-def test_logs_rank_and_node_that_match_nothing_say_so(cli, tmp_path, backend):
+def test_logs_rank_and_node_that_match_nothing_say_so(local_jobs, cli, tmp_path, backend):
     script = tmp_path / "hello.py"
     script.write_text("import os\nprint('hello', os.environ['RANK'], flush=True)\n")
     assert cli("run", str(script), "--nodes", "2", "--nproc-per-node", "2", "--name", "grid")[0] == 0
@@ -119,7 +119,7 @@ def test_logs_rank_and_node_that_match_nothing_say_so(cli, tmp_path, backend):
     assert cli("logs", "grid", "--since", "yesterday")[0] == 2
 
 
-def test_suspend_leaves_no_crash_in_the_logs_and_resume_keeps_the_previous_attempt(cli, tmp_path, backend):
+def test_suspend_leaves_no_crash_in_the_logs_and_resume_keeps_the_previous_attempt(local_jobs, cli, tmp_path, backend):
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
     assert cli("run", str(script), "--nodes", "2", "--name", "nap", "-d")[0] == 0

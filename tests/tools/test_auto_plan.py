@@ -12,23 +12,16 @@ from click.testing import CliRunner
 
 from trainjob.cli import tools
 from trainjob.errors import ValidationError
-from trainjob.tools.planner import (
-    Hardware,
-    TrainingSetup,
-    derived_shape,
-    pipeline_bubble_fraction,
-    plan_auto,
-    plan_memory,
-    realisation,
-    seed_row,
-)
+from trainjob.tools.sizing.layout_search import Hardware, derived_shape, realisation, search_layouts, seed_row
+from trainjob.tools.sizing.memory import estimate_memory, pipeline_bubble_fraction
+from trainjob.tools.training_setup import TrainingSetup
 
 GB = 1e9
 A100 = dict(gpu_memory=80 * GB)
 
 
 def _auto(params: float, gpus: int, nodes: int, **extra):  # noqa: ANN202
-    return plan_auto(Hardware(gpus=gpus, nodes=nodes, **A100), params=params, **extra)
+    return search_layouts(Hardware(gpus=gpus, nodes=nodes, **A100), params=params, **extra)
 
 
 # Seed 003, 训练规模推荐: <1B on 1-8 GPUs -> DDP; 1B-10B on 8-64 -> FSDP (ZeRO-2 equivalent); 10B-100B on 64-512 ->
@@ -107,14 +100,14 @@ def test_a_shape_is_assumed_from_params_only_when_none_is_given() -> None:
     assert derived_shape(70e9) == (72, 9216, 72)
     layers, hidden, heads = derived_shape(0.5e9)
     assert hidden % heads == 0 and 12 * layers * hidden**2 == pytest.approx(0.5e9, rel=0.15)
-    plan = plan_auto(Hardware(gpus=8, nodes=1, **A100), layers=24, hidden=2048, heads=16, seq=1024)
+    plan = search_layouts(Hardware(gpus=8, nodes=1, **A100), layers=24, hidden=2048, heads=16, seq=1024)
     assert not plan.shape_assumed
     assert (plan.ranked[0].setup.layers, plan.ranked[0].setup.seq) == (24, 1024)
 
 
 def test_schedules_change_bubble_and_in_flight_activations() -> None:
     shape = dict(params=1e9, layers=16, hidden=1024, heads=16, seq=512, gpus=4, pp=4, micro_batches=8)
-    one_f_one_b, gpipe = (plan_memory(TrainingSetup(**shape, schedule=s)) for s in ("1F1B", "GPipe"))
+    one_f_one_b, gpipe = (estimate_memory(TrainingSetup(**shape, schedule=s)) for s in ("1F1B", "GPipe"))
     assert gpipe.activations == pytest.approx(one_f_one_b.activations * 8 / 4)  # m in flight instead of min(p, m)
     assert pipeline_bubble_fraction(4, 8, stages_per_rank=2) == pytest.approx(3 / 19)
     with pytest.raises(ValidationError, match=r"divisible by pp \(4\) × 2 stages per rank"):
@@ -123,7 +116,7 @@ def test_schedules_change_bubble_and_in_flight_activations() -> None:
 
 def test_cpu_offload_keeps_the_shards_in_host_memory() -> None:
     setup = TrainingSetup(params=70e9, layers=80, hidden=8192, heads=64, seq=2048, gpus=8, zero=3, cpu_offload=True)
-    plan = plan_memory(setup)
+    plan = estimate_memory(setup)
     assert plan.model_states == 0
     assert plan.offloaded_to_host / GB == pytest.approx(16 * 70 / 8)  # float32 params + grads + Adam moments
     assert plan.gathered / GB == pytest.approx(8 * 12 * 8192**2 / GB)  # 2 blocks' bf16 params, 1 block's fp32 grads
@@ -143,14 +136,14 @@ def test_cpu_offload_keeps_the_shards_in_host_memory() -> None:
 def test_bad_auto_inputs_are_named(kwargs: dict, path: str, fragment: str) -> None:
     global_batch = kwargs.pop("global_batch", 512)
     with pytest.raises(ValidationError) as caught:
-        plan_auto(Hardware(gpus=8, nodes=1, **A100), global_batch=global_batch, **kwargs)
+        search_layouts(Hardware(gpus=8, nodes=1, **A100), global_batch=global_batch, **kwargs)
     assert caught.value.path == path
     assert fragment in caught.value.message
 
 
 def test_bad_hardware_is_named() -> None:
     with pytest.raises(ValidationError) as caught:
-        plan_auto(Hardware(gpus=0, nodes=1, gpu_memory=0), params=7e9)
+        search_layouts(Hardware(gpus=0, nodes=1, gpu_memory=0), params=7e9)
     assert {e.path for e in caught.value.errors} == {"gpus", "gpu_memory"}
 
 

@@ -23,7 +23,7 @@ from trainjob.tools.comm import COLLECTIVES
 
 
 @pytest.fixture(scope="module")
-def gloo_rows() -> list[BenchRow]:
+def gloo_rows(distributed) -> list[BenchRow]:  # starts ranks itself, through the CLI
     # One launch, through the CLI, for every collective keeps the suite fast: two sizes each, a few iterations.
     group = click.Group("trainjob")
     tools.register(group)

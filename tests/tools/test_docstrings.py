@@ -11,8 +11,9 @@ MODULES = [
     "trainjob.tools.units",
     "trainjob.tools.training_setup",
     "trainjob.tools.comm",
-    "trainjob.tools.planner",
-    "trainjob.tools.plan_report",
+    "trainjob.tools.sizing.memory",
+    "trainjob.tools.sizing.communication",
+    "trainjob.tools.sizing.report",
     "trainjob.tools.checker",
 ]
 

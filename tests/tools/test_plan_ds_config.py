@@ -11,7 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from trainjob.cli import tools
-from trainjob.tools.planner import TrainingSetup, deepspeed_setup, plan_memory
+from trainjob.tools.sizing.deepspeed import deepspeed_setup
+from trainjob.tools.sizing.memory import estimate_memory
+from trainjob.tools.training_setup import TrainingSetup
 
 SEED_CONFIG = Path(__file__).parents[1] / "torch" / "deepspeed_configs" / "seed003_ds_config.json"
 
@@ -68,7 +70,7 @@ def test_seed_config_on_the_command_line_prints_keys_used_and_memory(run):
     assert data["ds_config"]["used"]["zero_optimization.stage"] == 3
     assert "zero_optimization.stage3_max_live_parameters" in data["ds_config"]["ignored"]
     assert data["setup"]["cpu_offload"] is True and data["setup"]["micro_batches"] == 8
-    expected = plan_memory(TrainingSetup(params=70e9, layers=80, hidden=8192, heads=64, seq=4096, gpus=8, zero=3,
+    expected = estimate_memory(TrainingSetup(params=70e9, layers=80, hidden=8192, heads=64, seq=4096, gpus=8, zero=3,
                                          dtype="fp16", optimizer="adamw", cpu_offload=True, micro_batch=4,
                                          micro_batches=8, activation_checkpointing=True))  # fmt: skip
     assert data["memory"]["total"] == expected.total

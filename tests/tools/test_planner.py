@@ -5,13 +5,9 @@ from __future__ import annotations
 import pytest
 
 from trainjob.errors import ValidationError
-from trainjob.tools.planner import (
-    TrainingSetup,
-    optimizer_bytes_per_param,
-    pipeline_bubble_fraction,
-    plan_communication,
-    plan_memory,
-)
+from trainjob.tools.sizing.communication import estimate_communication
+from trainjob.tools.sizing.memory import estimate_memory, optimizer_bytes_per_param, pipeline_bubble_fraction
+from trainjob.tools.training_setup import TrainingSetup
 
 GB = 1e9
 
@@ -22,7 +18,7 @@ GB = 1e9
     [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)],
 )
 def test_model_states_match_the_zero_paper_7_5b_on_64_gpus(zero: int, expected_gb: float) -> None:
-    plan = plan_memory(TrainingSetup(params=7.5e9, gpus=8, nodes=8, zero=zero, dtype="fp16"))
+    plan = estimate_memory(TrainingSetup(params=7.5e9, gpus=8, nodes=8, zero=zero, dtype="fp16"))
     assert round(plan.model_states / GB, 1) == expected_gb
 
 
@@ -30,8 +26,8 @@ def test_model_states_match_the_zero_paper_7_5b_on_64_gpus(zero: int, expected_g
 @pytest.mark.parametrize(("zero", "saving"), [(1, 4), (2, 8), (3, 1024)])
 def test_zero_savings_approach_the_seed_table(zero: int, saving: float) -> None:
     setup = dict(params=7e9, gpus=8, nodes=128)
-    baseline = plan_memory(TrainingSetup(**setup, zero=0)).model_states
-    sharded = plan_memory(TrainingSetup(**setup, zero=zero)).model_states
+    baseline = estimate_memory(TrainingSetup(**setup, zero=0)).model_states
+    sharded = estimate_memory(TrainingSetup(**setup, zero=zero)).model_states
     assert baseline / sharded == pytest.approx(saving, rel=0.01)
 
 
@@ -42,7 +38,7 @@ def test_zero_savings_approach_the_seed_table(zero: int, saving: float) -> None:
 def test_each_stage_shards_what_the_seed_says(
     zero: int, parameters: float, gradients: float, optimizer: float
 ) -> None:
-    plan = plan_memory(TrainingSetup(params=1e9, gpus=8, zero=zero))
+    plan = estimate_memory(TrainingSetup(params=1e9, gpus=8, zero=zero))
     assert (plan.parameters / GB, plan.gradients / GB, plan.optimizer_states / GB) == pytest.approx(
         (parameters, gradients, optimizer)
     )
@@ -50,7 +46,7 @@ def test_each_stage_shards_what_the_seed_says(
 
 # Seed 003, "FSDP vs DDP": 7B on 8xA100 uses 20 GB with FSDP; model states are 16Ψ/8 = 14 GB of it.
 def test_fsdp_7b_on_8_gpus_fits_under_the_seed_measurement() -> None:
-    plan = plan_memory(TrainingSetup(params=7e9, gpus=8, zero=3))
+    plan = estimate_memory(TrainingSetup(params=7e9, gpus=8, zero=3))
     assert plan.model_states / GB == pytest.approx(14.0)
     assert plan.model_states / GB < 20
 
@@ -70,13 +66,13 @@ def test_optimizer_state_bytes_per_parameter(optimizer: str, dtype: str, k: int)
 
 
 def test_offload_moves_optimizer_states_to_host() -> None:
-    plan = plan_memory(TrainingSetup(params=7e9, gpus=8, zero=3, offload=True))
+    plan = estimate_memory(TrainingSetup(params=7e9, gpus=8, zero=3, offload=True))
     assert plan.optimizer_states == 0
     assert plan.offloaded_to_host / GB == pytest.approx(12 * 7 / 8)
 
 
 def test_tensor_and_pipeline_parallelism_divide_the_parameters() -> None:
-    plan = plan_memory(TrainingSetup(params=8e9, gpus=8, nodes=2, tp=4, pp=2))
+    plan = estimate_memory(TrainingSetup(params=8e9, gpus=8, nodes=2, tp=4, pp=2))
     assert plan.parameters / GB == pytest.approx(2 * 8 / 8)
 
 
@@ -90,17 +86,17 @@ def test_megatron_seed_config_is_a_175b_model_with_a_small_bubble() -> None:
     setup = TrainingSetup(**MEGATRON)
     assert setup.params / GB == pytest.approx(174, rel=0.01)  # 12·L·h², GPT-3 size
     assert (setup.dp, setup.micro_batches) == (2, 64)
-    assert plan_communication(setup).bubble_fraction == pytest.approx(3 / 67)
+    assert estimate_communication(setup).bubble_fraction == pytest.approx(3 / 67)
 
 
 def test_activation_checkpointing_keeps_only_layer_inputs() -> None:
-    plan = plan_memory(TrainingSetup(**MEGATRON))
+    plan = estimate_memory(TrainingSetup(**MEGATRON))
     s, b, h, a, t = 2048, 4, 12288, 96, 8
     per_layer = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
     held_layers = 96 // 4 * 4  # 24 layers per stage, 4 micro-batches in flight on the first stage
     assert plan.activations == pytest.approx(held_layers * per_layer)
     assert plan.activations_checkpointed == pytest.approx(held_layers * 2 * s * b * h + per_layer)
-    flash = plan_memory(TrainingSetup(**MEGATRON, flash_attention=True))
+    flash = estimate_memory(TrainingSetup(**MEGATRON, flash_attention=True))
     assert flash.activations == pytest.approx(held_layers * s * b * h * (10 + 24 / t))
 
 
@@ -110,20 +106,20 @@ def test_pipeline_bubble_fraction(stages: int, micro_batches: int, bubble: float
 
 
 def test_ddp_all_reduce_sends_2_n_minus_1_over_n_of_the_gradients() -> None:
-    (reduce,) = plan_communication(TrainingSetup(params=1e9, gpus=8, zero=0)).collectives
+    (reduce,) = estimate_communication(TrainingSetup(params=1e9, gpus=8, zero=0)).collectives
     assert (reduce.name, reduce.group_size, reduce.inter_node) == ("grad all-reduce", 8, False)
     assert reduce.bytes_sent_per_step == pytest.approx(2 * 7 / 8 * 2e9)
 
 
 @pytest.mark.parametrize(("zero", "ratio"), [(1, 1.0), (2, 1.0), (3, 1.5)])
 def test_zero_communication_relative_to_ddp(zero: int, ratio: float) -> None:
-    ddp = plan_communication(TrainingSetup(params=1e9, gpus=8, nodes=4, zero=0)).bytes_sent_per_step
-    sharded = plan_communication(TrainingSetup(params=1e9, gpus=8, nodes=4, zero=zero)).bytes_sent_per_step
+    ddp = estimate_communication(TrainingSetup(params=1e9, gpus=8, nodes=4, zero=0)).bytes_sent_per_step
+    sharded = estimate_communication(TrainingSetup(params=1e9, gpus=8, nodes=4, zero=zero)).bytes_sent_per_step
     assert sharded / ddp == pytest.approx(ratio)
 
 
 def test_zero3_gathers_parameters_for_every_micro_batch() -> None:
-    comm = plan_communication(TrainingSetup(params=1e9, gpus=8, zero=3, micro_batches=4))
+    comm = estimate_communication(TrainingSetup(params=1e9, gpus=8, zero=3, micro_batches=4))
     assert {c.name: c.calls_per_step for c in comm.collectives} == {
         "grad reduce-scatter": 4,
         "param all-gather": 8,
@@ -131,7 +127,7 @@ def test_zero3_gathers_parameters_for_every_micro_batch() -> None:
 
 
 def test_groups_that_span_nodes_use_the_inter_node_link() -> None:
-    comm = plan_communication(TrainingSetup(**MEGATRON))
+    comm = estimate_communication(TrainingSetup(**MEGATRON))
     assert {c.group: c.inter_node for c in comm.collectives} == {"dp": True, "tp": False, "pp": True}
     tp = next(c for c in comm.collectives if c.group == "tp")
     assert (
@@ -171,7 +167,7 @@ def test_bad_setups_name_the_field_and_what_is_accepted(fields: dict, path: str,
 def test_which_groups_cross_nodes_follows_the_library_layout() -> None:
     setup = TrainingSetup(params=1e9, layers=4, hidden=256, heads=4, seq=128, gpus=4, nodes=2, tp=2, pp=2, zero=0)
     assert {g: setup.group_spans_nodes(g) for g in ("tp", "pp", "dp")} == {"tp": False, "pp": False, "dp": True}
-    comm = plan_communication(setup)
+    comm = estimate_communication(setup)
     assert {c.group: c.inter_node for c in comm.collectives} == {"dp": True, "tp": False, "pp": False}
 
 
@@ -207,7 +203,7 @@ def test_communication_links_follow_the_groups_parallel_dims_builds(gpus: int, n
             setup = TrainingSetup(params=1e9, layers=pp * 2, hidden=64 * tp, heads=tp, seq=64, gpus=gpus,
                                   nodes=nodes, tp=tp, pp=pp, zero=0)  # fmt: skip
             dims = ParallelDims(dp_shard=-1, tp=tp, pp=pp, world_size=world)
-            placed = {c.group: c.inter_node for c in plan_communication(setup).collectives}
+            placed = {c.group: c.inter_node for c in estimate_communication(setup).collectives}
             built = {group: _crosses_nodes(dims.groups(group), gpus) for group in placed}
             assert placed == built, (gpus, nodes, tp, pp)
             checked += len(placed)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from jobtest.tiers import starts
 
 from trainjob.torch.testing import free_port
 
@@ -26,6 +27,7 @@ def single_process() -> Iterator[object]:
 
 
 @pytest.fixture
+@starts("procs")
 def torchrun(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run ``torchrun --standalone --nproc-per-node=N script args...`` on this machine and capture its output."""
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trainjob.torch.checkpoint import Checkpointer
-from trainjob.torch.testing import DistributedRunError, run_distributed
+from trainjob.torch.testing import DistributedRunError
 
 sys.path.insert(0, str(Path(__file__).parent))
 import dist_workers_checkpoint as workers  # noqa: E402
@@ -26,18 +26,17 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-@pytest.mark.slow
-def test_saved_at_world_size_4_resumed_at_2_ends_like_the_uninterrupted_run(tmp_path):
+def test_saved_at_world_size_4_resumed_at_2_ends_like_the_uninterrupted_run(distributed, tmp_path):
     directory = str(tmp_path / "ckpt")
     # Uninterrupted FSDP run at 4 processes, saving in the background at steps 3 and 4 (keep_last=1).
-    full = run_distributed(
+    full = distributed(
         "dist_workers_checkpoint:run_training",
         nproc=4,
         kwargs={"directory": directory, "total_steps": 9, "save_steps": (3, 4), "async_save": True, "keep_last": 1},
     )[0]
     assert full["committed"] == [4]
     # Continue from step 4 (mid-epoch) at 2 processes with the same global batch.
-    resumed = run_distributed(
+    resumed = distributed(
         "dist_workers_checkpoint:run_training", nproc=2, kwargs={"directory": directory, "total_steps": 9}
     )[0]
     assert resumed["start"] == 4
@@ -45,13 +44,12 @@ def test_saved_at_world_size_4_resumed_at_2_ends_like_the_uninterrupted_run(tmp_
     assert _max_diff(resumed["params"], full["params"]) < RESHARD_TOLERANCE
 
 
-@pytest.mark.slow
-def test_a_crash_between_shards_and_commit_leaves_the_previous_checkpoint_loadable(tmp_path, single_process):
+def test_a_crash_between_shards_and_commit_leaves_the_previous_checkpoint_loadable(distributed, tmp_path, single_process):
     directory = tmp_path / "ckpt"
     kwargs = {"directory": str(directory), "total_steps": 4, "save_steps": (2, 4), "crash_before_commit_at": 4}
     # Rank 0 dies in the commit; rank 1, waiting for it, may notice first.
     with pytest.raises(DistributedRunError, match="rank 0 of 2 exited with code 3|rank 1 of 2 failed"):
-        run_distributed("dist_workers_checkpoint:run_training", nproc=2, kwargs=kwargs, timeout=90)
+        distributed("dist_workers_checkpoint:run_training", nproc=2, kwargs=kwargs, timeout=90)
 
     partial = directory / ".partial-step-00000004"
     assert (partial / ".metadata").is_file(), "the crash was meant to come after every shard was written"
@@ -68,7 +66,6 @@ def test_a_crash_between_shards_and_commit_leaves_the_previous_checkpoint_loadab
     assert _max_diff(resumed["params"], fresh["params"]) < RESHARD_TOLERANCE
 
 
-@pytest.mark.slow
 def test_a_rank_killed_mid_training_restarts_from_the_last_checkpoint_with_identical_weights(tmp_path, torchrun):
     metrics = tmp_path / "metrics.jsonl"
     out = tmp_path / "weights.pt"

@@ -22,7 +22,6 @@ import torch
 
 from trainjob.errors import ValidationError
 from trainjob.torch.comm_hooks import COMM_HOOKS, check_comm_hook
-from trainjob.torch.testing import run_distributed
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -30,16 +29,14 @@ TOLERANCE = 0.05
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict[str, Any]:
-    return run_distributed("dist_workers_comm_hooks:run_all", nproc=2, timeout=280)[0]
+def runs(distributed) -> dict[str, Any]:
+    return distributed("dist_workers_comm_hooks:run_all", nproc=2, timeout=280)[0]
 
 
-@pytest.mark.slow
 def test_the_uncompressed_run_learns(runs) -> None:
     assert runs["none"]["test_loss"] < 0.3 * runs["none"]["initial_loss"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("hook", ["fp16", "bf16", "powersgd", "topk"])
 def test_each_hook_converges_within_tolerance_of_the_uncompressed_run(runs, hook: str) -> None:
     got, baseline = runs[hook]["test_loss"], runs["none"]["test_loss"]
@@ -47,7 +44,6 @@ def test_each_hook_converges_within_tolerance_of_the_uncompressed_run(runs, hook
     assert runs[hook]["replicas_agree"], "every rank must apply the same averaged update"
 
 
-@pytest.mark.slow
 def test_error_feedback_is_what_makes_aggressive_top_k_work(runs) -> None:
     baseline = runs["none"]["test_loss"]
     assert runs["topk_0.1%"]["test_loss"] <= baseline * 1.10

@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 
-from trainjob.torch.testing import run_distributed
-
 sys.path.insert(0, str(Path(__file__).parent))
 
 TOLERANCE = 1e-5
@@ -20,14 +18,13 @@ GLOBAL_BATCH = 8
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2proc", "4proc"])
-def results(request: pytest.FixtureRequest) -> dict[str, Any]:
-    ranks = run_distributed(
+def results(distributed, request: pytest.FixtureRequest) -> dict[str, Any]:
+    ranks = distributed(
         "dist_workers_equivalence:run_all", nproc=request.param, kwargs={"steps": 4, "global_batch": GLOBAL_BATCH}
     )
     return {"nproc": request.param, "rank0": ranks[0], "ranks": ranks}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("scenario", "samples_per_step"),
     [
@@ -48,7 +45,6 @@ def test_weights_match_one_process_on_the_same_global_batch(results, scenario, s
     assert got["param_diff"] < TOLERANCE
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_clipping_uses_the_global_gradient_norm(results, strategy):
     got = results["rank0"][f"{strategy}/clip"]
@@ -57,13 +53,11 @@ def test_clipping_uses_the_global_gradient_norm(results, strategy):
     assert got["norms"] == pytest.approx(got["ref_norms"], rel=1e-5)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_accumulation_does_not_reduce_gradients_before_the_last_micro_step(results, strategy):
     assert results["rank0"][f"{strategy}/micro2"]["unsynced_micro_step"] == [True]
 
 
-@pytest.mark.slow
 def test_every_epoch_is_split_across_ranks_and_reshuffled_without_set_epoch(results):
     nproc = results["nproc"]
     per_epoch = (20 // nproc // 2) * 2 * nproc  # 20 samples, batches of 2 per rank, incomplete batches dropped

@@ -15,8 +15,6 @@ from typing import Any
 
 import pytest
 
-from trainjob.torch.testing import run_distributed
-
 sys.path.insert(0, str(Path(__file__).parent))
 
 SEED_CONFIG = Path(__file__).parent / "deepspeed_configs" / "seed003_ds_config.json"
@@ -69,14 +67,13 @@ SCENARIOS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 
 
 @pytest.fixture(scope="module")
-def results() -> dict[str, Any]:
-    ranks = run_distributed(
+def results(distributed) -> dict[str, Any]:
+    ranks = distributed(
         "dist_workers_deepspeed:compare_all", nproc=2, kwargs={"scenarios": SCENARIOS, "steps": STEPS}, timeout=240
     )
     return ranks[0]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_engine_trains_like_the_plain_settings_it_maps_to(results, scenario):
     got = results[scenario]
@@ -86,7 +83,6 @@ def test_engine_trains_like_the_plain_settings_it_maps_to(results, scenario):
     assert got["engine"] == pytest.approx(got["plain"], rel=1e-6)
 
 
-@pytest.mark.slow
 def test_the_seed_config_maps_to_fsdp_full_shard_with_offload(results):
     settings = results["seed zero3 offload bf16"]["settings"]
     assert (settings.strategy, settings.fsdp_zero_stage, settings.cpu_offload) == ("fsdp", 3, True)
@@ -96,12 +92,11 @@ def test_the_seed_config_maps_to_fsdp_full_shard_with_offload(results):
     assert results["zero1 maps to zero2"]["settings"].fsdp_zero_stage == 2
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("stage", [0, 3])
-def test_fp16_with_dynamic_loss_scaling_trains_and_ranks_agree_on_the_scale(stage):
+def test_fp16_with_dynamic_loss_scaling_trains_and_ranks_agree_on_the_scale(distributed, stage):
     config = seed_config(zero_optimization=zero(stage))
     config["fp16"]["initial_scale_power"] = 20  # overflows at first, so the scale must come down on both ranks
-    ranks = run_distributed("dist_workers_deepspeed:fp16_run", nproc=2, kwargs={"config": config, "steps": STEPS})
+    ranks = distributed("dist_workers_deepspeed:fp16_run", nproc=2, kwargs={"config": config, "steps": STEPS})
     first, second = ranks
     assert first["type"] == ("ShardedGradScaler" if stage else "GradScaler")
     assert 1 <= first["skipped"] <= STEPS // 2, "a 2**20 scale should overflow fp16 gradients a few times"
@@ -111,10 +106,9 @@ def test_fp16_with_dynamic_loss_scaling_trains_and_ranks_agree_on_the_scale(stag
     assert sum(losses[-3:]) < 0.75 * sum(losses[:3]), losses
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("stage", "expected"), [(1, "Parameter"), (2, "Parameter"), (3, "DTensor"), (0, "Parameter")])
-def test_zero_stage_decides_whether_blocks_reshard_after_forward(stage, expected):
+def test_zero_stage_decides_whether_blocks_reshard_after_forward(distributed, stage, expected):
     """Stages 1-2 keep the gathered parameters (plain) through backward, stage 3 reshards them (DTensor); DDP never shards."""
     config = seed_config(fp16={"enabled": False}, zero_optimization=zero(stage))
-    ranks = run_distributed("dist_workers_deepspeed:block_weight_after_forward", nproc=2, kwargs={"config": config})
+    ranks = distributed("dist_workers_deepspeed:block_weight_after_forward", nproc=2, kwargs={"config": config})
     assert ranks == [expected, expected]

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from jobtest.local import delete_all_jobs, processes_under, trainjob_resource
 
-from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "deepspeed"
 SCRIPT = EXAMPLES / "train.py"
@@ -62,7 +62,6 @@ def _one_process(torchrun, tmp_path: Path, extensions: Path, config: str, *extra
     return json.loads(result.read_text())
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("config", "tolerance"), [("ds_zero3_offload", 1e-5), ("ds_zero2_bf16", 1e-2)])
 def test_deepspeed_job_on_2_nodes_of_2_matches_one_process(backend, torchrun, tmp_path, extensions, config, tolerance):
     result = tmp_path / "job-result.json"
@@ -83,7 +82,6 @@ def test_deepspeed_job_on_2_nodes_of_2_matches_one_process(backend, torchrun, tm
     assert four["losses"] == pytest.approx(one["losses"], rel=tolerance)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("config", "tolerance"), [("ds_zero1", 1e-5), ("ds_zero3_offload", 1e-5), ("ds_zero2_bf16", 2e-2)])
 def test_trainjob_mapping_of_a_ds_config_trains_like_deepspeed(torchrun, tmp_path, extensions, config, tolerance):
     deepspeed = _one_process(torchrun, tmp_path, extensions, config, nproc=2)

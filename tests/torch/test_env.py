@@ -85,7 +85,7 @@ def test_seed_everything_gives_every_rank_the_same_weights_and_its_own_augmentat
     assert len({rank_seed(42, r) for r in range(1000)} | {rank_seed(43, r) for r in range(1000)}) == 2000
 
 
-def test_the_public_api_loads_without_pipelining_or_the_parallel_package():
+def test_the_public_api_loads_without_pipelining_or_the_parallel_package(subprocesses):
     import subprocess
     import sys
 

@@ -3,12 +3,9 @@
 import re
 from pathlib import Path
 
-import pytest
-
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fsdp_bf16.py"
 
 
-@pytest.mark.slow
 def test_fsdp_bf16_example_trains_with_two_processes(torchrun, tmp_path):
     proc = torchrun(EXAMPLE, "--steps", "30", "--checkpoint-dir", str(tmp_path / "ckpt"), nproc=2, timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]

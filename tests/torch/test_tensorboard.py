@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from jobtest.local import delete_all_jobs, trainjob_resource
 
-from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 
 pytest.importorskip("tensorboard")
 
@@ -29,7 +29,7 @@ def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
     return [(event.step, round(event.value, 6)) for event in accumulator.Scalars(tag)]
 
 
-def test_every_job_is_one_run_under_the_jobs_directory(trainjob_home: Path, tmp_path: Path):
+def test_every_job_is_one_run_under_the_jobs_directory(local_jobs, trainjob_home: Path, tmp_path: Path):
     from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 
     script = tmp_path / "train.py"

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 from browsertest import launch, require_browser
 from jobtest.local import delete_all_jobs, processes_under
+from jobtest.tiers import starts
 
-from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 
 REPO = Path(__file__).resolve().parents[2]
 _saved: list[Path] = []
@@ -31,6 +32,7 @@ def artifacts_dir() -> Path:
 
 
 @pytest.fixture
+@starts("procs")
 def backend(trainjob_home: Path) -> Iterator[LocalBackend]:
     backend = LocalBackend(LocalProcessBackendConfig(home=trainjob_home))
     yield backend
@@ -60,6 +62,7 @@ def dashboard(backend: LocalBackend) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+@starts("browser")
 def browser() -> Iterator[Any]:
     require_browser()
     from playwright.sync_api import sync_playwright

@@ -129,7 +129,7 @@ def test_pages_and_the_chart_library_are_served(client):
     assert plotly.status_code == 200 and len(plotly.content) == plotly_bundle().stat().st_size
 
 
-def test_trainjob_ui_serves_on_loopback_until_interrupted(trainjob_home):
+def test_trainjob_ui_serves_on_loopback_until_interrupted(subprocesses, trainjob_home):
     import signal
     import subprocess
 

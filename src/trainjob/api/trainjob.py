@@ -8,7 +8,7 @@
 >>> job.spec.trainer.num_nodes, job.metadata.namespace, job.spec.runtime_ref.kind
 (2, 'default', 'ClusterTrainingRuntime')
 
-Both generations of the Kubeflow Trainer API load (the README has the table):
+Both generations of the Kubeflow Trainer API load (docs/resources-and-runtimes.md has the table):
 
 ==========================================  ==========================================================
 v2.1 (the seeds)                            v2.2 / v2.3 (today)

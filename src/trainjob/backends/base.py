@@ -11,7 +11,7 @@ to node, waiting, summaries); waiting on any ``get_job`` is :func:`wait_for_stat
     job = wait_for_status(backend.get_job, "mnist", {"Complete"}, timeout=600, polling_interval=2)
 
 ``train`` takes the Kubeflow SDK's trainers (``CustomTrainer``, ``CustomTrainerContainer``) and ``options``
-(:mod:`trainjob.options`); ``get_runtime_packages`` prints what a runtime's trainer runs with.
+(:mod:`trainjob.sdk.options`); ``get_runtime_packages`` prints what a runtime's trainer runs with.
 """
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainjob import types
 from trainjob.backends.log_selection import select_nodes
 from trainjob.constants import FRAMEWORK_LABEL, TRAINER_CONTAINER, TRAINER_JOB
 from trainjob.errors import JobFailedError, ValidationError
-from trainjob.trainers import TrainerFunction, check_trainer, sdk_trainjob, trainer_function
+from trainjob.sdk import types
+from trainjob.sdk.trainers import TrainerFunction, check_trainer, sdk_trainjob, trainer_function
 
 if TYPE_CHECKING:
     from trainjob.api import Runtime as RuntimeResource
     from trainjob.api import TrainJob as TrainJobResource
-    from trainjob.runtime.launch import LaunchPlan
+    from trainjob.runtime.launch import LaunchValues
     from trainjob.runtime.plan import Plan
 
 
@@ -47,11 +47,11 @@ class CheckedJob:
     plan: Plan
 
     @property
-    def launch(self) -> LaunchPlan:
+    def launch(self) -> LaunchValues:
         """The launch values the backend stores with the job."""
-        from trainjob.runtime.launch import launch_plan
+        from trainjob.runtime.launch import resolve_launch_values
 
-        return launch_plan(self.plan)
+        return resolve_launch_values(self.plan)
 
     def summary(self) -> str:
         """``2 node(s) x 4 process(es) on runtime torch-distributed; command: torchrun train.py``."""
@@ -155,7 +155,7 @@ class Backend(ABC):
     function needs), reading (:meth:`get_job`, :meth:`list_jobs`, :meth:`get_job_events`, :meth:`_launch_shape`,
     :meth:`_read_logs`), changing (:meth:`delete_job`, :meth:`suspend_job`, :meth:`resume_job`) and its runtimes.
     This class turns SDK trainers into TrainJobs (every ``CustomTrainer`` checked the same way:
-    :func:`trainjob.trainers.trainer_function`), maps steps and ranks to nodes, waits for statuses and summarizes
+    :func:`trainjob.sdk.trainers.trainer_function`), maps steps and ranks to nodes, waits for statuses and summarizes
     jobs, the same on every backend.
     """
 
@@ -196,7 +196,7 @@ class Backend(ABC):
         trainer: types.CustomTrainer | types.CustomTrainerContainer | None = None,
         options: Sequence[Any] | None = None,
     ) -> str:
-        """Create a job that runs ``trainer`` (``options`` from :mod:`trainjob.options`) on ``runtime``; its name.
+        """Create a job that runs ``trainer`` (``options`` from :mod:`trainjob.sdk.options`) on ``runtime``; its name.
 
         A ``CustomTrainer``'s function runs under torchrun on every node: it is checked here (a ``def`` whose
         source is available, the names it uses, ``func_args`` that bind to its signature and are JSON, the
@@ -259,7 +259,7 @@ class Backend(ABC):
 
     def get_job_logs(self, name: str, step: str = "node-0", follow: bool = False) -> Iterator[str]:
         """Lines of one step's node (``node-0``, ``node-1`` ...), as the Kubeflow SDK names them, prefixed as
-        ``trainjob logs`` prints them (``node-0/rank-1 | loss 0.41``, :class:`~trainjob.types.LogLine`); a step
+        ``trainjob logs`` prints them (``node-0/rank-1 | loss 0.41``, :class:`~trainjob.sdk.types.LogLine`); a step
         the job does not have is a ``ValidationError`` naming the steps it has."""
         num_nodes, _ = self._launch_shape(name)
         return map(str, self.logs(name, node=step_node(name, step, num_nodes), follow=follow))

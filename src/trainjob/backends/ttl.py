@@ -9,7 +9,7 @@ against Kubeflow Trainer's own CRD and runs unchanged on a cluster without this 
         trainjob/ttl-seconds-after-finished: "3600"   # remove the job and its logs an hour after it ends
 
 A job is finished when it is ``Complete`` or ``Failed`` (a suspended job is not). The local backend removes
-expired jobs (:mod:`trainjob.backends.local.ttl`); on Kubernetes the operator decides with
+expired jobs (:mod:`trainjob.backends.local.client.ttl`); on Kubernetes the operator decides with
 :func:`trainjob.backends.kubernetes.ttl.ttl_remaining`. ``trainjob gc`` removes expired jobs on demand.
 """
 

@@ -29,8 +29,8 @@ import shlex
 
 import click
 
-from trainjob.backends.local.volumes import data_overrides
 from trainjob.cli.plumbing import Target, backend_option, handle_errors, make_backend
+from trainjob.cli.volume_flags import data_overrides
 from trainjob.errors import ValidationError
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")

@@ -13,9 +13,9 @@ import shlex
 from datetime import UTC, datetime
 from typing import Any
 
-from trainjob import types
 from trainjob.cli.jobs_format import human_duration, job_duration, progress_text, table
 from trainjob.constants import RUNTIME_SNAPSHOT_ANNOTATION
+from trainjob.sdk import types
 
 _INDENT = "  "
 

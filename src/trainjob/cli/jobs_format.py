@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from trainjob import types
+from trainjob.sdk import types
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

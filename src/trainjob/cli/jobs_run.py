@@ -18,7 +18,6 @@ from typing import Any
 
 import click
 
-from trainjob import types
 from trainjob.backends.base import CheckedJob
 from trainjob.cli.plumbing import (
     EXIT_FAILED,
@@ -38,6 +37,7 @@ from trainjob.constants import (
     TTL_ANNOTATION,
 )
 from trainjob.errors import AlreadyExistsError, NotFoundError, ValidationError
+from trainjob.sdk import types
 
 
 def default_job_name(script: str) -> str:
@@ -69,7 +69,7 @@ def launch_command(script: str, module: bool = False, no_python: bool = False) -
     if module and no_python:
         raise ValidationError("-m", "cannot be combined with --no-python (torchrun refuses both at once)")
     if module:
-        from trainjob.backends.local.commands import check_module
+        from trainjob.backends.local.client.commands import check_module
 
         try:
             check_module(script, os.getcwd())
@@ -191,7 +191,7 @@ def run_command(script: str, script_args: tuple[str, ...], module: bool, no_pyth
     --no-python (trainjob run --no-python ./train.sh).
     """
     from trainjob.api import TrainJob
-    from trainjob.backends.local.volumes import data_overrides
+    from trainjob.cli.volume_flags import data_overrides
 
     if files:
         _run_files(script, files, inherit_env, config_maps, backend, detach)
@@ -234,7 +234,7 @@ def apply_options(backend: Target, inherit_env: bool, config_maps: tuple[str, ..
                                   "(trainjob run --env KEY=VALUE)")
         options["inherit_env"] = True
     if config_maps:
-        from trainjob.backends.local.volumes import parse_config_maps
+        from trainjob.cli.volume_flags import parse_config_maps
 
         if backend.backend != "local":
             raise ValidationError("--config-map", "applies to local jobs only; on Kubernetes create the ConfigMap "

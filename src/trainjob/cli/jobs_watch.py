@@ -17,10 +17,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from trainjob import types
 from trainjob.backends.base import Backend
 from trainjob.cli.jobs_format import human_duration, job_duration, progress_text
 from trainjob.errors import TrainJobError
+from trainjob.sdk import types
 
 _END = object()
 REFRESH_SECONDS = 0.5

@@ -18,10 +18,10 @@ from typing import Any
 
 import click
 
-from trainjob import types
 from trainjob.cli.jobs_format import LIST_HEADER, list_rows, summary_rows, table
 from trainjob.cli.plumbing import note
 from trainjob.errors import NotFoundError
+from trainjob.sdk import types
 
 WATCH_POLL_SECONDS = 1.0
 WIDE_HEADER = [*LIST_HEADER, "RESTARTS", "REASON", "LABELS"]

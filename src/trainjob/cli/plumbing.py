@@ -192,7 +192,7 @@ def backend_option(command: F) -> F:
 
 def make_backend(target: Target | str) -> Backend:
     """A backend for ``target`` (a :class:`Target`, or a backend name); Kubernetes is imported only when asked."""
-    from trainjob.client import backend_for
+    from trainjob.sdk.client import backend_for
 
     if isinstance(target, str):
         target = Target(target)

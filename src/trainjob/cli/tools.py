@@ -25,15 +25,10 @@ import rich
 from trainjob.cli.plumbing import EXIT_BAD_INPUT, EXIT_FAILED, exit_with, fail, note
 from trainjob.errors import ValidationError
 from trainjob.tools.comm import COLLECTIVES, Link
-from trainjob.tools.planner import (
-    DEFAULT_INTER_NODE,
-    DEFAULT_INTRA_NODE,
-    Hardware,
-    deepspeed_setup,
-    plan_auto,
-    plan_communication,
-    plan_memory,
-)
+from trainjob.tools.sizing.communication import DEFAULT_INTER_NODE, DEFAULT_INTRA_NODE, estimate_communication
+from trainjob.tools.sizing.deepspeed import deepspeed_setup
+from trainjob.tools.sizing.layout_search import Hardware, search_layouts
+from trainjob.tools.sizing.memory import estimate_memory
 from trainjob.tools.training_setup import TrainingSetup
 from trainjob.tools.units import parse_bandwidth, parse_bytes, parse_count
 
@@ -129,7 +124,7 @@ def plan(
 ) -> None:  # fmt: skip
     """Estimate per-GPU memory and per-step communication of a training run, or (--auto) find the best layouts."""
     if auto and ds_config is None:
-        _plan_auto(params, gpu_memory, bandwidth, output, gpu_tflops, host_memory, top, fields)
+        _search_layouts(params, gpu_memory, bandwidth, output, gpu_tflops, host_memory, top, fields)
         return
     used: dict[str, Any] | None = None
     try:
@@ -148,11 +143,11 @@ def plan(
             setup, settings, used = _ds_config_setup(ds_config, count, fields, given)
     except ValidationError as exc:
         _fail(exc)
-    from trainjob.tools.plan_report import ds_config_lines, plan_tables, plan_to_dict
+    from trainjob.tools.sizing.report import ds_config_lines, estimate_tables, estimate_to_dict
 
-    memory, comm = plan_memory(setup), plan_communication(setup, intra, inter)
+    memory, comm = estimate_memory(setup), estimate_communication(setup, intra, inter)
     if output == "json":
-        data = plan_to_dict(memory, comm, capacity)
+        data = estimate_to_dict(memory, comm, capacity)
         if used is not None:
             data["ds_config"] = {"path": settings.source, "used": used, "ignored": settings.ignored,
                                  "unknown": settings.unknown, "auto": settings.auto}  # fmt: skip
@@ -162,7 +157,7 @@ def plan(
             # soft_wrap: a long config path stays one line (copyable) instead of being broken at the terminal width
             rich.get_console().print(ds_config_lines(settings.source, used, settings.ignored, settings.unknown),
                                      soft_wrap=True)
-        rich.print(plan_tables(memory, comm, capacity))
+        rich.print(estimate_tables(memory, comm, capacity))
 
 
 # TrainingSetup fields a DeepSpeed config sets: given with --ds-config they are refused, not silently overridden.
@@ -190,7 +185,7 @@ def _ds_config_setup(path: Path, params: float | None, fields: dict[str, Any], g
     return result
 
 
-def _plan_auto(
+def _search_layouts(
     params: str | None, gpu_memory: str | None, bandwidth: tuple[str, ...], output: str, gpu_tflops: float,
     host_memory: str | None, top: int, fields: dict[str, Any],
 ) -> None:  # fmt: skip
@@ -213,20 +208,20 @@ def _plan_auto(
         model = {k: v for k, v in fields.items() if v is not None}
         if params:
             model["params"] = parse_count(params, field="params")
-        result = plan_auto(hardware, global_batch=global_batch, top=top, **model)
+        result = search_layouts(hardware, global_batch=global_batch, top=top, **model)
     except ValidationError as exc:
         _fail(exc)
-    from trainjob.tools.plan_report import auto_plan_tables, auto_plan_to_dict
+    from trainjob.tools.sizing.report import layout_search_tables, layout_search_to_dict
 
     if output == "json":
-        click.echo(json.dumps(auto_plan_to_dict(result), indent=2))
+        click.echo(json.dumps(layout_search_to_dict(result), indent=2))
     else:
         from rich.console import Console
 
         console = Console()
         if console.width < 120:  # the layout table and the parallelize calls need the room
             console = Console(width=120)
-        console.print(auto_plan_tables(result))
+        console.print(layout_search_tables(result))
     if not result.ranked:
         exit_with(EXIT_FAILED)
 

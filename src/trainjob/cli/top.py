@@ -24,11 +24,11 @@ from typing import Any
 import click
 import psutil
 
-from trainjob import types
 from trainjob.cli.jobs_format import table
 from trainjob.cli.plumbing import Target, backend_option, handle_errors, make_backend, note
 from trainjob.constants import RUNNING
 from trainjob.errors import NotFoundError, ValidationError
+from trainjob.sdk import types
 
 NO_GPU = "no GPU"
 #: Steps per second are measured over the records of this many last seconds (at least two records).

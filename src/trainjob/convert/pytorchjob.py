@@ -19,7 +19,7 @@ Master + Worker ``replicas``       ``trainer.numNodes`` (Master is node 0); elas
                                    ``elasticPolicy`` decides, ``minReplicas..maxReplicas``
 ``nprocPerNode``, ``--nproc-per-   ``trainer.numProcPerNode`` (the command's option wins, as in torchrun); a plain
 node`` in the command              ``python train.py`` runs one process per node, as v1 ran it
-container ``command``/``args``     ``trainer.command`` (:mod:`trainjob.convert.launch_command`)
+container ``command``/``args``     ``trainer.command`` (:mod:`trainjob.convert.container_command`)
 container ``image``, ``env``,      ``trainer.image``, ``trainer.env``, ``trainer.resourcesPerNode``
 ``resources``
 the rest of the pod template       a TrainingRuntime of the job's name and namespace: volumes, mounts, tolerations,
@@ -54,7 +54,7 @@ from trainjob.constants import (
     TRAINER_JOB,
     TTL_ANNOTATION,
 )
-from trainjob.convert.launch_command import LaunchCommand, read_launch_command
+from trainjob.convert.container_command import ContainerCommand, read_container_command
 from trainjob.convert.pytorchjob_api import API_VERSION, KIND, MASTER, WORKER, PyTorchJob, ReplicaSpec
 from trainjob.errors import ValidationError
 
@@ -140,7 +140,7 @@ class _Converter:
             self.warn(f"{base}.containers", f"no container is named {PYTORCH_CONTAINER!r}; "
                       f"the first one, {containers[0].get('name')!r}, runs the training")
         container = containers[index]
-        launch = read_launch_command([*(container.get("command") or []), *(container.get("args") or [])])
+        launch = read_container_command([*(container.get("command") or []), *(container.get("args") or [])])
         trainer = self._trainer(container, launch, f"{base}.containers[{index}]", num_nodes)
         runtime = self._runtime(pod_template, index, primary, num_nodes)
         trainjob = self._trainjob(trainer, runtime)
@@ -148,7 +148,7 @@ class _Converter:
 
     # -- the trainer ------------------------------------------------------------------------------------------
 
-    def _trainer(self, container: dict[str, Any], launch: LaunchCommand, path: str, num_nodes: int) -> dict[str, Any]:
+    def _trainer(self, container: dict[str, Any], launch: ContainerCommand, path: str, num_nodes: int) -> dict[str, Any]:
         trainer: dict[str, Any] = {}
         if container.get("image"):
             trainer["image"] = container["image"]
@@ -174,7 +174,7 @@ class _Converter:
             trainer["resourcesPerNode"] = validate_model(ResourceRequirements, container["resources"]).to_dict()
         return trainer
 
-    def _num_proc_per_node(self, launch: LaunchCommand, path: str) -> int | str | None:
+    def _num_proc_per_node(self, launch: ContainerCommand, path: str) -> int | str | None:
         spec_value = self.spec.nproc_per_node
         if spec_value is None and self.spec.elastic_policy is not None:
             spec_value = self.spec.elastic_policy.n_proc_per_node
@@ -197,7 +197,7 @@ class _Converter:
                       "torchrun's settings in the PET_* variables")
         return spec_value
 
-    def _check_dropped_options(self, launch: LaunchCommand, path: str, num_nodes: int) -> None:
+    def _check_dropped_options(self, launch: ContainerCommand, path: str, num_nodes: int) -> None:
         elastic = self.spec.elastic_policy
         nnodes = launch.dropped.get("nnodes")
         if nnodes is not None and "$(" not in nnodes and elastic is None and nnodes != str(num_nodes):

@@ -10,7 +10,7 @@ module                                      holds
 :mod:`~trainjob.runtime.registry`           which plugins run, in which order (entry points included)
 :mod:`~trainjob.runtime.framework`          the phases: validate, ML policy, pod-group policy, build; and rendering
 :mod:`~trainjob.runtime.plan`               the backend-neutral :class:`Plan`
-:mod:`~trainjob.runtime.launch`             the torch launch contract: :class:`~trainjob.runtime.launch.LaunchPlan`,
+:mod:`~trainjob.runtime.launch`             the torch launch contract: :class:`~trainjob.runtime.launch.LaunchValues`,
                                             addressing, ``PET_*`` env
 :mod:`~trainjob.runtime.render`             the plan's Kubernetes objects (JobSet, PodGroup, MPI Secret/ConfigMap)
 ==========================================  =========================================================================

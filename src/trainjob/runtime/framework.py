@@ -24,7 +24,7 @@ How a torch job's ``numProcPerNode`` reaches the processes, module by module: th
 ``spec.trainer.numProcPerNode`` (else the runtime's ``mlPolicy.torch.numProcPerNode``) -> ``trainjob.api``'s
 ``Trainer.num_proc_per_node`` -> the torch plugin's ``enforce_ml_policy``
 (:func:`~trainjob.runtime.plugins.torch.resolve_num_proc_per_node`) -> ``Plan.num_proc_per_node`` ->
-:func:`~trainjob.runtime.launch.launch_plan` -> :func:`~trainjob.runtime.launch.torchrun_env` with the backend's
+:func:`~trainjob.runtime.launch.resolve_launch_values` -> :func:`~trainjob.runtime.launch.torchrun_env` with the backend's
 :class:`~trainjob.runtime.launch.Addressing` -> ``PET_NPROC_PER_NODE`` in the JobSet's ``node`` container, or in
 a local node process's env.
 

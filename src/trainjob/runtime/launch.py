@@ -1,8 +1,8 @@
-"""The torch launch contract: the launch values a resolved job runs with (:class:`LaunchPlan`, the same for every
+"""The torch launch contract: the launch values a resolved job runs with (:class:`LaunchValues`, the same for every
 backend), where a backend's nodes meet (:class:`Addressing`), and the one function that turns both into torchrun's
 ``PET_*`` environment (:func:`torchrun_env`).
 
-A :class:`~trainjob.runtime.plan.Plan` holds everything a backend needs; of it, :func:`launch_plan` keeps the
+A :class:`~trainjob.runtime.plan.Plan` holds everything a backend needs; of it, :func:`resolve_launch_values` keeps the
 numbers that decide how many processes start where: nodes, processes per node, the rendezvous port and, for an
 elastic torch job, the node range and the restart budget. A backend stores them once and every reader (``logs
 --rank``, ``describe``, the supervisor) reads the resolved numbers back instead of resolving the spec again:
@@ -10,19 +10,19 @@ elastic torch job, the node range and the restart budget. A backend stores them 
 =================  =====================================================================================
 backend            where the launch values are kept
 =================  =====================================================================================
-local              the job's row in the store, as :meth:`LaunchPlan.to_dict`
+local              the job's row in the store, as :meth:`LaunchValues.to_dict`
 Kubernetes         the TrainJob's annotation ``trainjob/launch``
-                   (:data:`~trainjob.constants.LAUNCH_ANNOTATION`), as JSON of :meth:`LaunchPlan.to_dict`
+                   (:data:`~trainjob.constants.LAUNCH_ANNOTATION`), as JSON of :meth:`LaunchValues.to_dict`
 =================  =====================================================================================
 
->>> plan = LaunchPlan(num_nodes=2, num_proc_per_node=4)
+>>> plan = LaunchValues(num_nodes=2, num_proc_per_node=4)
 >>> plan.to_dict()
 {'numNodes': 2, 'numProcPerNode': 4, 'masterPort': 29500}
 >>> plan.node_of_rank(5)
 1
->>> LaunchPlan.from_dict(plan.to_dict()) == plan
+>>> LaunchValues.from_dict(plan.to_dict()) == plan
 True
->>> elastic = LaunchPlan(num_nodes=4, num_proc_per_node=1, min_nodes=1, max_nodes=4, max_restarts=3)
+>>> elastic = LaunchValues(num_nodes=4, num_proc_per_node=1, min_nodes=1, max_nodes=4, max_restarts=3)
 >>> elastic.nnodes_arg()
 '1:4'
 
@@ -31,12 +31,12 @@ Each backend supplies only the addressing; the launch values are the plan's:
 =====================  ====================================================  =====================================
 variable               Kubernetes (:func:`kubernetes_addressing`)            local node process
 =====================  ====================================================  =====================================
-``PET_NNODES``         :meth:`LaunchPlan.nnodes_arg`                         (the same)
-``PET_NPROC_PER_NODE`` :attr:`LaunchPlan.num_proc_per_node`                  (the same)
+``PET_NNODES``         :meth:`LaunchValues.nnodes_arg`                         (the same)
+``PET_NPROC_PER_NODE`` :attr:`LaunchValues.num_proc_per_node`                  (the same)
 ``PET_NODE_RANK``      the pod's completion index (``fieldRef``)             the node's index
 ``PET_MASTER_ADDR``    ``{job}-node-0-0.{job}``                              ``127.0.0.1``
-``PET_MASTER_PORT``    :attr:`LaunchPlan.master_port` (29500)                a free port
-``PET_MAX_RESTARTS``   elastic: :attr:`LaunchPlan.max_restarts`              ``0`` (the supervisor restarts), or
+``PET_MASTER_PORT``    :attr:`LaunchValues.master_port` (29500)                a free port
+``PET_MAX_RESTARTS``   elastic: :attr:`LaunchValues.max_restarts`              ``0`` (the supervisor restarts), or
                                                                              the plan's for shrinkable jobs
 ``PET_RDZV_BACKEND``   elastic: ``c10d``                                     (the same)
 ``PET_RDZV_ENDPOINT``  elastic: ``{master addr}:{master port}``              ``127.0.0.1:{port}``; shrinkable:
@@ -46,7 +46,7 @@ variable               Kubernetes (:func:`kubernetes_addressing`)            loc
 ``PET_RDZV_CONF``      elastic: ``last_call_timeout=5``                      shrinkable: the supervisor's
 =====================  ====================================================  =====================================
 
->>> env = torchrun_env(LaunchPlan(2, 4), Addressing("127.0.0.1", node_rank=1, master_port=40123))
+>>> env = torchrun_env(LaunchValues(2, 4), Addressing("127.0.0.1", node_rank=1, master_port=40123))
 >>> {var.name: var.value for var in env}  # doctest: +NORMALIZE_WHITESPACE
 {'PET_NNODES': '2', 'PET_NPROC_PER_NODE': '4', 'PET_NODE_RANK': '1', 'PET_MASTER_ADDR': '127.0.0.1',
  'PET_MASTER_PORT': '40123'}
@@ -79,10 +79,10 @@ __all__ = [
     "COMPLETION_INDEX",
     "Addressing",
     "FieldRef",
-    "LaunchPlan",
+    "LaunchValues",
     "addressing_env",
     "kubernetes_addressing",
-    "launch_plan",
+    "resolve_launch_values",
     "torchrun_env",
 ]
 
@@ -94,17 +94,17 @@ DEFAULT_RDZV_CONF = f"last_call_timeout={LAST_CALL_TIMEOUT_SECONDS}"
 
 
 @dataclass(frozen=True)
-class LaunchPlan:
+class LaunchValues:
     """The backend-neutral launch values a job resolves to.
 
     ``num_nodes`` is the number of nodes started: ``max_nodes`` for an elastic job (torchrun accepts any count
     from ``min_nodes`` up). ``min_nodes`` and ``max_nodes`` are both set (elastic) or both ``None``.
 
-    >>> LaunchPlan(num_nodes=2, num_proc_per_node=0)
+    >>> LaunchValues(num_nodes=2, num_proc_per_node=0)
     Traceback (most recent call last):
     ...
     ValueError: numProcPerNode must be a positive integer, got 0
-    >>> LaunchPlan(num_nodes=2, num_proc_per_node=1, min_nodes=1)
+    >>> LaunchValues(num_nodes=2, num_proc_per_node=1, min_nodes=1)
     Traceback (most recent call last):
     ...
     ValueError: elastic minNodes and maxNodes are set together, got minNodes=1, maxNodes=None
@@ -143,7 +143,7 @@ class LaunchPlan:
     def world_size(self) -> int:
         """Processes when every started node runs: ``num_nodes * num_proc_per_node``.
 
-        >>> LaunchPlan(num_nodes=2, num_proc_per_node=4).world_size
+        >>> LaunchValues(num_nodes=2, num_proc_per_node=4).world_size
         8
         """
         return self.num_nodes * self.num_proc_per_node
@@ -151,7 +151,7 @@ class LaunchPlan:
     def nnodes_arg(self) -> str:
         """torchrun's ``--nnodes`` (``PET_NNODES``): the node count, or ``min:max`` when elastic.
 
-        >>> LaunchPlan(num_nodes=2, num_proc_per_node=4).nnodes_arg()
+        >>> LaunchValues(num_nodes=2, num_proc_per_node=4).nnodes_arg()
         '2'
         """
         if self.elastic:
@@ -161,9 +161,9 @@ class LaunchPlan:
     def node_of_rank(self, rank: int) -> int:
         """The node (0-based) that runs global ``rank`` when every started node runs.
 
-        >>> LaunchPlan(num_nodes=2, num_proc_per_node=4).node_of_rank(3)
+        >>> LaunchValues(num_nodes=2, num_proc_per_node=4).node_of_rank(3)
         0
-        >>> LaunchPlan(num_nodes=2, num_proc_per_node=4).node_of_rank(8)
+        >>> LaunchValues(num_nodes=2, num_proc_per_node=4).node_of_rank(8)
         Traceback (most recent call last):
         ...
         ValueError: rank 8 is out of range: this job has ranks 0..7 (2 nodes x 4 processes)
@@ -179,7 +179,7 @@ class LaunchPlan:
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (camelCase, as in the TrainJob spec); ``elastic`` only for an elastic job.
 
-        >>> LaunchPlan(num_nodes=4, num_proc_per_node=2, min_nodes=2, max_nodes=4).to_dict()["elastic"]
+        >>> LaunchValues(num_nodes=4, num_proc_per_node=2, min_nodes=2, max_nodes=4).to_dict()["elastic"]
         {'minNodes': 2, 'maxNodes': 4, 'maxRestarts': 0}
         """
         out: dict[str, Any] = {
@@ -196,12 +196,12 @@ class LaunchPlan:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> LaunchPlan:
+    def from_dict(cls, data: Mapping[str, Any]) -> LaunchValues:
         """The plan :meth:`to_dict` wrote; a :class:`ValueError` names a missing or bad key.
 
         ``masterPort`` may be missing (the default port then).
 
-        >>> LaunchPlan.from_dict({"numNodes": 2})
+        >>> LaunchValues.from_dict({"numNodes": 2})
         Traceback (most recent call last):
         ...
         ValueError: launch values lack 'numProcPerNode' (have: numNodes)
@@ -232,13 +232,13 @@ class LaunchPlan:
         )
 
 
-def launch_plan(plan: Plan) -> LaunchPlan:
+def resolve_launch_values(plan: Plan) -> LaunchValues:
     """The launch values of a resolved ``plan`` (torch, mpi or plainml).
 
     MPI: nodes are the hostfile's hosts and processes per node its slots; plainml: one process per node.
     """
     elastic = plan.elastic
-    return LaunchPlan(
+    return LaunchValues(
         num_nodes=plan.num_nodes,
         num_proc_per_node=plan.num_proc_per_node,
         master_port=plan.master_port,
@@ -271,7 +271,7 @@ class Addressing:
     """Where one backend's nodes meet: what a backend supplies to :func:`torchrun_env`, next to the launch values.
 
     ``node_rank`` is the node's rank as a literal (a local node's index) or as a :class:`FieldRef` (a pod's
-    completion index); ``None`` leaves ``PET_NODE_RANK`` out. ``master_port`` defaults to the launch plan's port,
+    completion index); ``None`` leaves ``PET_NODE_RANK`` out. ``master_port`` defaults to the launch values' port,
     ``rdzv_endpoint`` to ``{master_addr}:{master_port}``, ``rdzv_conf`` to ``last_call_timeout=5``; ``rdzv_id``
     names the rendezvous of an elastic job (the job's name).
     """
@@ -289,10 +289,10 @@ def kubernetes_addressing(plan: Plan) -> Addressing:
     return Addressing(master_addr=plan.master_addr(), node_rank=COMPLETION_INDEX, rdzv_id=plan.job_name)
 
 
-def torchrun_env(launch: LaunchPlan, addressing: Addressing) -> list[EnvVar]:
+def torchrun_env(launch: LaunchValues, addressing: Addressing) -> list[EnvVar]:
     """Every ``PET_*`` variable of a torch node: the launch values, then where the nodes meet.
 
-    >>> plan = LaunchPlan(4, 2, min_nodes=2, max_nodes=4, max_restarts=3)
+    >>> plan = LaunchValues(4, 2, min_nodes=2, max_nodes=4, max_restarts=3)
     >>> [(v.name, v.value) for v in torchrun_env(plan, Addressing("m", node_rank=0, rdzv_id="job"))][5:8]
     [('PET_MAX_RESTARTS', '3'), ('PET_RDZV_BACKEND', 'c10d'), ('PET_RDZV_ENDPOINT', 'm:29500')]
     """

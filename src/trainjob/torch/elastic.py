@@ -42,7 +42,7 @@ __all__ = ["LR_SCALINGS", "ElasticConfig", "lr_factor", "scale_learning_rate"]
 
 #: The accepted ``lr_scaling`` values besides ``None``.
 LR_SCALINGS = ("linear", "sqrt")
-#: Where the local backend tells the ranks about rounds and grows (see ``trainjob.backends.local.rendezvous``).
+#: Where the local backend tells the ranks about rounds and grows (see ``trainjob.backends.local.supervisor.rendezvous``).
 _JOB_DIR_ENV = "TRAINJOB_JOB_DIR"
 _ROUNDS_FILE = "elastic.jsonl"
 _GROW_REQUEST = os.path.join("elastic", "grow-request")

@@ -15,10 +15,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from trainjob import types
-from trainjob.backends.local.backend import LocalBackend
-from trainjob.backends.local.logs import read_logs
+from trainjob.backends.local.client.backend import LocalBackend
+from trainjob.backends.local.log_reader import read_logs
 from trainjob.backends.local.store import UNFINISHED_STATUSES
+from trainjob.sdk import types
 
 #: The list shows at most this many jobs (newest first) of those matching its filter; counts cover them all.
 DEFAULT_LIST_LIMIT = 200

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from jobtest.tiers import starts
 from kubetest.cluster import TrainJobCluster
 from kubetest.controlplane import ControlPlane
 
@@ -31,6 +32,7 @@ def _unavailable() -> str | None:
 
 
 @pytest.fixture(scope="session")
+@starts("cluster", "netns")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     reason = _unavailable()
     if reason is not None:

@@ -9,14 +9,12 @@ from pathlib import Path
 import pytest
 from kubetest.cluster import TrainJobCluster, no_retries, wait_for
 
-from trainjob import types
 from trainjob.api import TrainJob
 from trainjob.backends.kubernetes import KubernetesBackendConfig, create_backend
 from trainjob.backends.kubernetes.backend import KubernetesBackend
 from trainjob.backends.kubernetes.resources import TRAINJOBS
 from trainjob.errors import AlreadyExistsError, JobFailedError, NotFoundError, ValidationError
-
-pytestmark = pytest.mark.netns
+from trainjob.sdk import types
 
 SCRIPT = str(Path(__file__).resolve().parent / "ddp_script.py")
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -164,7 +162,7 @@ def test_config_file_and_namespace_come_from_the_config(k8s: TrainJobCluster) ->
 def test_trainer_client_picks_this_backend_from_the_config(
     k8s: TrainJobCluster, namespace: str, workdir: Path
 ) -> None:
-    from trainjob.client import TrainerClient
+    from trainjob.sdk.client import TrainerClient
 
     client = TrainerClient(KubernetesBackendConfig(namespace=namespace, config_file=str(k8s.kubeconfig)))
     name = client.train(

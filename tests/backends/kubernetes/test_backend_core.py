@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from trainjob import types
 from trainjob.backends.kubernetes.backend import KubernetesBackend
-from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 from trainjob.errors import ValidationError
 from trainjob.runtime import builtin_runtimes
+from trainjob.sdk import types
 
 
 class StandInApi:

@@ -7,11 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 from kubetest.cluster import TrainJobCluster, wait_for
-
-pytestmark = pytest.mark.netns
 
 SCRIPT = str(Path(__file__).resolve().parent / "ddp_script.py")
 

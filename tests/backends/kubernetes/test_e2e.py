@@ -25,8 +25,6 @@ from trainjob.backends.kubernetes.resources import (
 )
 from trainjob.backends.kubernetes.status import find_condition
 
-pytestmark = [pytest.mark.netns, pytest.mark.slow]
-
 HERE = Path(__file__).resolve().parent
 SCRIPT = str(HERE / "ddp_script.py")
 SEEDS = HERE.parents[1] / "api" / "seed_manifests"

@@ -20,8 +20,6 @@ from kubetest.cluster import TrainJobCluster, wait_for
 
 from trainjob.backends.kubernetes.progress import RESIZE_ANNOTATION
 
-pytestmark = [pytest.mark.netns, pytest.mark.slow]
-
 WORKER = Path(__file__).resolve().parents[1] / "local" / "elastic_worker.py"
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 STEPS, EVERY, BATCH = 160, 10, 40

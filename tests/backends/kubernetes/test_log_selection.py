@@ -23,7 +23,7 @@ from trainjob.backends.log_selection import node_of_rank, select_nodes
 from trainjob.constants import LAUNCH_ANNOTATION
 from trainjob.errors import ValidationError
 from trainjob.runtime import builtin_runtimes, resolve
-from trainjob.runtime.launch import LaunchPlan, launch_plan
+from trainjob.runtime.launch import LaunchValues, resolve_launch_values
 
 
 def trainjob(nproc: Any, snapshot: bool = True) -> dict[str, Any]:
@@ -46,7 +46,7 @@ def trainjob(nproc: Any, snapshot: bool = True) -> dict[str, Any]:
             {"kind": "ClusterTrainingRuntime", "name": "torch-distributed", "labels": {},
              "spec": runtime.to_dict()["spec"]})
         plan = resolve(TrainJob.from_dict(job), runtime)
-        annotations[LAUNCH_ANNOTATION] = json.dumps(launch_plan(plan).to_dict())
+        annotations[LAUNCH_ANNOTATION] = json.dumps(resolve_launch_values(plan).to_dict())
     return job
 
 
@@ -153,9 +153,9 @@ def test_a_job_just_created_knows_its_ranks_before_the_operator_wrote_anything()
 
 def test_launch_values_come_from_the_annotation_else_the_pods_torchrun_environment():
     job = trainjob("auto", snapshot=False)
-    job["metadata"]["annotations"][LAUNCH_ANNOTATION] = json.dumps(LaunchPlan(2, 4).to_dict())
-    assert views.launch_values(job, []) == LaunchPlan(2, 4)
+    job["metadata"]["annotations"][LAUNCH_ANNOTATION] = json.dumps(LaunchValues(2, 4).to_dict())
+    assert views.launch_values(job, []) == LaunchValues(2, 4)
     job["metadata"]["annotations"][LAUNCH_ANNOTATION] = "{not json"  # unreadable: the pods tell
     elastic = pod(0, {"PET_NNODES": "1:3", "PET_NPROC_PER_NODE": "2", "PET_MASTER_PORT": "29400"})
-    assert views.launch_values(job, [elastic]) == LaunchPlan(3, 2, 29400, min_nodes=1, max_nodes=3)
+    assert views.launch_values(job, [elastic]) == LaunchValues(3, 2, 29400, min_nodes=1, max_nodes=3)
     assert views.launch_values(job, [pod(0, {"PET_NPROC_PER_NODE": "auto"})]) is None

@@ -183,7 +183,6 @@ def test_install_dry_run_prints_every_manifest(capsys: pytest.CaptureFixture[str
     assert printed == install_manifests()
 
 
-@pytest.mark.netns
 def test_install_applies_to_a_real_cluster_and_is_repeatable(
     k8s: TrainJobCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:

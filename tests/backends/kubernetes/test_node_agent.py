@@ -6,10 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
 from kubetest.cluster import TrainJobCluster, wait_for
-
-pytestmark = pytest.mark.netns
 
 
 def run_pod(k8s: TrainJobCluster, namespace: str, pod: dict[str, Any], timeout: float = 60) -> dict[str, Any]:

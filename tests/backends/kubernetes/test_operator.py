@@ -26,8 +26,6 @@ from trainjob.backends.kubernetes.resources import (
 from trainjob.backends.kubernetes.status import find_condition
 from trainjob.constants import LAUNCH_ANNOTATION
 
-pytestmark = pytest.mark.netns
-
 TWO_NODES = {"numNodes": 2, "numProcPerNode": 1, "command": ["torchrun", "train.py"]}
 
 

@@ -8,14 +8,12 @@ import sys
 import pytest
 from kubetest.cluster import TrainJobCluster, no_retries
 
-from trainjob import types
 from trainjob.backends.kubernetes import create_backend
 from trainjob.backends.kubernetes.backend import KubernetesBackend
 from trainjob.backends.kubernetes.resources import TRAINJOBS
 from trainjob.errors import JobFailedError
-from trainjob.options import Annotations, Labels, Name, RuntimePatch, TrainerCommand
-
-pytestmark = pytest.mark.netns
+from trainjob.sdk import types
+from trainjob.sdk.options import Annotations, Labels, Name, RuntimePatch, TrainerCommand
 
 
 @pytest.fixture

@@ -151,4 +151,5 @@ def test_work_queue_deduplicates_retries_and_delays() -> None:
     assert names.count("dup") == 1
     assert names.count("flaky") == 2  # failed once, retried after backoff
     assert names.count("later") == 1
+    # Real clock (WorkQueue takes none): guards that a delayed key waits its earlier delay, not much longer.
     assert 0.15 < next(t for n, t in calls if n == "later") - start < 0.5

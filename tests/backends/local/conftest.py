@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 from jobtest.local import delete_all_jobs, elastic_runtime, processes_under
+from jobtest.tiers import starts
 
-from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 
 
 @pytest.fixture
+@starts("procs")
 def backend(trainjob_home: Path) -> Iterator[LocalBackend]:
     backend = LocalBackend(LocalProcessBackendConfig(home=trainjob_home))
     yield backend

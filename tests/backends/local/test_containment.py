@@ -10,7 +10,8 @@ import psutil
 import pytest
 from jobtest.local import trainjob_resource, wait_until
 
-from trainjob.backends.local.logs import LOG_MAX_BYTES_ENV, NodeLogWriter, read_logs
+from trainjob.backends.local.log_reader import read_logs
+from trainjob.backends.local.log_writer import LOG_MAX_BYTES_ENV, NodeLogWriter
 
 # Leaves a daemon behind: double-forked, in a session of its own, with an empty environment (so no job marker).
 DAEMONIZE = """

@@ -164,25 +164,30 @@ def test_losing_nodes_below_min_nodes_restarts_the_group_and_says_why(backend, s
 
 
 def test_shrinkable_nodes_meet_at_the_supervisors_store_and_restart_only_for_lost_peers():
-    from trainjob.backends.local.launcher import LaunchSpec, NodeLaunch, node_argv, node_environment
+    from trainjob.backends.local.process_specs import (
+        NodeProcessSpec,
+        ProcessSpec,
+        node_argv,
+        node_environment,
+    )
 
-    node = NodeLaunch(index=1, command=["torchrun", "train.py"], env={"PET_RDZV_ID": "job", "PET_NNODES": "2:3"})
-    spec = LaunchSpec(nodes=[node, node, node], cwd="/", elastic=True, max_restarts=3, min_nodes=2)
+    node = NodeProcessSpec(index=1, command=["torchrun", "train.py"], env={"PET_RDZV_ID": "job", "PET_NNODES": "2:3"})
+    spec = ProcessSpec(nodes=[node, node, node], cwd="/", elastic=True, max_restarts=3, min_nodes=2)
     assert spec.shrinkable
-    assert not LaunchSpec(nodes=[node] * 3, cwd="/", elastic=True, min_nodes=3).shrinkable, "no room to shrink"
-    plain = NodeLaunch(index=0, command=["python", "train.py"], env={})
-    assert not LaunchSpec(nodes=[plain] * 3, cwd="/", elastic=True, min_nodes=2).shrinkable, "not torchrun"
+    assert not ProcessSpec(nodes=[node] * 3, cwd="/", elastic=True, min_nodes=3).shrinkable, "no room to shrink"
+    plain = NodeProcessSpec(index=0, command=["python", "train.py"], env={})
+    assert not ProcessSpec(nodes=[plain] * 3, cwd="/", elastic=True, min_nodes=2).shrinkable, "not torchrun"
     env = node_environment(node, 1234, "/py/bin/python", restarts=2, elastic=True, rendezvous_port=4321, max_restarts=3)
     assert env["PET_RDZV_ENDPOINT"] == "127.0.0.1:4321" and env["PET_RDZV_ID"] == "job-2"
     assert env["PET_MAX_RESTARTS"] == "3" and "is_host=false" in env["PET_RDZV_CONF"]
     assert node_argv(node.command, "/py/bin/python", shrinkable=True)[:3] == [
-        "/py/bin/python", "-m", "trainjob.backends.local.elastic_agent"]
+        "/py/bin/python", "-m", "trainjob.backends.local.torchrun.elastic_agent"]
     assert node_environment(node, 1234, "/py/bin/python", elastic=True)["PET_MAX_RESTARTS"] == "0"
 
 
 @pytest.mark.parametrize("value", ["-1", "soon", "inf", "nan"])
 def test_a_bad_node_back_off_is_refused_by_name(monkeypatch, value):
-    from trainjob.backends.local.launcher import node_backoff_seconds
+    from trainjob.backends.local.process_specs import node_backoff_seconds
     from trainjob.errors import ValidationError
 
     monkeypatch.setenv("TRAINJOB_NODE_BACKOFF_SECONDS", value)

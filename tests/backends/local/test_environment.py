@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainjob.backends.local.environment import index_options, pip_error
+from trainjob.backends.local.supervisor.environment import index_options, pip_error
 
 
 @pytest.mark.parametrize(

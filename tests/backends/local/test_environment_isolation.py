@@ -9,7 +9,7 @@ from pathlib import Path
 
 from jobtest.local import trainjob_resource
 
-from trainjob.backends.local import launcher
+from trainjob.backends.local import process_specs
 from trainjob.backends.local.worker_site import SITE_DIR
 from trainjob.cli.main import main
 
@@ -21,33 +21,33 @@ CALLER = {
 
 
 def test_a_node_gets_what_a_pod_would_plus_what_python_needs():
-    assert launcher.passed_env(CALLER) == {
+    assert process_specs.passed_env(CALLER) == {
         "PATH": "/usr/bin", "HOME": "/home/me", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "VIRTUAL_ENV": "/venv",
         "TRAINJOB_HOME": "/th",
     }
 
 
 def test_inheriting_passes_everything_but_an_outer_launchers_variables():
-    inherited = launcher.passed_env(CALLER, inherit_env=True)
+    inherited = process_specs.passed_env(CALLER, inherit_env=True)
     assert inherited["NCCL_DEBUG"] == "INFO" and inherited["AWS_SECRET_ACCESS_KEY"] == "hunter2"
     assert not {"RANK", "PET_NNODES", "TORCHELASTIC_RUN_ID"} & set(inherited)
 
 
 def test_events_name_variables_never_values():
-    reason, message = launcher.environment_note(CALLER, inherit_env=False)
+    reason, message = process_specs.environment_note(CALLER, inherit_env=False)
     assert reason == "EnvironmentNotInherited"
     assert "NCCL_DEBUG, OMP_NUM_THREADS" in message and "--inherit-env" in message
     assert "AWS_SECRET_ACCESS_KEY" not in message, "only settings that change training are pointed out"
-    reason, message = launcher.environment_note(CALLER, inherit_env=True)
+    reason, message = process_specs.environment_note(CALLER, inherit_env=True)
     assert reason == "EnvironmentInherited"
     assert "AWS_SECRET_ACCESS_KEY, NCCL_DEBUG, OMP_NUM_THREADS" in message
     assert "hunter2" not in message and "INFO" not in message
-    assert launcher.environment_note({"PATH": "/bin"}, inherit_env=False) is None
+    assert process_specs.environment_note({"PATH": "/bin"}, inherit_env=False) is None
 
 
 def test_the_worker_site_leads_pythonpath_and_the_callers_path_follows():
-    node = launcher.NodeLaunch(index=0, command=["python", "x.py"], env={})
-    env = launcher.node_environment(node, 29500, "/venv/bin/python", base_env={"PYTHONPATH": "/mine"})
+    node = process_specs.NodeProcessSpec(index=0, command=["python", "x.py"], env={})
+    env = process_specs.node_environment(node, 29500, "/venv/bin/python", base_env={"PYTHONPATH": "/mine"})
     assert env["PYTHONPATH"] == os.pathsep.join([SITE_DIR, "/mine"])
     assert env["PATH"].startswith("/venv/bin")
 

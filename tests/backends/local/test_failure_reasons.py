@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 from jobtest.local import delete_all_jobs, processes_under
 
-from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
-from trainjob.backends.local.function import function_script
+from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 from trainjob.cli.main import main
-from trainjob.client import CustomTrainer, TrainerClient
 from trainjob.errors import JobFailedError
+from trainjob.sdk.client import CustomTrainer, TrainerClient
+from trainjob.sdk.function_script import function_script
 
 ROOT_CAUSE = "node-1 rank 1: NameError: name 'lr' is not defined"
 
-# The issue's case: rank 1 raises after init_process_group, so torch prefixes its traceback and rank 0 dies of the
+# A case once seen: rank 1 raises after init_process_group, so torch prefixes its traceback and rank 0 dies of the
 # lost connection, with a traceback of its own.
 RAISES_AFTER_INIT = """
     import torch.distributed as dist
@@ -47,7 +47,7 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_a_script_run_by_trainjob_run_fails_naming_rank_and_exception(capsys, tmp_path, local):
+def test_a_script_run_by_trainjob_run_fails_naming_rank_and_exception(local_jobs, capsys, tmp_path, local):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(RAISES_AFTER_INIT))
 
@@ -65,7 +65,7 @@ def test_a_script_run_by_trainjob_run_fails_naming_rank_and_exception(capsys, tm
     assert "NameError: name 'lr' is not defined" in [e["message"]["message"] for e in errors]
 
 
-def test_a_yaml_trainjob_fails_naming_rank_and_exception(capsys, tmp_path, local):
+def test_a_yaml_trainjob_fails_naming_rank_and_exception(local_jobs, capsys, tmp_path, local):
     script = tmp_path / "step.py"
     script.write_text("import os\nif os.environ['RANK'] == '1':\n    raise KeyError('shard-7')\n")
     job = tmp_path / "job.yaml"
@@ -97,7 +97,7 @@ def raises_after_init(lr_name: str = "lr") -> None:
     dist.barrier()
 
 
-def test_a_function_trainer_fails_naming_rank_and_exception(local):
+def test_a_function_trainer_fails_naming_rank_and_exception(local_jobs, local):
     client = TrainerClient(LocalProcessBackendConfig(home=local.store.home))
     name = client.train(trainer=CustomTrainer(func=raises_after_init, num_nodes=2, resources_per_node={"cpu": 1}))
 
@@ -112,7 +112,7 @@ def raises(lr_name: str) -> None:
     raise NameError(f"name {lr_name!r} is not defined")
 
 
-def test_a_functions_script_records_its_exception_without_trainjobs_site_hook(tmp_path: Path):
+def test_a_functions_script_records_its_exception_without_trainjobs_site_hook(subprocesses, tmp_path: Path):
     """On Kubernetes nothing but the generated script runs in the pod: it writes the error file itself."""
     script = tmp_path / "train_function.py"
     script.write_text(function_script(raises, {"lr_name": "lr"}))

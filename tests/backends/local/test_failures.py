@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainjob.backends.local.failures import NodeExit, NodeFailure, node_failures, pick_root_cause
-from trainjob.backends.local.logs import parse_line
+from trainjob.backends.local.log_reader import parse_line
+from trainjob.backends.local.supervisor.failures import NodeExit, NodeFailure, node_failures, pick_root_cause
 
 # torchrun's report when rank 3 was SIGKILLed and it then stopped rank 2: both stamped to the same second, and
 # torchrun calls the lower local rank the root cause.

@@ -93,7 +93,6 @@ ALL_REDUCE_FOREVER = """
 """
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("victim", [1, 2])
 def test_the_killed_rank_is_named_not_the_ranks_that_died_after_it(backend, script, victim):
     looping = script("loop.py", ALL_REDUCE_FOREVER)

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from trainjob.backends.local import logs
-from trainjob.backends.local.logs import NodeLogWriter, note_stop_reason, read_logs
+from trainjob.backends.local import log_writer
+from trainjob.backends.local.log_reader import read_logs
+from trainjob.backends.local.log_writer import NodeLogWriter, note_stop_reason
 
 
 class Clock:
@@ -21,7 +22,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     clock = Clock()
-    monkeypatch.setattr(logs.time, "time", clock)
+    monkeypatch.setattr(log_writer.time, "time", clock)
     return clock
 
 

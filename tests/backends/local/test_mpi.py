@@ -16,8 +16,8 @@ import time
 import pytest
 from jobtest.local import processes_under, trainjob_resource, wait_until
 
-from trainjob.backends.local.mpi_output import RankLines, failure_report
-from trainjob.backends.local.mpi_rsh import split_ssh_args
+from trainjob.backends.local.mpi.output import RankLines, failure_report
+from trainjob.backends.local.mpi.rsh import split_ssh_args
 from trainjob.errors import JobFailedError
 
 needs_mpirun = pytest.mark.skipif(

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from trainjob.backends.local import processes
-from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 from trainjob.backends.local.store import Store
 from trainjob.errors import NotFoundError
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from store_workers import job_row, write_jobs  # noqa: E402
 
 
-def test_several_processes_write_at_once_without_losing_rows(tmp_path: Path):
+def test_several_processes_write_at_once_without_losing_rows(subprocesses, tmp_path: Path):
     home = str(tmp_path / "home")
     Store.open(home).close()
     context = multiprocessing.get_context("spawn")

@@ -16,7 +16,7 @@ import pytest
 from jobtest.local import delete_all_jobs, processes_under, trainjob_resource
 
 from trainjob.backends.local import volumes
-from trainjob.backends.local.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 from trainjob.errors import JobFailedError, NotFoundError, ValidationError
 
 pytestmark = pytest.mark.skipif(volumes.namespace_problem() is not None,
@@ -113,7 +113,7 @@ def event(backend: LocalBackend, name: str, reason: str) -> str:
     return next(e.message for e in backend.get_job_events(name) if e.reason == reason)
 
 
-def test_two_nodes_write_into_a_claim_at_output_and_a_later_job_reads_both_files(volume_backend, script, tmp_path):
+def test_two_nodes_write_into_a_claim_at_output_and_a_later_job_reads_both_files(local_jobs, volume_backend, script, tmp_path):
     backend = volume_backend(mount_mechanism="namespace")
     host_had_output = os.path.exists("/output")
     writer, reader = script("writer.py", WRITER), script("reader.py", READER)
@@ -144,7 +144,7 @@ def test_two_nodes_write_into_a_claim_at_output_and_a_later_job_reads_both_files
     assert os.path.exists("/output") == host_had_output, "the mount point the job made went with it"
 
 
-def test_env_fallback_rewrites_mount_paths_so_two_nodes_share_the_claim(volume_backend, script, tmp_path):
+def test_env_fallback_rewrites_mount_paths_so_two_nodes_share_the_claim(local_jobs, volume_backend, script, tmp_path):
     backend = volume_backend(mount_mechanism="env")
     writer, reader = script("writer.py", WRITER), script("reader.py", READER)
 
@@ -165,7 +165,7 @@ def test_env_fallback_rewrites_mount_paths_so_two_nodes_share_the_claim(volume_b
     assert found["node-0.txt"] == "written by node 0 rank 0" and found["node-1.txt"] == "written by node 1 rank 1"
 
 
-def test_empty_dir_is_per_node_and_goes_with_the_job(volume_backend, script):
+def test_empty_dir_is_per_node_and_goes_with_the_job(local_jobs, volume_backend, script):
     backend = volume_backend(mount_mechanism="namespace")
     probe = script("scratch.py", """
         import os
@@ -195,7 +195,7 @@ SHM_PROBE = """
 """
 
 
-def test_memory_empty_dir_at_dev_shm_is_a_tmpfs_of_its_size_limit(volume_backend, script):
+def test_memory_empty_dir_at_dev_shm_is_a_tmpfs_of_its_size_limit(local_jobs, volume_backend, script):
     backend = volume_backend(mount_mechanism="namespace")
     shm = {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}
 
@@ -223,7 +223,7 @@ def test_memory_empty_dir_larger_than_the_machine_is_refused_with_the_numbers(vo
     assert not backend.store.job_dir("huge").exists()
 
 
-def test_memory_empty_dir_without_namespaces_lives_in_dev_shm_until_the_job_is_deleted(volume_backend, script):
+def test_memory_empty_dir_without_namespaces_lives_in_dev_shm_until_the_job_is_deleted(local_jobs, volume_backend, script):
     backend = volume_backend(mount_mechanism="env")
     writer = script("shm.py", """
         import os, sys
@@ -234,14 +234,14 @@ def test_memory_empty_dir_without_namespaces_lives_in_dev_shm_until_the_job_is_d
     run_job(backend, "memo", ["python", writer], args=["/cache"],
             spec=pod_volumes([shm], [{"name": "cache", "mountPath": "/cache"}]))
 
-    [scratch] = volumes.read_plan(backend.store.job_dir("memo")).scratch
+    [scratch] = volumes.read_host_volumes(backend.store.job_dir("memo")).scratch
     assert scratch.startswith("/dev/shm/trainjob-memo-")
     assert (Path(scratch) / "cache" / "node-0" / "in-memory").read_text() == "kept"
     backend.delete_job("memo")
     assert not os.path.exists(scratch)
 
 
-def test_host_path_is_checked_as_the_kubelet_does_and_mounted_read_only(volume_backend, script, tmp_path):
+def test_host_path_is_checked_as_the_kubelet_does_and_mounted_read_only(local_jobs, volume_backend, script, tmp_path):
     backend = volume_backend(mount_mechanism="namespace")
     host = tmp_path / "host-data"
     host.mkdir()
@@ -270,7 +270,7 @@ def test_host_path_is_checked_as_the_kubelet_does_and_mounted_read_only(volume_b
     assert (host / "weights.txt").read_text() == "42", "deleting a job leaves a hostPath alone"
 
 
-def test_config_map_from_a_file_is_mounted_and_a_missing_one_names_the_flag(volume_backend, script, tmp_path):
+def test_config_map_from_a_file_is_mounted_and_a_missing_one_names_the_flag(local_jobs, volume_backend, script, tmp_path):
     backend = volume_backend(mount_mechanism="namespace")
     config = tmp_path / "train.yaml"
     config.write_text("lr: 0.1\n")
@@ -290,7 +290,7 @@ def test_config_map_from_a_file_is_mounted_and_a_missing_one_names_the_flag(volu
     assert found == {"train.yaml": "lr: 0.1\n", "write": "Read-only file system"}, "configMaps are read-only"
 
 
-def test_config_map_items_pick_and_rename_keys(volume_backend, script, tmp_path):
+def test_config_map_items_pick_and_rename_keys(local_jobs, volume_backend, script, tmp_path):
     config = tmp_path / "configs"
     config.mkdir()
     (config / "a.yaml").write_text("a")
@@ -356,7 +356,7 @@ def test_a_mount_over_the_job_directory_is_refused(volume_backend, script, train
         backend.apply(job)
 
 
-def test_a_mount_that_fails_when_the_node_starts_fails_the_job_with_the_reason_in_its_log(volume_backend, script,
+def test_a_mount_that_fails_when_the_node_starts_fails_the_job_with_the_reason_in_its_log(local_jobs, volume_backend, script,
                                                                                           tmp_path):
     backend = volume_backend(mount_mechanism="namespace")
     host = tmp_path / "vanishing"

@@ -20,7 +20,7 @@ def run_python(code: str, env: dict[str, str], tmp_path: Path) -> subprocess.Com
     )
 
 
-def test_a_rank_that_raises_writes_its_torchelastic_error_file(tmp_path: Path):
+def test_a_rank_that_raises_writes_its_torchelastic_error_file(subprocesses, tmp_path: Path):
     error_file = tmp_path / "error.json"
 
     done = run_python("print(lr)", {"LOCAL_RANK": "0", "TORCHELASTIC_ERROR_FILE": str(error_file)}, tmp_path)
@@ -31,7 +31,7 @@ def test_a_rank_that_raises_writes_its_torchelastic_error_file(tmp_path: Path):
     assert "NameError" in message["extraInfo"]["py_callstack"]
 
 
-def test_a_scripts_own_record_and_the_processes_a_rank_starts_are_left_alone(tmp_path: Path):
+def test_a_scripts_own_record_and_the_processes_a_rank_starts_are_left_alone(subprocesses, tmp_path: Path):
     error_file = tmp_path / "error.json"
     error_file.write_text('{"message": "written by @record"}')
     env = {"LOCAL_RANK": "0", "TORCHELASTIC_ERROR_FILE": str(error_file)}
@@ -46,7 +46,7 @@ def test_a_scripts_own_record_and_the_processes_a_rank_starts_are_left_alone(tmp
     assert not error_file.exists(), "a data loader worker's or subprocess's exception is not the rank's"
 
 
-def test_the_sitecustomize_it_shadows_still_runs(tmp_path: Path):
+def test_the_sitecustomize_it_shadows_still_runs(subprocesses, tmp_path: Path):
     other = tmp_path / "site"
     other.mkdir()
     (other / "sitecustomize.py").write_text("import os\nos.environ['SHADOWED_SITE_RAN'] = '1'\n")
@@ -90,7 +90,7 @@ launch_agent()
 '''
 
 
-def test_torchruns_failure_report_is_printed_without_its_own_traceback(tmp_path: Path):
+def test_torchruns_failure_report_is_printed_without_its_own_traceback(subprocesses, tmp_path: Path):
     done = run_python(TORCHRUN_FAILURE, {"TRAINJOB_JOB_DIR": str(tmp_path)}, tmp_path)
 
     lines = done.stderr.splitlines()
@@ -101,7 +101,7 @@ def test_torchruns_failure_report_is_printed_without_its_own_traceback(tmp_path:
     assert "  error_file: /tmp/error.json" in lines  # what the supervisor reads of the report is kept
 
 
-def test_torchrun_stopped_by_a_signal_says_so_in_one_line(tmp_path: Path):
+def test_torchrun_stopped_by_a_signal_says_so_in_one_line(subprocesses, tmp_path: Path):
     code = """
         class SignalException(Exception):
             pass

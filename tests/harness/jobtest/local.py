@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 
 from jobtest.waiting import wait_until
-from trainjob.backends.local.backend import LocalBackend
+from trainjob.backends.local.client.backend import LocalBackend
 from trainjob.backends.local.processes import JOB_DIR_ENV
 
 __all__ = ["delete_all_jobs", "make_wheel", "processes_under", "trainjob_resource", "wait_until"]

@@ -4,13 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gpt_3d.py"
 
 
-@pytest.mark.slow
-def test_gpt_example_trains_under_torchrun_with_tensor_and_pipeline_parallelism():
+def test_gpt_example_trains_under_torchrun_with_tensor_and_pipeline_parallelism(subprocesses):
     command = [
         sys.executable,
         "-m",

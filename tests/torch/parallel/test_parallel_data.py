@@ -12,16 +12,14 @@ from typing import Any
 
 import pytest
 
-from trainjob.torch.testing import run_distributed
-
 sys.path.insert(0, str(Path(__file__).parent))
 
 DATASET = 32
 
 
 @pytest.fixture(scope="module")
-def results() -> dict[str, Any]:
-    return run_distributed("dist_workers_data:run_all", nproc=4, timeout=240)[0]
+def results(distributed) -> dict[str, Any]:
+    return distributed("dist_workers_data:run_all", nproc=4, timeout=240)[0]
 
 
 def _check_replicas(epoch: dict[str, Any], replicas: list[list[int]]) -> None:
@@ -35,13 +33,11 @@ def _check_replicas(epoch: dict[str, Any], replicas: list[list[int]]) -> None:
     assert everything == list(range(DATASET)), "replicas must split the dataset without overlap"
 
 
-@pytest.mark.slow
 def test_without_a_parallel_model_every_rank_is_a_replica(results) -> None:
     _check_replicas(results["before_any_model"], [[0], [1], [2], [3]])
     _check_replicas(results["after_prepare_model_ddp"], [[0], [1], [2], [3]])
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("scenario", "replicas"),
     [
@@ -54,7 +50,6 @@ def test_parallel_models_shard_data_by_data_parallel_rank(results, scenario: str
     _check_replicas(results[scenario], replicas)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["tp2_dp2", "pp2_dp2"])
 def test_training_on_the_sharded_data_matches_one_process_on_the_global_batches(results, scenario: str) -> None:
     losses = [rank["losses"] for rank in results[scenario]["ranks"]]
@@ -66,7 +61,6 @@ def test_training_on_the_sharded_data_matches_one_process_on_the_global_batches(
     assert losses[0] == pytest.approx(results[scenario]["reference_losses"], abs=1e-5)
 
 
-@pytest.mark.slow
 def test_an_explicit_rank_overrides_the_layout(results) -> None:
     ranks = results["explicit_rank_wins"]["ranks"]
     assert all(r["indices"] == ranks[0]["indices"] and (r["rank"], r["world_size"]) == (0, 1) for r in ranks)

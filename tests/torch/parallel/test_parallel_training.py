@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from trainjob.torch.parallel import SCHEDULES, ParallelDims, PipelineConfig, check_microbatches
-from trainjob.torch.testing import run_distributed
 
 sys.path.insert(0, str(Path(__file__).parent))
 import dist_workers_parallel as workers  # noqa: E402
@@ -105,7 +104,7 @@ REFUSALS = {
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+def results(distributed, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     scenarios = [
         {"name": name, "kind": "train", "layout": layout, "steps": STEPS}
         for name, layout in {**LAYOUTS, "bf16": BF16}.items()
@@ -122,7 +121,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
         },
     ]
     tmp_dir = str(tmp_path_factory.mktemp("parallel"))
-    return run_distributed(
+    return distributed(
         "dist_workers_parallel:run_scenarios",
         nproc=4,
         kwargs={"scenarios": scenarios, "tmp_dir": tmp_dir},
@@ -135,7 +134,6 @@ def reference() -> dict:
     return workers.reference_run(STEPS)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layout_trains_like_one_process(results, reference, layout):
     for rank, result in enumerate(results):
@@ -152,7 +150,6 @@ def test_layout_trains_like_one_process(results, reference, layout):
         torch.testing.assert_close(gathered[name], expected, rtol=0, atol=1e-5, msg=name)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_activation_checkpointing_wraps_every_block_this_rank_holds_and_nothing_else(results, layout):
     for rank, result in enumerate(results):
@@ -163,7 +160,6 @@ def test_activation_checkpointing_wraps_every_block_this_rank_holds_and_nothing_
         assert result[layout]["checkpointed"] == expected, f"rank {rank}"
 
 
-@pytest.mark.slow
 def test_prepare_model_hands_the_parallel_options_to_parallelize(results):
     layout = LAYOUTS["tp2_pp2_through_prepare_model"]
     for rank, result in enumerate(results):
@@ -173,7 +169,6 @@ def test_prepare_model_hands_the_parallel_options_to_parallelize(results):
     assert not results[0]["tp2_pp2_GPipe"]["sequence_sharded_norms"]  # the check can tell the difference
 
 
-@pytest.mark.slow
 def test_bf16_pipeline_passes_bf16_activations_between_stages_and_stays_close(results, reference):
     # bf16 keeps 8 bits of mantissa: the losses agree to about 1e-3, not 1e-7, which shows bf16 compute ran.
     for result in results:
@@ -182,7 +177,6 @@ def test_bf16_pipeline_passes_bf16_activations_between_stages_and_stays_close(re
         assert all(param.dtype == torch.float32 for param in result["bf16"]["params"].values())
 
 
-@pytest.mark.slow
 def test_checkpoint_saved_at_tp2_pp2_continues_at_dp4_with_the_same_losses(results):
     for result in results:
         run = result["resume"]
@@ -195,7 +189,6 @@ def test_checkpoint_saved_at_tp2_pp2_continues_at_dp4_with_the_same_losses(resul
     )
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(ACCUMULATION))
 def test_gradient_accumulation_reduces_a_parallel_model_only_on_the_last_micro_step(results, layout):
     for rank, result in enumerate(results):
@@ -204,7 +197,6 @@ def test_gradient_accumulation_reduces_a_parallel_model_only_on_the_last_micro_s
         )
 
 
-@pytest.mark.slow
 def test_device_mesh_groups_are_the_printed_layout(results):
     dims = ParallelDims(**TP_PP, world_size=4)
     for rank, result in enumerate(results):
@@ -213,7 +205,6 @@ def test_device_mesh_groups_are_the_printed_layout(results):
             assert result["mesh"][dim] == expected, (rank, dim)
 
 
-@pytest.mark.slow
 def test_microbatch_rules_agree_with_what_pytorchs_schedules_accept(results):
     accepted_by_pytorch = results[0]["schedule_rules"]
     for schedule in SCHEDULES:
@@ -228,7 +219,6 @@ def test_microbatch_rules_agree_with_what_pytorchs_schedules_accept(results):
         assert ours == accepted_by_pytorch[schedule], schedule
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", list(REFUSALS))
 def test_settings_that_cannot_work_are_refused_with_the_setting_to_change(results, case):
     assert REFUSALS[case][1] in results[0]["refusals"][case]

@@ -22,7 +22,6 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trainjob import types
 from trainjob.backends.base import Backend, CheckedJob, LogRequest, runtime_view
 from trainjob.backends.kubernetes import views
 from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_api_client, resolve_namespace
@@ -35,11 +34,12 @@ from trainjob.backends.kubernetes.resources import (
 )
 from trainjob.constants import LAUNCH_ANNOTATION, TRAINING_RUNTIME_KIND, TRAINJOB_NAME_LABEL
 from trainjob.errors import AlreadyExistsError, NotFoundError
+from trainjob.sdk import types
 
 if TYPE_CHECKING:
     from trainjob.api import Runtime as RuntimeResource
     from trainjob.api import TrainJob as TrainJobResource
-    from trainjob.trainers import TrainerFunction
+    from trainjob.sdk.trainers import TrainerFunction
 
 _POD_WAIT_POLL = 0.5
 _FINISHED_PHASES = ("Succeeded", "Failed")
@@ -349,8 +349,8 @@ os.execvp("torchrun", ["torchrun", "/tmp/trainjob_train.py"])
 
 def trainer_spec(function: TrainerFunction) -> dict[str, Any]:
     """The ``command`` and ``env`` of ``spec.trainer`` that ship a ``CustomTrainer``'s checked function
-    (:func:`trainjob.trainers.trainer_function`) as source and run it with torchrun on every node (its other
-    fields: :func:`trainjob.trainers.trainer_fields`).
+    (:func:`trainjob.sdk.trainers.trainer_function`) as source and run it with torchrun on every node (its other
+    fields: :func:`trainjob.sdk.trainers.trainer_fields`).
 
     The program, the packages and the index URLs travel in environment variables, read by a small launcher run
     with ``python -c``: no shell sees them."""
@@ -368,7 +368,7 @@ def trainer_spec(function: TrainerFunction) -> dict[str, Any]:
 def _stamped_lines(node: int, lines: Iterable[str]) -> Iterator[types.LogLine]:
     """Log lines the API server prefixed with their RFC 3339 time (``timestamps=true``), as ``LogLine`` objects
     with the time and, when torchrun prefixed the line (``[rank3]: ``), the rank."""
-    from trainjob.backends.local.logs import parse_line
+    from trainjob.backends.local.log_reader import parse_line
 
     for raw in lines:
         stamp, _, text = raw.partition(" ")

@@ -8,7 +8,7 @@ the end of its log::
 
     node-1 rank 1: NameError: name 'lr' is not defined
 
-:func:`~trainjob.backends.rootcause.exception_line` (shared with the local backend) finds the last Python exception
+:func:`~trainjob.rootcause.exception_line` (shared with the local backend) finds the last Python exception
 line in text; :func:`failed_rank` reads the rank from torchrun's "Root Cause" summary.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainjob.backends.kubernetes.resources import COMPLETION_INDEX_LABEL
-from trainjob.backends.rootcause import exception_line, root_cause_line
+from trainjob.rootcause import exception_line, root_cause_line
 
 __all__ = ["exception_line", "failed_rank", "root_cause"]
 

@@ -63,7 +63,7 @@ from trainjob.backends.kubernetes.views import trainer_pods
 from trainjob.constants import LAUNCH_ANNOTATION, TRAINER_NODE
 from trainjob.errors import AlreadyExistsError, NotFoundError, TrainJobError, ValidationError
 from trainjob.runtime import resolve
-from trainjob.runtime.launch import LaunchPlan, launch_plan
+from trainjob.runtime.launch import LaunchValues, resolve_launch_values
 from trainjob.runtime.render import render_objects
 
 log = logging.getLogger("trainjob.operator")
@@ -219,7 +219,7 @@ class Reconciler:
 
     def _render(
         self, job: dict[str, Any], snapshot: dict[str, Any]
-    ) -> tuple[list[dict[str, Any]], list[str], LaunchPlan]:
+    ) -> tuple[list[dict[str, Any]], list[str], LaunchValues]:
         """The objects, the extended-resource limits it had to set, and the launch values the job resolved to."""
         meta = job["metadata"]
         model = TrainJob.from_dict(
@@ -252,7 +252,7 @@ class Reconciler:
             obj_meta["ownerReferences"] = [owner_reference(job)]
             if obj["kind"] == JOBSETS.kind:  # created suspended when the job is, so no pod starts early
                 obj.setdefault("spec", {})["suspend"] = bool((job.get("spec") or {}).get("suspend"))
-        return sorted(objects, key=lambda o: o["kind"] == JOBSETS.kind), changes, launch_plan(plan)
+        return sorted(objects, key=lambda o: o["kind"] == JOBSETS.kind), changes, resolve_launch_values(plan)
 
     def _build(
         self, job: dict[str, Any], status: dict[str, Any], snapshot: dict[str, Any], now: float
@@ -292,7 +292,7 @@ class Reconciler:
             log.info("created JobSet %s/%s", job["metadata"]["namespace"], job["metadata"]["name"])
         return created
 
-    def _record_launch(self, job: dict[str, Any], launch: LaunchPlan) -> None:
+    def _record_launch(self, job: dict[str, Any], launch: LaunchValues) -> None:
         """The resolved launch values in the ``trainjob/launch`` annotation, where the CLI and SDK read nodes and
         processes per node (``numProcPerNode: auto`` already counted) instead of resolving the runtime again."""
         value = json.dumps(launch.to_dict(), sort_keys=True)
@@ -380,8 +380,10 @@ class Reconciler:
             f"the job ran longer than spec.activeDeadlineSeconds={job['spec']['activeDeadlineSeconds']}s; "
             "its JobSet was deleted (raise the deadline to let it run longer)"
         )
-        self._write_status(namespace, name, old, st.failed(new, "DeadlineExceeded", message, now))
+        # Children first: were Failed written first and the delete then refused (a 503), the next pass would find
+        # a finished job and leave its JobSet running.
         self._delete_children(namespace, name)
+        self._write_status(namespace, name, old, st.failed(new, "DeadlineExceeded", message, now))
         self.api.post_event(job, "Warning", "DeadlineExceeded", message)
 
     def _delete_children(self, namespace: str, name: str) -> None:

@@ -2,7 +2,7 @@
 
 Pure functions: the backend fetches, these translate::
 
-    job = trainjob_view(api_object, pods)     # trainjob.types.TrainJob, status from the conditions
+    job = trainjob_view(api_object, pods)     # trainjob.sdk.types.TrainJob, status from the conditions
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import datetime
 import json
 from typing import Any
 
-from trainjob import types
 from trainjob.backends.base import runtime_view
 from trainjob.backends.kubernetes.status import find_condition
 from trainjob.constants import (
@@ -30,7 +29,8 @@ from trainjob.constants import (
     TRAINER_JOB,
 )
 from trainjob.progress import progress_of_trainer_status
-from trainjob.runtime.launch import LaunchPlan
+from trainjob.runtime.launch import LaunchValues
+from trainjob.sdk import types
 
 _EPOCH = datetime.datetime.fromtimestamp(0, tz=datetime.UTC)
 
@@ -117,14 +117,14 @@ def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]]) -> types.Trai
     )
 
 
-def launch_values(job: dict[str, Any], pods: list[dict[str, Any]]) -> LaunchPlan | None:
+def launch_values(job: dict[str, Any], pods: list[dict[str, Any]]) -> LaunchValues | None:
     """The launch values the job runs with: the ``trainjob/launch`` annotation written when the job was resolved
     (:data:`~trainjob.constants.LAUNCH_ANNOTATION`), else a trainer pod's ``PET_NNODES`` /
     ``PET_NPROC_PER_NODE``; ``None`` when neither is there (a job written by an older client, before its pods)."""
     text = ((job.get("metadata") or {}).get("annotations") or {}).get(LAUNCH_ANNOTATION)
     if text:
         try:
-            return LaunchPlan.from_dict(json.loads(text))
+            return LaunchValues.from_dict(json.loads(text))
         except (ValueError, TypeError):  # not JSON, or not launch values: the pods may tell
             pass
     for pod in trainer_pods(pods).values():
@@ -136,7 +136,7 @@ def launch_values(job: dict[str, Any], pods: list[dict[str, Any]]) -> LaunchPlan
     return None
 
 
-def _launch_of_env(env: dict[str, Any]) -> LaunchPlan | None:
+def _launch_of_env(env: dict[str, Any]) -> LaunchValues | None:
     """Launch values from torchrun's environment (``PET_NNODES`` is ``N`` or ``MIN:MAX``); ``None`` if absent."""
     nnodes, nproc = str(env.get(PET_NNODES) or ""), str(env.get(PET_NPROC_PER_NODE) or "")
     port = str(env.get(PET_MASTER_PORT) or "")
@@ -144,7 +144,7 @@ def _launch_of_env(env: dict[str, Any]) -> LaunchPlan | None:
     if not (nproc.isdigit() and low.isdigit() and (high.isdigit() or not high)):
         return None
     try:
-        return LaunchPlan(
+        return LaunchValues(
             num_nodes=int(high or low), num_proc_per_node=int(nproc),
             master_port=int(port) if port.isdigit() else MASTER_PORT,
             min_nodes=int(low) if high else None, max_nodes=int(high) if high else None,

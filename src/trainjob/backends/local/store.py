@@ -100,17 +100,17 @@ _ADDED_COLUMNS = {
     "metrics_offset": "INTEGER NOT NULL DEFAULT 0",
     "supervisor_claimed": "REAL",
     "supervisor_replacements": "INTEGER NOT NULL DEFAULT 0",
-    # The local queue (:mod:`~trainjob.backends.local.queue`): what the job holds while admitted, its order.
+    # The local queue (:mod:`~trainjob.backends.local.client.queue`): what the job holds while admitted, its order.
     "priority": "INTEGER NOT NULL DEFAULT 0",
     "cpus": "INTEGER NOT NULL DEFAULT 0",
     "memory_bytes": "INTEGER NOT NULL DEFAULT 0",
     "gpus": "INTEGER NOT NULL DEFAULT 0",
-    # ``trainjob/ttl-seconds-after-finished`` (:mod:`~trainjob.backends.local.ttl`).
+    # ``trainjob/ttl-seconds-after-finished`` (:mod:`~trainjob.backends.local.client.ttl`).
     "ttl_seconds": "INTEGER",
     # What the last ``update_trainjob_status`` said (:mod:`trainjob.progress`).
     "progress_percent": "REAL",
     "remaining_seconds": "REAL",
-    # Shrinkable elastic jobs (:mod:`~trainjob.backends.local.rendezvous`): nodes in the current rendezvous round,
+    # Shrinkable elastic jobs (:mod:`~trainjob.backends.local.supervisor.rendezvous`): nodes in the current rendezvous round,
     # and how far the supervisor has read the rounds rank 0 reports.
     "elastic_nodes": "INTEGER",
     "elastic_offset": "INTEGER NOT NULL DEFAULT 0",

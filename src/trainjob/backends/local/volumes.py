@@ -27,7 +27,7 @@ How the processes see a volume at its ``mountPath`` is picked at submit (``mount
 
 - ``namespace`` (``auto`` as root where mount namespaces work): each node runs in a private mount namespace (made
   ``rprivate`` first, so nothing reaches the host) with the volumes bind-mounted at their ``mountPath``
-  (:mod:`~trainjob.backends.local.mounts`); ``readOnly`` is enforced, memory-backed ``emptyDir`` is a tmpfs of its
+  (:mod:`~trainjob.backends.local.node_keeper.mounts`); ``readOnly`` is enforced, memory-backed ``emptyDir`` is a tmpfs of its
   ``sizeLimit``. A ``mountPath`` that does not exist here is created as an empty directory (or file) and removed
   with the job unless another job still names it. The mounts end with the node's processes.
 - ``env`` (not root, or forced): no mounts. Arguments of the command (and values of the pod's env vars, and the
@@ -59,11 +59,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainjob.constants import TRAINER_CONTAINER, TRAINER_JOB
 from trainjob.errors import ValidationError
 
 if TYPE_CHECKING:
-    from trainjob.backends.local.launcher import LaunchSpec
+    from trainjob.backends.local.process_specs import ProcessSpec
     from trainjob.runtime.plan import Plan
 
 VOLUMES_ROOT_ENV = "TRAINJOB_VOLUMES_ROOT"
@@ -74,8 +73,8 @@ NAMESPACE = "namespace"
 ENV = "env"
 MECHANISMS = ("auto", NAMESPACE, ENV)
 SUPPORTED_KINDS = ("persistentVolumeClaim", "hostPath", "emptyDir", "configMap")
-#: Where a job's volume plan is kept (read by each node's keeper when it starts the node).
-PLAN_FILE = "volumes.json"
+#: Where a job's host volumes are kept (read by each node's keeper when it starts the node).
+HOST_VOLUMES_FILE = "volumes.json"
 SHM = Path("/dev/shm")
 
 _KNOWN_KINDS = (
@@ -141,7 +140,7 @@ class Mount:
 
 
 @dataclass
-class VolumePlan:
+class HostVolumes:
     """The mounts of a job and how they are made; stored as ``volumes.json`` in the job's directory."""
 
     mechanism: str
@@ -162,15 +161,15 @@ class VolumePlan:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> VolumePlan:
+    def from_dict(cls, data: dict[str, Any]) -> HostVolumes:
         return cls(**{**data, "mounts": [Mount(**m) for m in data["mounts"]]})
 
 
 # planning (at submit: everything checked, nothing created)
 
 
-def plan_volumes(plan: Plan, job_dir: Path, settings: VolumeSettings) -> VolumePlan | None:
-    """The volume plan of ``plan``'s trainer container; ``None`` when it mounts nothing.
+def resolve_host_volumes(plan: Plan, job_dir: Path, settings: VolumeSettings) -> HostVolumes | None:
+    """The host volumes of ``plan``'s trainer container; ``None`` when it mounts nothing.
 
     ``ValidationError`` (naming the volume, what was wrong and what is accepted) for a volume that cannot be
     provided here."""
@@ -197,7 +196,7 @@ def plan_volumes(plan: Plan, job_dir: Path, settings: VolumeSettings) -> VolumeP
     _check_memory(mounts, plan.num_nodes, mechanism)
     _check_not_hiding(mounts, job_dir)
     scratch = sorted({str(Path(m.source).parent) for m in mounts if m.kind == "emptyDir" and m.source.startswith(str(SHM))})
-    return VolumePlan(mechanism=mechanism, mounts=mounts, num_nodes=plan.num_nodes, scratch=scratch)
+    return HostVolumes(mechanism=mechanism, mounts=mounts, num_nodes=plan.num_nodes, scratch=scratch)
 
 
 def _mount(volume: dict[str, Any], spec: dict[str, Any], path: str, plan: Plan, job_dir: Path,
@@ -399,24 +398,24 @@ def namespace_problem() -> str | None:
     return None if result.returncode == 0 else "unshare(CLONE_NEWNS) is not permitted"
 
 
-# at submit: applying the plan to the launch spec
+# at submit: applying the host volumes to the process spec
 
 
-def apply_to_launch(volume_plan: VolumePlan, spec: LaunchSpec) -> None:
+def apply_to_process_spec(host_volumes: HostVolumes, spec: ProcessSpec) -> None:
     """Give every node its ``TRAINJOB_MOUNT_*`` and ``TRAINJOB_PATH_MAP``; under ``env``, rewrite the command,
     the pod's env values and the working directory that start with a ``mountPath``; note ``VolumesMounted``."""
     for node in spec.nodes:
-        mapping = volume_plan.path_map(node.index)
-        if volume_plan.mechanism == ENV:
+        mapping = host_volumes.path_map(node.index)
+        if host_volumes.mechanism == ENV:
             node.command = [rewrite_path(arg, mapping) for arg in node.command]
             node.env = {k: v if k.startswith("TRAINJOB_") else rewrite_path(v, mapping) for k, v in node.env.items()}
-        for mount in volume_plan.mounts:
+        for mount in host_volumes.mounts:
             node.env[mount.env_name] = mapping[mount.mount_path] if mount.tmpfs_bytes is None else mount.mount_path
-        node.env[PATH_MAP_ENV] = json.dumps(mapping if volume_plan.mechanism == ENV else
-                                            {m.mount_path: m.mount_path for m in volume_plan.mounts})
-    if volume_plan.mechanism == ENV:
-        spec.cwd = rewrite_path(spec.cwd, volume_plan.path_map(0))
-    spec.notes.append(("VolumesMounted", describe(volume_plan)))
+        node.env[PATH_MAP_ENV] = json.dumps(mapping if host_volumes.mechanism == ENV else
+                                            {m.mount_path: m.mount_path for m in host_volumes.mounts})
+    if host_volumes.mechanism == ENV:
+        spec.cwd = rewrite_path(spec.cwd, host_volumes.path_map(0))
+    spec.notes.append(("VolumesMounted", describe(host_volumes)))
 
 
 def rewrite_path(value: str, mapping: Mapping[str, str]) -> str:
@@ -428,21 +427,21 @@ def rewrite_path(value: str, mapping: Mapping[str, str]) -> str:
     return value
 
 
-def host_command(volume_plan: VolumePlan | None, command: list[str], cwd: str) -> tuple[list[str], str]:
+def host_command(host_volumes: HostVolumes | None, command: list[str], cwd: str) -> tuple[list[str], str]:
     """``command`` and ``cwd`` as node 0's files are found from here (to check that its script exists)."""
-    if volume_plan is None:
+    if host_volumes is None:
         return command, cwd
-    mapping = {m.mount_path: m.host_path(0) for m in volume_plan.mounts if m.tmpfs_bytes is None}
+    mapping = {m.mount_path: m.host_path(0) for m in host_volumes.mounts if m.tmpfs_bytes is None}
     return [rewrite_path(arg, mapping) for arg in command], rewrite_path(cwd, mapping)
 
 
-def describe(volume_plan: VolumePlan) -> str:
+def describe(host_volumes: HostVolumes) -> str:
     """The ``VolumesMounted`` event: the mechanism, then each volume -> host path at its mountPath."""
     how = {NAMESPACE: "namespace (bind mounts in a private mount namespace per node)",
            ENV: f"env (paths rewritten; {PATH_MAP_ENV} and {MOUNT_ENV_PREFIX}* name them; readOnly and sizeLimit "
-                "not enforced)"}[volume_plan.mechanism]
+                "not enforced)"}[host_volumes.mechanism]
     parts = []
-    for m in volume_plan.mounts:
+    for m in host_volumes.mounts:
         if m.tmpfs_bytes is not None:
             from trainjob.api.quantity import format_quantity
 
@@ -458,21 +457,21 @@ def describe(volume_plan: VolumePlan) -> str:
 # creating and removing what the plan names
 
 
-def prepare(volume_plan: VolumePlan, job_dir: Path) -> None:
+def prepare(host_volumes: HostVolumes, job_dir: Path) -> None:
     """Create what the plan's mounts need (claim directories, emptyDirs, configMap copies, mount points), then
     store the plan in the job's directory for the nodes' keepers."""
     try:  # stored however far this gets, so that deleting the job removes what was created
-        for scratch in volume_plan.scratch:
+        for scratch in host_volumes.scratch:
             Path(scratch).mkdir(parents=True, exist_ok=True)
-        for mount in volume_plan.mounts:
-            _create_source(mount, volume_plan.num_nodes)
-        if volume_plan.mechanism == NAMESPACE:
-            for mount in sorted(volume_plan.mounts, key=lambda m: m.mount_path.count("/")):
+        for mount in host_volumes.mounts:
+            _create_source(mount, host_volumes.num_nodes)
+        if host_volumes.mechanism == NAMESPACE:
+            for mount in sorted(host_volumes.mounts, key=lambda m: m.mount_path.count("/")):
                 created = _make_mount_point(Path(mount.mount_path), mount.is_file)
-                if created is not None and str(created) not in volume_plan.created:
-                    volume_plan.created.append(str(created))
+                if created is not None and str(created) not in host_volumes.created:
+                    host_volumes.created.append(str(created))
     finally:
-        (job_dir / PLAN_FILE).write_text(json.dumps(volume_plan.to_dict(), indent=1), encoding="utf-8")
+        (job_dir / HOST_VOLUMES_FILE).write_text(json.dumps(host_volumes.to_dict(), indent=1), encoding="utf-8")
 
 
 def _create_source(mount: Mount, num_nodes: int) -> None:
@@ -532,10 +531,10 @@ def _make_mount_point(path: Path, is_file: bool) -> Path | None:
     return top
 
 
-def read_plan(job_dir: Path) -> VolumePlan | None:
-    """The job's stored volume plan, or ``None`` when it mounts nothing."""
+def read_host_volumes(job_dir: Path) -> HostVolumes | None:
+    """The job's stored host volumes, or ``None`` when it mounts nothing."""
     try:
-        return VolumePlan.from_dict(json.loads((job_dir / PLAN_FILE).read_text(encoding="utf-8")))
+        return HostVolumes.from_dict(json.loads((job_dir / HOST_VOLUMES_FILE).read_text(encoding="utf-8")))
     except FileNotFoundError:
         return None
 
@@ -543,22 +542,22 @@ def read_plan(job_dir: Path) -> VolumePlan | None:
 def release(job_dir: Path, jobs_dir: Path) -> None:
     """Remove what the job made outside its directory (memory emptyDirs in ``/dev/shm``, mount points it created
     that no other job names); claims and host paths are kept. Its directory (and emptyDirs) go with the job."""
-    volume_plan = read_plan(job_dir)
-    if volume_plan is None:
+    host_volumes = read_host_volumes(job_dir)
+    if host_volumes is None:
         return
-    for scratch in volume_plan.scratch:
+    for scratch in host_volumes.scratch:
         shutil.rmtree(scratch, ignore_errors=True)
-    if not volume_plan.created:
+    if not host_volumes.created:
         return
     in_use: set[str] = set()
-    for other in jobs_dir.glob(f"*/{PLAN_FILE}"):
+    for other in jobs_dir.glob(f"*/{HOST_VOLUMES_FILE}"):
         if other.parent == job_dir:
             continue
-        other_plan = read_plan(other.parent)
+        other_plan = read_host_volumes(other.parent)
         if other_plan is not None:
             in_use.update(other_plan.created)
             in_use.update(m.mount_path for m in other_plan.mounts)
-    for created in sorted(volume_plan.created, key=len, reverse=True):
+    for created in sorted(host_volumes.created, key=len, reverse=True):
         if any(p == created or p.startswith(created + "/") for p in in_use):
             continue
         _remove_empty(Path(created))
@@ -575,39 +574,3 @@ def _remove_empty(path: Path) -> None:
             path.unlink()
     except OSError:
         pass  # in use or not empty: left as it is
-
-
-# the command line: --data and --config-map
-
-
-def data_overrides(volumes: tuple[str, ...] | list[str], flag: str = "--data") -> list[dict[str, Any]]:
-    """``podTemplateOverrides`` mounting each ``CLAIM:/path`` (``CLAIM:/path:ro`` read-only) in the trainer's
-    ``node`` container, as arena's ``--data``."""
-    mounts, claims = [], []
-    for index, value in enumerate(volumes):
-        claim, sep, path = value.partition(":")
-        read_only = False
-        if path.endswith(":ro") or path.endswith(":rw"):
-            path, read_only = path[:-3], path.endswith(":ro")
-        if not sep or not claim or not path.startswith("/"):
-            raise ValidationError(flag, f"must be PVC_NAME:/mount/path (or PVC_NAME:/mount/path:ro), got {value!r}")
-        claims.append({"name": f"data-{index}", "persistentVolumeClaim": {"claimName": claim}})
-        mounts.append({"name": f"data-{index}", "mountPath": path, **({"readOnly": True} if read_only else {})})
-    if not claims:
-        return []
-    return [{"targetJobs": [{"name": TRAINER_JOB}],
-             "spec": {"volumes": claims, "containers": [{"name": TRAINER_CONTAINER, "volumeMounts": mounts}]}}]
-
-
-def parse_config_maps(values: tuple[str, ...] | list[str], flag: str = "--config-map") -> dict[str, Path]:
-    """``NAME=PATH`` pairs as ``{NAME: absolute path}``; the path must exist."""
-    out: dict[str, Path] = {}
-    for value in values:
-        name, sep, path = value.partition("=")
-        if not sep or not name or not path:
-            raise ValidationError(flag, f"must be NAME=PATH (a file or directory), got {value!r}")
-        resolved = Path(path).expanduser().resolve()
-        if not resolved.exists():
-            raise ValidationError(flag, f"{path} (configMap {name}) does not exist")
-        out[name] = resolved
-    return out

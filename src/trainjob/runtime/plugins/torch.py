@@ -38,7 +38,7 @@ from trainjob.api.errors import quote
 from trainjob.api.quantity import cpu_count, gpu_count
 from trainjob.constants import PET_PREFIX, TRAINER_CONTAINER
 from trainjob.errors import ValidationError
-from trainjob.runtime.launch import kubernetes_addressing, launch_plan, torchrun_env
+from trainjob.runtime.launch import kubernetes_addressing, resolve_launch_values, torchrun_env
 from trainjob.runtime.patches import pod_patches
 from trainjob.runtime.plan import ContainerPort, ElasticPolicy, EnvVar, Plan, Resources
 from trainjob.runtime.plugin import Context, MLPolicyEnforcer, Plugin, Validator
@@ -96,7 +96,7 @@ def _at_most_max(setting: str, count: int, what: str) -> int:
 
 def torch_env(plan: Plan) -> list[EnvVar]:
     """The ``PET_*`` variables of the trainer container of ``plan``: its launch values, addressed as in a JobSet."""
-    return torchrun_env(launch_plan(plan), kubernetes_addressing(plan))
+    return torchrun_env(resolve_launch_values(plan), kubernetes_addressing(plan))
 
 
 class TorchPlugin(Plugin, Validator, MLPolicyEnforcer):

@@ -3,7 +3,7 @@
 Python imports ``sitecustomize`` at start-up, so every Python process of a node (torchrun and each training
 process) runs it before the user's code; it then loads the ``sitecustomize`` it shadows, if there is one. See
 :mod:`trainjob.backends.local.worker_site.sitecustomize` for what it does, and
-:func:`trainjob.backends.local.launcher.node_environment` for how the directory is put on the path.
+:func:`trainjob.backends.local.process_specs.node_environment` for how the directory is put on the path.
 """
 
 from __future__ import annotations

@@ -1,0 +1,457 @@
+"""The local backend: TrainJobs run as real multi-node torchrun process groups on this machine.
+
+Each job gets a detached supervisor (:mod:`trainjob.backends.local.supervisor`) that outlives the command that
+created it; state lives in SQLite under ``$TRAINJOB_HOME`` (:mod:`trainjob.backends.local.store`). A reader that
+finds an active job without a live supervisor starts a replacement that adopts its running nodes (the nodes'
+keepers usually have done so already); only when replacements keep dying
+(:data:`MAX_SUPERVISOR_REPLACEMENTS` in a row) is the job failed with ``SupervisorLost``. Readers skip jobs
+deleted while they read, and one backend may be shared by threads::
+
+    backend = LocalBackend()
+    backend.apply(TrainJob.from_dict(job_dict))
+    backend.wait_for_job_status("mnist", {"Complete"}, timeout=600)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainjob.backends.base import Backend, CheckedJob, LogRequest, NodeProcess, runtime_view
+from trainjob.backends.local import processes, volumes
+from trainjob.backends.local.client import queue, views
+from trainjob.backends.local.client.commands import check_command_files
+from trainjob.backends.local.client.ttl import expired_jobs
+from trainjob.backends.local.log_reader import read_logs
+from trainjob.backends.local.log_writer import log_dir
+from trainjob.backends.local.store import ACTIVE_STATUSES, UNFINISHED_STATUSES, Store, check_job_name
+from trainjob.backends.ttl import ttl_seconds
+from trainjob.errors import NotFoundError, ValidationError
+from trainjob.runtime.submit_events import submit_events
+from trainjob.sdk import types
+
+if TYPE_CHECKING:
+    from trainjob.api import Runtime as RuntimeResource
+    from trainjob.api import TrainJob as TrainJobResource
+    from trainjob.sdk.trainers import TrainerFunction
+
+#: How often local waits look at the store; reading SQLite is cheap, so failures are seen at once.
+LOCAL_POLL_SECONDS = 0.2
+#: How long a deleted job's supervisor gets to stop its nodes (its keepers' grace included).
+SUPERVISOR_STOP_SECONDS = 10.0
+KEEPER_STOP_SECONDS = 6.0
+#: A reader starts a replacement supervisor at most this often per job ...
+SUPERVISOR_RETRY_SECONDS = 10.0
+#: ... and gives the job up after this many replacements that died before they took over.
+MAX_SUPERVISOR_REPLACEMENTS = 5
+
+
+@dataclass
+class LocalProcessBackendConfig:
+    """Where local jobs keep their state: ``home`` defaults to ``$TRAINJOB_HOME``, then ``~/.trainjob``.
+
+    Nodes get what a pod would of the environment a job is created from (a ``PATH``, ``HOME``, locale, this
+    Python environment: :data:`~trainjob.backends.local.process_specs.PASSED_ENV`), not an exported ``NCCL_DEBUG``;
+    ``inherit_env=True`` passes them everything (an ``EnvironmentInherited`` event names what).
+    ``cleanup_venv`` is accepted for compatibility with the Kubeflow SDK; a job's environment is removed with
+    the job (``delete_job``).
+
+    Pod-template volumes (:mod:`~trainjob.backends.local.volumes`): claims live under ``volumes_root`` (default
+    ``$TRAINJOB_VOLUMES_ROOT``, else ``<home>/volumes``), ``config_maps`` maps configMap names to local files or
+    directories, and ``mount_mechanism`` (``auto``, ``namespace``, ``env``; default ``$TRAINJOB_MOUNT_MECHANISM``,
+    else ``auto``) says how the processes see them at their ``mountPath``.
+    """
+
+    home: str | Path | None = None
+    cleanup_venv: bool = True
+    inherit_env: bool = False
+    volumes_root: str | Path | None = None
+    config_maps: dict[str, str | Path] = field(default_factory=dict)
+    mount_mechanism: str | None = None
+
+
+class LocalBackend(Backend):
+    """Runs jobs as processes on this machine; every method reads and writes the shared store."""
+
+    check_interval = LOCAL_POLL_SECONDS
+    initializer_refusal = "dataset and model initializers are not run by the local backend"
+
+    def __init__(self, config: LocalProcessBackendConfig | None = None) -> None:
+        self.config = config or LocalProcessBackendConfig()
+        self.store = Store.open(self.config.home)
+
+    # creating jobs
+
+    def check(self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = ()) -> CheckedJob:
+        """``trainjob`` resolved against its runtime (among ``runtimes``, then the built-ins), its name, TTL and,
+        unless it mounts volumes (checked when it is created), the script its command runs checked here."""
+        from trainjob.runtime import find_runtime, resolve
+
+        name = check_job_name(trainjob.name)
+        ttl_seconds(trainjob.metadata.annotations)
+        plan = resolve(trainjob, find_runtime(trainjob.spec.runtime_ref, runtimes, namespace=trainjob.namespace))
+        container = plan.trainer().container()
+        if not container.volume_mounts:
+            try:
+                check_command_files([*container.command, *container.args], container.working_dir or os.getcwd(),
+                                    provided=self.store.job_dir(name))
+            except ValidationError as exc:
+                raise ValidationError(f"TrainJob {name}: {exc.path}", exc.message) from None
+        return CheckedJob(trainjob, plan)
+
+    def apply(
+        self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = (), *, checked: CheckedJob | None = None,
+        inherit_env: bool | None = None, config_maps: Mapping[str, str | Path] | None = None,
+    ) -> types.TrainJob:
+        """Create and start ``trainjob``; nothing is created when it is invalid or its name is taken.
+
+        ``checked``: what :meth:`check` returned for it (not resolved again). ``inherit_env`` (default: the
+        config's) passes the nodes this whole environment, not only what a pod would get; ``config_maps`` (NAME:
+        file or directory) are added to the config's for this job."""
+        self._submit(checked or self.check(trainjob, runtimes), inherit_env=inherit_env, config_maps=config_maps)
+        return self.get_job(trainjob.name)
+
+    def _create_trainjob(self, job: dict[str, Any], function: TrainerFunction | None) -> str:
+        """Create ``job``; a ``CustomTrainer``'s function is written next to the job and run with torchrun
+        (a ``CustomTrainerContainer`` runs its command: the ``TrainerCommand`` option; images are not run here)."""
+        from trainjob.api import TrainJob
+        from trainjob.sdk.function_script import SCRIPT_NAME
+
+        name = check_job_name(job["metadata"].get("name"))
+        if function is None:
+            self._submit(self.check(TrainJob.from_dict(job)))
+            return name
+        job["spec"]["trainer"]["command"] = ["torchrun", str(self.store.job_dir(name) / SCRIPT_NAME)]
+        self._submit(self.check(TrainJob.from_dict(job)), packages=function.packages,
+                     pip_index_urls=function.pip_index_urls, files={SCRIPT_NAME: function.script})
+        return name
+
+    def get_runtime_packages(self, runtime: types.Runtime | str) -> None:
+        """Print what a job on ``runtime`` runs with here: the Python version, ``pip list`` of this environment
+        and, where there are GPUs, ``nvidia-smi`` (as the Kubeflow SDK prints them for a runtime's image)."""
+        from trainjob.runtime import find_runtime
+
+        find_runtime(runtime.name if isinstance(runtime, types.Runtime) else runtime)  # NotFoundError naming the known
+        print(f"Python: {sys.version}", flush=True)
+        listed = subprocess.run([sys.executable, "-m", "pip", "list", "--disable-pip-version-check"],
+                                capture_output=True, text=True)
+        print((listed.stdout or listed.stderr or "pip not found").rstrip(), flush=True)
+        if shutil.which("nvidia-smi"):
+            gpus = subprocess.run(["nvidia-smi"], capture_output=True, text=True)
+            print((gpus.stdout or gpus.stderr).rstrip(), flush=True)
+
+    def _submit(
+        self,
+        checked: CheckedJob,
+        packages: list[str] | None = None,
+        pip_index_urls: list[str] | None = None,
+        files: dict[str, str] | None = None,
+        inherit_env: bool | None = None,
+        config_maps: Mapping[str, str | Path] | None = None,
+    ) -> None:
+        from trainjob.backends.local.process_specs import build_process_spec
+
+        trainjob, plan, launch = checked.trainjob, checked.plan, checked.launch
+        name = trainjob.name
+        job_dir = self.store.job_dir(name)
+        inherit = self.config.inherit_env if inherit_env is None else inherit_env
+        spec = build_process_spec(plan, job_dir, os.getcwd(), packages, pip_index_urls, inherit_env=inherit)
+        host_volumes = self._resolve_host_volumes(plan, job_dir, spec, config_maps)
+        check_command_files(*volumes.host_command(host_volumes, spec.nodes[0].command, spec.cwd),
+                            provided=job_dir)  # a missing script: nothing starts
+        ttl = ttl_seconds(trainjob.metadata.annotations)
+        priority = queue.job_priority(trainjob)
+        request = queue.job_request(plan)
+        queued = not request.empty and not queue.oversubscribing(trainjob)
+        if queued:
+            queue.check_fits(request, queue.Machine.detect())
+        else:  # best effort or oversubscribed: starts at once and holds nothing in the queue's books
+            request = queue.Request(plan.num_nodes)
+        self.collect_garbage()
+        now = time.time()
+        resource = trainjob.to_dict()
+        resource.pop("status", None)
+        uid = str(uuid.uuid4())
+        resource["metadata"].update(uid=uid, creationTimestamp=views.rfc3339(now))
+        status = types.SUSPENDED if plan.suspend else types.QUEUED if queued else types.CREATED
+        reason = {types.SUSPENDED: "Suspended", types.QUEUED: queue.PENDING_REASON}.get(status, "Created")
+        self.store.insert_job({
+            "name": name, "namespace": trainjob.namespace, "uid": uid, "status": status,
+            "reason": reason, "message": None, "runtime": plan.runtime_name,
+            "num_nodes": launch.num_nodes, "num_proc_per_node": launch.num_proc_per_node, "created": now,
+            "resource": resource, "launch": spec.to_dict(), "priority": priority, "cpus": request.cores,
+            "memory_bytes": request.memory, "gpus": request.gpus, "ttl_seconds": ttl,
+        })
+        try:
+            shutil.rmtree(job_dir, ignore_errors=True)  # leftovers of a job of the same name
+            (job_dir / "logs").mkdir(parents=True)
+            if host_volumes is not None:
+                volumes.prepare(host_volumes, job_dir)
+            for file_name, text in (files or {}).items():
+                (job_dir / file_name).write_text(text, encoding="utf-8")
+            self.store.add_event(name, "Created", f"{launch.num_nodes} node(s) x {launch.num_proc_per_node} "
+                                 f"process(es) on runtime {plan.runtime_name}")
+            for reason, message in spec.notes:
+                self.store.add_event(name, reason, message)
+            for event in submit_events(trainjob, plan):  # converted from a PyTorchJob, NCCL settings that do nothing
+                self.store.add_event(name, event.reason, event.message, type=event.type)
+            if status == types.CREATED:
+                self._start_supervisor(name)
+            elif status == types.QUEUED:
+                self.admit_queued()
+        except BaseException:
+            self.store.delete_job(name)
+            volumes.release(job_dir, self.store.jobs_dir)
+            shutil.rmtree(job_dir, ignore_errors=True)
+            raise
+
+    def _resolve_host_volumes(self, plan: Any, job_dir: Path, spec: Any,
+                      config_maps: Mapping[str, str | Path] | None) -> volumes.HostVolumes | None:
+        """The job's host volumes (:mod:`~trainjob.backends.local.volumes`), applied to ``spec``; checked only."""
+        settings = volumes.VolumeSettings.resolve(self.store.home, self.config.volumes_root,
+                                                  {**self.config.config_maps, **(config_maps or {})},
+                                                  self.config.mount_mechanism)
+        host_volumes = volumes.resolve_host_volumes(plan, job_dir, settings)
+        if host_volumes is not None:
+            volumes.apply_to_process_spec(host_volumes, spec)
+        return host_volumes
+
+    def _start_supervisor(self, name: str, replacing: bool = False) -> None:
+        """Start the job's supervisor; a replacement records itself once it holds the supervisor lock."""
+        job_dir = self.store.job_dir(name)
+        env = {**os.environ, processes.JOB_DIR_ENV: str(job_dir)}
+        argv = [sys.executable, "-m", "trainjob.backends.local.supervisor", str(self.store.home), name]
+        with (job_dir / "supervisor.log").open("ab") as log:
+            process = subprocess.Popen(
+                argv + (["--replace"] if replacing else []),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True, close_fds=True,
+            )
+        if not replacing:
+            self.store.update_job(name, supervisor_pid=process.pid, supervisor_started=processes.start_time(process.pid))
+
+    def admit_queued(self) -> list[str]:
+        """Start the queued jobs that fit what is free now (:func:`~trainjob.backends.local.client.queue.admit`)."""
+        admitted = queue.admit(self.store)
+        for name in admitted:
+            self._start_supervisor(name)
+        return admitted
+
+    def collect_garbage(self, now: float | None = None) -> list[str]:
+        """Delete the finished jobs whose ``trainjob/ttl-seconds-after-finished`` has run out; their names."""
+        deleted = []
+        for name in expired_jobs(self.store, time.time() if now is None else now):
+            with contextlib.suppress(NotFoundError):  # another reader removed it first
+                self.delete_job(name)
+                deleted.append(name)
+        return deleted
+
+    # reading jobs
+
+    def list_jobs(self, runtime: types.Runtime | None = None) -> list[types.TrainJob]:
+        """Every job, oldest first (only those on ``runtime`` when given); steps are left empty."""
+        self.housekeeping()
+        rows = self._checked(self.store.list_jobs())
+        if runtime is not None:
+            rows = [row for row in rows if row["runtime"] == runtime.name]
+        return [views.sdk_job(row) for row in rows]
+
+    def list_summaries(self) -> list[types.JobSummary]:
+        """One summary per job, oldest first, supervisors checked.
+
+        The fast path of ``trainjob list``: read from the store's summary columns, no per-job SDK objects, so
+        thousands of jobs list in milliseconds.
+        """
+        self.housekeeping()
+        summaries = self.store.list_summaries()
+        stale = [
+            name
+            for name, status, *_, pid, pid_started in summaries
+            if status in ACTIVE_STATUSES and pid and not processes.is_alive(pid, pid_started)
+        ]
+        if stale:
+            self._checked(self.store.list_jobs(stale))
+            summaries = self.store.list_summaries()
+        return [views.job_summary(summary) for summary in summaries]
+
+    def expired_jobs(self, now: float) -> list[str]:
+        return expired_jobs(self.store, now)
+
+    def node_processes(self, name: str) -> dict[int, NodeProcess]:
+        """Each node's keeper process, its status and exit code (``NotFoundError`` for unknown jobs)."""
+        self.store.get_job(name)
+        return {row["idx"]: NodeProcess(row["status"], row["pid"], row["exit_code"]) for row in self.store.nodes(name)}
+
+    def housekeeping(self) -> None:
+        """What a controller would do between commands: remove expired jobs, admit queued ones that fit."""
+        self.collect_garbage()
+        if self.store._db.execute("SELECT 1 FROM jobs WHERE status = ? LIMIT 1", (types.QUEUED,)).fetchone():
+            self.admit_queued()
+
+    def get_job(self, name: str) -> types.TrainJob:
+        row = self._checked_one(name)
+        return views.sdk_job(row, self.store.nodes(name))
+
+    def get_job_events(self, name: str) -> list[types.Event]:
+        self.store.get_job(name)
+        return [views.sdk_event(row) for row in self.store.events(name)]
+
+    def _launch_shape(self, name: str) -> tuple[int, int | None]:
+        row = self.store.get_job(name)
+        return row["num_nodes"], row["num_proc_per_node"]
+
+    def _read_logs(self, name: str, nodes: list[int], request: LogRequest) -> Iterator[types.LogLine]:
+        """The node files' lines (:func:`read_logs`); ``follow`` streams until the job ends."""
+        job_dir = self.store.job_dir(name)
+        if request.previous and not log_dir(job_dir, previous=True).is_dir():
+            raise NotFoundError(f"TrainJob {name} has no previous attempt: it was not restarted or resumed")
+        return read_logs(job_dir, nodes, rank=request.rank, follow=request.follow,
+                         finished=lambda: self._settled(name), since=request.since, tail=request.tail,
+                         previous=request.previous, stop_output=request.stop_output)
+
+    def _settled(self, name: str) -> bool:
+        """Whether the job has ended (or is gone); asked on every poll of a followed log, so reads a narrow row."""
+        try:
+            rows = self._checked(self.store.list_jobs([name]))
+        except NotFoundError:  # deleted while its supervisor was being checked
+            return True
+        return not rows or rows[0]["status"] not in UNFINISHED_STATUSES
+
+    # changing jobs
+
+    def delete_job(self, name: str) -> None:
+        """Stop every process of the job, then remove its state, logs and environment."""
+        row = self.store.get_job(name)
+        job_dir = self.store.job_dir(name)
+        self.store.update_job(name, request="delete")  # no replacement supervisor takes the job from here on
+        if processes.is_alive(row["supervisor_pid"], row["supervisor_started"]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(row["supervisor_pid"], signal.SIGTERM)
+            deadline = time.monotonic() + SUPERVISOR_STOP_SECONDS
+            while processes.is_alive(row["supervisor_pid"], row["supervisor_started"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self._stop_job_processes(name, row)
+        self.store.delete_job(name)
+        volumes.release(job_dir, self.store.jobs_dir)  # claims are kept; emptyDirs go with the job's directory
+        shutil.rmtree(job_dir, ignore_errors=True)
+        if row["status"] in UNFINISHED_STATUSES:
+            self.admit_queued()  # what it held is free
+
+    def _stop_job_processes(self, name: str, row: dict[str, Any]) -> None:
+        """Stop the node keepers (each stops its node and whatever the node left behind), then sweep."""
+        keepers = [(n["pid"], n["pid_started"]) for n in self.store.nodes(name)]
+        for pid, started in keepers:
+            if processes.is_alive(pid, started):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + KEEPER_STOP_SECONDS
+        while any(processes.is_alive(pid, started) for pid, started in keepers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        processes.stop_processes(processes.job_processes(str(self.store.job_dir(name)), since=row["created"]), grace=2.0)
+
+    def suspend_job(self, name: str, timeout: float = 30) -> None:
+        """Stop the job's node processes and keep the job as ``Suspended``; :meth:`resume_job` starts it again."""
+        row = self._checked_one(name)
+        if row["status"] == types.SUSPENDED:
+            return
+        if self.store.transition(name, types.SUSPENDED, "Suspended", "suspended while queued; resume to queue it again",
+                                 from_statuses=(types.QUEUED,)):
+            self.store.add_event(name, "Suspended", "left the queue")
+            self.admit_queued()  # jobs behind it may fit now
+            return
+        if row["status"] not in ACTIVE_STATUSES:
+            raise ValidationError("status", f"TrainJob {name} is {row['status']}; only Created or Running jobs can be suspended")
+        self.store.update_job(name, request="suspend")
+        deadline = time.monotonic() + timeout
+        self.wait_for_job_status(name, {types.SUSPENDED}, timeout=timeout, polling_interval=LOCAL_POLL_SECONDS)
+        # The supervisor writes Suspended, then admits queued jobs before it exits: return once it is gone too.
+        row = self.store.get_job(name)
+        while processes.is_alive(row["supervisor_pid"], row["supervisor_started"]) and time.monotonic() < deadline:
+            time.sleep(LOCAL_POLL_SECONDS)
+
+    def resume_job(self, name: str) -> None:
+        """Start a suspended job's nodes again (from the beginning: scripts resume from their checkpoints)."""
+        row = self.store.get_job(name)
+        queued = bool(row["cpus"] or row["memory_bytes"] or row["gpus"])
+        if not self.store.transition(name, types.QUEUED if queued else types.CREATED, "Resumed", "resumed by the user",
+                                     from_statuses=(types.SUSPENDED,), request=None, finished=None):
+            row = self.store.get_job(name)
+            raise ValidationError("status", f"TrainJob {name} is {row['status']}; only Suspended jobs can be resumed")
+        self.store.add_event(name, "Resumed", "node processes will start again")
+        if queued:
+            self.admit_queued()
+        else:
+            self._start_supervisor(name)
+
+    # runtimes
+
+    def list_runtimes(self) -> list[types.Runtime]:
+        from trainjob.runtime import builtin_runtimes
+
+        return [runtime_view(r.to_dict()) for _, r in sorted(builtin_runtimes().items())]
+
+    def get_runtime(self, name: str) -> types.Runtime:
+        from trainjob.runtime import find_runtime
+
+        return runtime_view(find_runtime(name).to_dict())
+
+    # supervisor liveness
+
+    def _checked(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``rows`` as they are once lost supervisors are being replaced; rows of jobs deleted meanwhile dropped."""
+        checked = []
+        for row in rows:
+            if row["status"] in ACTIVE_STATUSES and not self._supervised(row):
+                try:
+                    self._replace_supervisor(row)
+                    fresh = self.store.get_job(row["name"])
+                except NotFoundError:  # deleted while we looked
+                    continue
+                row = {**row, **{k: v for k, v in fresh.items() if k in row}}
+            checked.append(row)
+        return checked
+
+    def _checked_one(self, name: str) -> dict[str, Any]:
+        for row in self._checked([self.store.get_job(name)]):
+            return row
+        raise NotFoundError(f"TrainJob {name!r} not found; `trainjob list` shows the jobs there are")
+
+    def _supervised(self, row: dict[str, Any]) -> bool:
+        if not row["supervisor_pid"] or processes.is_alive(row["supervisor_pid"], row["supervisor_started"]):
+            return True
+        with contextlib.suppress(ValidationError):
+            return processes.supervisor_lock_held(self.store.job_dir(row["name"]))
+        return False
+
+    def _replace_supervisor(self, row: dict[str, Any]) -> None:
+        """Start a replacement for the job's lost supervisor (at most one per :data:`SUPERVISOR_RETRY_SECONDS`),
+        or fail the job when :data:`MAX_SUPERVISOR_REPLACEMENTS` in a row died before taking over."""
+        name = row["name"]
+        if self.store.get_job(name)["request"] == "delete":
+            return
+        attempt = self.store.claim_supervisor_replacement(name, row["supervisor_pid"], time.time(), SUPERVISOR_RETRY_SECONDS)
+        if attempt is None:
+            return
+        if attempt <= MAX_SUPERVISOR_REPLACEMENTS:
+            self._start_supervisor(name, replacing=True)
+            return
+        message = (f"the job's supervisor (pid {row['supervisor_pid']}) was lost and {MAX_SUPERVISOR_REPLACEMENTS} "
+                   "replacements died before taking over; its node processes were stopped")
+        if self.store.transition(name, types.FAILED, "SupervisorLost", message,
+                                 from_statuses=ACTIVE_STATUSES, finished=time.time()):
+            self.store.add_event(name, "SupervisorLost", message, type="Warning")
+            self._stop_job_processes(name, self.store.get_job(name))
+            self.admit_queued()
+
+
+__all__ = ["LocalBackend", "LocalProcessBackendConfig"]

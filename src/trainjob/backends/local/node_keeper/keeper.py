@@ -1,0 +1,342 @@
+"""The keeper of one node: ``python -m trainjob.backends.local.node_keeper``, its spec as JSON on stdin.
+
+The supervisor starts one keeper per node; the keeper starts the node's command (torchrun) and stays its parent
+until the node and everything it started have ended. It makes a node safe to be without a supervisor for a
+moment, and never for long:
+
+- **Output, capped.** The node's stdout and stderr come through a pipe into ``logs/node-<i>.log``, rotated at
+  the job's cap (:class:`~trainjob.backends.local.log_writer.NodeLogWriter`); the per-rank files through which
+  torchrun tees each rank are released as torchrun reads them
+  (:class:`~trainjob.backends.local.log_writer.TorchrunCopies`), so output is stored once, not twice.
+- **Nothing left behind.** The keeper is a child subreaper (``PR_SET_CHILD_SUBREAPER``): whatever the node leaves
+  in the background (double-forked, in a session of its own, with a cleared environment) is re-parented to the
+  keeper, which kills it when the node ends or is stopped.
+- **When each rank ended.** It holds a pidfd on every training process (the node's children that have ``RANK``
+  in their environment) and notes the moment each ends, so the supervisor can tell the rank that failed first
+  from those that failed because of it (:mod:`trainjob.backends.local.supervisor.failures`).
+- **How the node ended.** ``logs/node-<i>.exit.json`` (exit code, time, rank ends) is written before the keeper
+  exits, so a supervisor that adopted the keeper, and so cannot wait for it, still learns the result.
+- **Its volumes.** When the job mounts volumes in mount namespaces (:mod:`~trainjob.backends.local.volumes`), the
+  node's process enters a private one with the volumes mounted before it runs the command
+  (:mod:`~trainjob.backends.local.node_keeper.mounts`); the keeper itself stays in the host's.
+- **Never unsupervised.** When no process holds the job's supervisor lock, the keeper starts a replacement
+  supervisor (``supervisor NAME --replace``) that adopts the running nodes; keepers of later nodes wait a little
+  longer first, and only one replacement wins the lock. When the replacement says the job is over (exit code
+  :data:`JOB_OVER_EXIT_CODE`), or nothing has supervised the job for :data:`UNSUPERVISED_LIMIT_SECONDS`, the
+  keeper stops its node.
+
+SIGTERM stops the node: its process group gets SIGTERM and, after :data:`STOP_GRACE_SECONDS`, everything below
+the keeper gets SIGKILL. The keeper exits with the node's exit code (128 + N for signal N).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from trainjob.backends.local.log_writer import NodeLogWriter, TorchrunCopies
+from trainjob.backends.local.node_keeper.mounts import node_mounts
+from trainjob.backends.local.node_keeper.mounts import preexec as mounts_preexec
+from trainjob.backends.local.processes import signal_group, stop_processes, supervisor_lock_held
+
+POLL_SECONDS = 0.1
+RELEASE_SECONDS = 0.5
+SUPERVISION_CHECK_SECONDS = 0.2
+#: Keeper ``i`` waits ``i`` times this before starting a replacement, so node 0's usually is the only one.
+REPLACEMENT_STAGGER_SECONDS = 1.0
+REPLACEMENT_RETRY_SECONDS = 3.0
+UNSUPERVISED_LIMIT_SECONDS = 30.0
+STOP_GRACE_SECONDS = 3.0
+LEFTOVER_GRACE_SECONDS = 1.0
+#: What a replacement supervisor exits with when the job is over or deleted: its keepers stop their nodes.
+JOB_OVER_EXIT_CODE = 3
+
+_PR_SET_CHILD_SUBREAPER = 36
+_READ_BYTES = 256 * 1024
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def exit_record_path(job_dir: Path, node: int) -> Path:
+    return job_dir / "logs" / f"node-{node}.exit.json"
+
+
+def exit_status(code: int) -> int:
+    """A process exit status for ``code`` (negative: killed by that signal), as a shell reports it."""
+    return code if code >= 0 else 128 - code
+
+
+class Keeper:
+    """Runs one node to its end; see the module docstring."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.job_dir = Path(spec["job_dir"])
+        self.index: int = spec["node"]
+        self.env: dict[str, str] = spec["env"]
+        self.workers: dict[int, dict[str, Any]] = {}
+        self.worker_fds: dict[int, int] = {}
+        self.lost_output = 0
+        self.stop_requested = False
+        self.stop_deadline: float | None = None
+        self.killed = False
+        self.node_ended: float | None = None
+        self.unsupervised_since: float | None = None
+        self.next_replacement = 0.0
+        self.replacement: subprocess.Popen[bytes] | None = None
+
+    def run(self) -> int:
+        with contextlib.suppress(OSError):
+            exit_record_path(self.job_dir, self.index).unlink()
+        _libc.prctl(_PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+        self.log = NodeLogWriter(self.job_dir, self.index, self.spec["log_max_bytes"])
+        self.copies = TorchrunCopies(self.env.get("PET_LOG_DIR"), teed_all=self.env.get("PET_TEE") == "3")
+        output, write_end = os.pipe()
+        cpus = self.spec.get("cpus") or []
+        preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+        mounts = node_mounts(self.job_dir, self.index)  # the job's volumes, when it mounts them in a namespace
+        if mounts:
+            preexec = functools.partial(mounts_preexec, mounts, self.spec["cwd"], cpus)
+        try:
+            self.node = subprocess.Popen(
+                self.spec["argv"], cwd=self.spec["cwd"], env=self.env, stdin=subprocess.DEVNULL,
+                stdout=write_end, stderr=write_end, process_group=0, preexec_fn=preexec,
+            )
+        except OSError as exc:
+            self.log.write(f"[trainjob] cannot start node-{self.index}: {exc}\n".encode())
+            self._write_exit(127, time.time())
+            return 127
+        finally:
+            os.close(write_end)
+        self.poller = select.poll()
+        self.output, self.output_open = output, True
+        self.poller.register(output, select.POLLIN)
+        node_fd = os.pidfd_open(self.node.pid)
+        self.poller.register(node_fd, select.POLLIN)
+        due = dict.fromkeys(("scan", "release", "supervision"), 0.0)
+        while self.node.returncode is None:
+            events = self.poller.poll(POLL_SECONDS * 1000)
+            woke = time.time()  # processes that ended in one wake-up get one time: their order is unknown
+            for fd, _ in events:
+                if fd == self.output:
+                    self._copy_output()
+                elif fd == node_fd:
+                    self.node_ended = woke
+                    self.poller.unregister(node_fd)
+                else:
+                    self._worker_ended(fd, woke)
+            self._reap()
+            now = time.monotonic()
+            if self.stop_requested:
+                self._stop(now)
+            if now >= due["scan"]:
+                self._scan_workers()
+                due["scan"] = now + POLL_SECONDS
+            if now >= due["release"]:
+                self.copies.release(self.node.pid)
+                due["release"] = now + RELEASE_SECONDS
+            if now >= due["supervision"]:
+                self._check_supervision(now)
+                due["supervision"] = now + SUPERVISION_CHECK_SECONDS
+        os.close(node_fd)
+        ended = self.node_ended or time.time()
+        self._stop_leftovers()
+        self._drain_output()
+        self.log.close()
+        self.copies.empty()
+        self._write_exit(self.node.returncode, ended)
+        return exit_status(self.node.returncode)
+
+    # output
+
+    def _copy_output(self) -> bool:
+        """Copy what the pipe holds into the log; ``False`` once every writer closed it."""
+        data = os.read(self.output, _READ_BYTES)
+        if data:
+            try:
+                self.log.write(data)
+            except OSError as exc:  # a full disk must not stop training: the output is dropped instead
+                self.lost_output += len(data)
+                if self.lost_output == len(data):
+                    _note(self.index, f"cannot write the node's log ({exc}); dropping output")
+            return True
+        if self.output_open:
+            self.output_open = False
+            self.poller.unregister(self.output)
+        return False
+
+    def _drain_output(self) -> None:
+        deadline = time.monotonic() + 1.0
+        while self.output_open and time.monotonic() < deadline:
+            if not select.select([self.output], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                break
+            self._copy_output()
+        os.close(self.output)
+
+    # training processes
+
+    def _scan_workers(self) -> None:
+        for pid in _children(self.node.pid):
+            if pid in self.workers:
+                continue
+            try:
+                env = psutil.Process(pid).environ()
+                rank, local_rank = int(env["RANK"]), int(env["LOCAL_RANK"])
+                fd = os.pidfd_open(pid)
+            except (psutil.Error, KeyError, ValueError, OSError):
+                continue  # not a training process, or not exec'd yet: looked at again next time
+            self.workers[pid] = {"pid": pid, "rank": rank, "local_rank": local_rank, "time": None}
+            self.worker_fds[fd] = pid
+            self.poller.register(fd, select.POLLIN)
+
+    def _worker_ended(self, fd: int, when: float) -> None:
+        self.workers[self.worker_fds.pop(fd)]["time"] = when
+        self.poller.unregister(fd)
+        os.close(fd)
+
+    # processes below the keeper
+
+    def _reap(self) -> None:
+        """Wait for ended children: the node, a replacement supervisor, and orphans re-parented here."""
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or not info.si_pid:
+                return
+            if info.si_pid == self.node.pid:
+                self.node.poll()
+            elif self.replacement is not None and info.si_pid == self.replacement.pid:
+                self.replacement.poll()
+            else:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(info.si_pid, 0)
+
+    def _below(self) -> list[psutil.Process]:
+        """Every process below the keeper except a replacement supervisor it started and that one's own."""
+        me = psutil.Process()
+        below = me.children(recursive=True)
+        spared: set[int] = set()
+        if self.replacement is not None and self.replacement.returncode is None:
+            with contextlib.suppress(psutil.Error):
+                replacement = psutil.Process(self.replacement.pid)
+                spared = {replacement.pid, *(p.pid for p in replacement.children(recursive=True))}
+        return [p for p in below if p.pid not in spared]
+
+    def _stop(self, now: float) -> None:
+        if self.stop_deadline is None:
+            self.log.mark_stop()  # what the node prints from here on is shutdown, not a crash
+            signal_group(self.node.pid, signal.SIGTERM)
+            self.stop_deadline = now + STOP_GRACE_SECONDS
+        elif now >= self.stop_deadline and not self.killed:
+            self.killed = True
+            signal_group(self.node.pid, signal.SIGKILL)
+            for process in self._below():
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+
+    def _stop_leftovers(self) -> None:
+        for _ in range(3):
+            leftovers = self._below()
+            if not leftovers:
+                return
+            stop_processes(leftovers, grace=LEFTOVER_GRACE_SECONDS)
+            self._reap()
+
+    # supervision
+
+    def _check_supervision(self, now: float) -> None:
+        if self.stop_requested or supervisor_lock_held(self.job_dir):
+            self.unsupervised_since = None
+            return
+        if self.unsupervised_since is None:
+            self.unsupervised_since = now
+            _note(self.index, "the job's supervisor is gone")
+        if self.replacement is not None and self.replacement.returncode == JOB_OVER_EXIT_CODE:
+            _note(self.index, "the job is over or deleted; stopping the node")
+            self.stop_requested = True
+            return
+        waited = now - self.unsupervised_since
+        starting = self.replacement is not None and self.replacement.returncode is None
+        if not starting and waited >= self.index * REPLACEMENT_STAGGER_SECONDS and now >= self.next_replacement:
+            self._start_replacement()
+            self.next_replacement = now + REPLACEMENT_RETRY_SECONDS
+        if waited > UNSUPERVISED_LIMIT_SECONDS:
+            _note(self.index, f"no supervisor for {UNSUPERVISED_LIMIT_SECONDS:g} s; stopping the node")
+            self.stop_requested = True
+
+    def _start_replacement(self) -> None:
+        _note(self.index, "starting a replacement supervisor")
+        try:
+            with (self.job_dir / "supervisor.log").open("ab") as log:
+                self.replacement = subprocess.Popen(
+                    [sys.executable, "-m", "trainjob.backends.local.supervisor", self.spec["home"], self.spec["name"],
+                     "--replace"],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                )
+        except OSError as exc:  # the job's directory is gone: so is the job
+            _note(self.index, f"cannot start a replacement supervisor ({exc}); stopping the node")
+            self.stop_requested = True
+
+    def abort(self) -> None:
+        """Kill the node and everything below the keeper: used when the keeper itself breaks."""
+        node = getattr(self, "node", None)
+        if node is not None:
+            signal_group(node.pid, signal.SIGKILL)
+        for process in self._below():
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+
+    def _write_exit(self, code: int, ended: float) -> None:
+        record = {"code": code, "time": ended, "stopped": self.stop_requested, "ranks": list(self.workers.values())}
+        path = exit_record_path(self.job_dir, self.index)
+        temporary = path.with_suffix(".tmp")
+        with contextlib.suppress(OSError):  # the job's directory may be gone already
+            temporary.write_text(json.dumps(record), encoding="utf-8")
+            os.replace(temporary, path)
+
+
+def _children(pid: int) -> list[int]:
+    """Pids of ``pid``'s children, from the kernel's per-thread lists (psutil would read every process)."""
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as f:
+                found += [int(child) for child in f.read().split()]
+    except OSError:
+        with contextlib.suppress(psutil.Error):
+            return [child.pid for child in psutil.Process(pid).children()]
+    return found
+
+
+def _note(index: int, message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} keeper of node-{index}: {message}", file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    keeper = Keeper(json.loads(sys.stdin.read()))
+
+    def stop(signum: int, frame: object) -> None:
+        keeper.stop_requested = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        return keeper.run()
+    except BaseException:  # a broken keeper must not leave its node running unkept
+        keeper.abort()
+        raise
+

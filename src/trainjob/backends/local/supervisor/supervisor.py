@@ -1,0 +1,499 @@
+"""The detached process that owns one job: ``python -m trainjob.backends.local.supervisor HOME NAME``.
+
+It starts one keeper per node (:mod:`~trainjob.backends.local.node_keeper`, which starts and contains the node
+process), watches them, ingests the metrics rank 0 writes, enforces ``activeDeadlineSeconds``, honours suspend
+and delete requests, restarts the node group of an elastic job up to ``maxRestarts`` and writes every
+transition to the store. A shrinkable elastic job (:attr:`~trainjob.backends.local.process_specs.ProcessSpec.shrinkable`)
+is not restarted when a node is *lost* (killed, not failed by its own ranks) while ``minNodes`` remain: the others
+go on at the smaller size (``NodeLost``), the node is started again after the job's back-off (``GrowRequested``,
+``NodeReturned``), and every change of size the ranks report becomes a ``Resized`` event ("Resized 3 -> 2 nodes
+(node-1 was lost)") and the job's message (:mod:`~trainjob.backends.local.supervisor.rendezvous`). A job's status only
+moves ``Created -> Running -> Complete | Failed`` (or ``Suspended``).
+
+A supervisor holds the job's supervisor lock (:func:`~trainjob.backends.local.processes.hold_supervisor_lock`)
+for its whole life. When it is killed, a replacement (``... HOME NAME --replace``, started by a node's keeper at
+once, or by the next reader of the job) takes the lock and carries on from the store: it adopts the keepers that
+still run, collects the results of nodes that ended meanwhile, ingests metrics from the saved offset, and then
+does what the lost supervisor would have done (an elastic job still restarts its node group from its
+checkpoint when a node fails). Training is not interrupted. A replacement that finds the job over or deleted
+exits with :data:`~trainjob.backends.local.node_keeper.keeper.JOB_OVER_EXIT_CODE`, and the keepers stop their nodes.
+Whatever way it exits, it admits the queued jobs that fit what its job freed (:mod:`~trainjob.backends.local.client.queue`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+
+import psutil
+
+from trainjob.backends.local import process_specs, processes
+from trainjob.backends.local.log_writer import note_stop_reason
+from trainjob.backends.local.node_keeper.keeper import (
+    JOB_OVER_EXIT_CODE,
+    LEFTOVER_GRACE_SECONDS,
+    STOP_GRACE_SECONDS,
+)
+from trainjob.backends.local.process_specs import ProcessSpec
+from trainjob.backends.local.store import ACTIVE_STATUSES, Store
+from trainjob.backends.local.supervisor import rendezvous
+from trainjob.backends.local.supervisor.environment import PackageInstallError, prepare_environment
+from trainjob.backends.local.supervisor.failures import node_failures, pick_root_cause
+from trainjob.backends.local.supervisor.nodes import NodeHandle
+from trainjob.constants import COMPLETE, CREATED, FAILED, RUNNING, SUSPENDED
+from trainjob.errors import NotFoundError
+
+POLL_SECONDS = 0.05
+#: After the first node fails, how long to wait for the others' own reports before choosing the root cause.
+FAILURE_SETTLE_SECONDS = 1.5
+#: How long stopped keepers get to stop their nodes (they SIGKILL what is left after their own grace).
+KEEPER_STOP_SECONDS = STOP_GRACE_SECONDS + LEFTOVER_GRACE_SECONDS + 2.0
+NODE_STOP_GRACE_SECONDS = 3.0
+#: How long a returning node waits for the ranks to checkpoint for it before it is started anyway.
+GROW_WAIT_SECONDS = 600.0
+
+
+class Supervisor:
+    """Runs one job to its end: ``Supervisor(Store.open(home), "mnist").run()``."""
+
+    def __init__(self, store: Store, name: str, replacing: bool = False) -> None:
+        self.store = store
+        self.name = name
+        self.replacing = replacing
+        self.job_dir = store.job_dir(name)
+        self.metrics_file = self.job_dir / "metrics.jsonl"
+        self.metrics_offset = 0
+        self.row: dict = {}
+        self.nodes: list[NodeHandle] = []
+        self.recorded: set[int] = set()
+        self.terminating = False
+        # Shrinkable jobs (process_specs.ProcessSpec.shrinkable): lost nodes and when each comes back, nodes started
+        # again, why the size changes next, the rendezvous store, and the rounds rank 0 reports.
+        self.lost: dict[int, float] = {}
+        self.returned: set[int] = set()
+        self.resize_reasons: list[str] = []
+        self.rendezvous_port: int | None = None
+        self.rendezvous_store: object | None = None
+        self.grow_requested: float | None = None
+        self.last_round: dict = {}
+
+    # lifecycle
+
+    def run(self) -> int:
+        """Supervise the job; 0, or ``JOB_OVER_EXIT_CODE`` when there was nothing left to supervise."""
+        try:
+            if processes.hold_supervisor_lock(self.job_dir) is None:
+                return 0  # another supervisor has the job
+            self.row = self.store.get_job(self.name)
+        except (FileNotFoundError, NotFoundError):
+            return JOB_OVER_EXIT_CODE
+        if self.row["status"] not in ACTIVE_STATUSES or self.row["request"] == "delete":
+            return JOB_OVER_EXIT_CODE
+        self.spec = ProcessSpec.from_dict(self.row["launch"])
+        self.metrics_offset = self.row["metrics_offset"]
+        me = os.getpid()
+        self.store.update_job(self.name, supervisor_pid=me, supervisor_started=processes.start_time(me),
+                              supervisor_claimed=None, supervisor_replacements=0)
+        adopted = self._adopt_nodes() if self.replacing else False
+        if self.replacing:
+            took_over = f"supervisor pid {self.row['supervisor_pid']} was lost; pid {me} took over"
+            running = sum(node.poll() is None for node in self.nodes)
+            self.store.add_event(self.name, "SupervisorReplaced",
+                                 took_over + (f", adopting {running} running node(s)" if adopted else ""),
+                                 type="Warning")
+            if not adopted:  # lost before its nodes started (installing packages, between restarts)
+                processes.stop_processes(processes.job_processes(str(self.job_dir), self.row["created"]))
+        try:
+            self._supervise(adopted)
+        finally:
+            if self.spec.shrinkable:
+                self._stop_rendezvous_store()
+        return 0
+
+    def _supervise(self, adopted: bool) -> None:
+        python = self._python(adopted)
+        if python is None:
+            return
+        started = self.row["started"] or time.time()
+        restarts = self.row["restarts"]
+        self.python, self.restarts, self.port = python, restarts, process_specs.free_port()
+        info = rendezvous.store_info(self.job_dir) if adopted and self.spec.shrinkable else None
+        self.rendezvous_port = info["port"] if info else None
+        while not self.terminating:
+            if not adopted:
+                self._start_nodes(python, restarts)
+                self.store.transition(self.name, RUNNING, "NodesStarted", f"{len(self.nodes)} node(s) running",
+                                      from_statuses=(CREATED,), started=started)
+            adopted = False
+            outcome = self._watch(started)
+            if outcome is None:  # terminating, suspended or finished: status already written
+                return
+            if self.spec.elastic and restarts < self.spec.max_restarts:
+                restarts += 1
+                self.store.update_job(self.name, restarts=restarts)
+                self.store.add_event(self.name, "Restarting", f"restart {restarts} of {self.spec.max_restarts}: {outcome}",
+                                     type="Warning")
+                continue
+            self._finish(FAILED, "NodeFailed", outcome)
+            return
+
+    def _python(self, adopted: bool) -> str | None:
+        """The job's interpreter, installing its packages first (not again when adopting running nodes)."""
+        if not self.spec.packages:
+            return sys.executable
+        installed = self.job_dir / "venv" / "bin" / "python"
+        if adopted and installed.exists():
+            return str(installed)
+        try:
+            python = prepare_environment(self.job_dir / "venv", self.spec.packages, self.spec.pip_index_urls)
+        except PackageInstallError as exc:
+            self._finish(FAILED, "PackageInstallFailed", str(exc))
+            return None
+        self.store.add_event(self.name, "PackagesInstalled", f"installed {' '.join(self.spec.packages)}")
+        return python
+
+    def _start_nodes(self, python: str, restarts: int) -> None:
+        (self.job_dir / "logs").mkdir(parents=True, exist_ok=True)
+        port = process_specs.free_port()
+        self.nodes, self.recorded = [], set()
+        self.lost, self.returned, self.grow_requested = {}, set(), None
+        self.resize_reasons = ["the node group was restarted"] if restarts else []
+        if self.spec.shrinkable:
+            rendezvous.clear_grow(self.job_dir)
+            self.rendezvous_port = process_specs.free_port()
+            self.rendezvous_store = rendezvous.start_store(self.job_dir, self.rendezvous_port, python,
+                                                          self.spec.base_env or process_specs.passed_env(os.environ))
+        self.python, self.port, self.restarts = python, port, restarts
+        for node in self.spec.nodes:
+            handle = self._start_node(node.index)
+            if self.spec.elastic:
+                # c10d rendezvous ranks nodes by their torchrun's pid: started in order, node i gets group rank i.
+                handle.wait_started(timeout=5)
+            self.nodes.append(handle)
+            self.store.set_node(self.name, node.index, pid=handle.pid, pid_started=handle.started,
+                                status="Running", exit_code=None, started=time.time(), finished=None)
+        where = self.rendezvous_port if self.spec.shrinkable else port
+        self.store.add_event(self.name, "NodesStarted", f"started {len(self.nodes)} node process(es), rendezvous at 127.0.0.1:{where}")
+
+    def _start_node(self, index: int) -> NodeHandle:
+        """Start the keeper of node ``index`` (after :meth:`_start_nodes` set the group's ports)."""
+        node = self.spec.nodes[index]
+        env = process_specs.node_environment(node, self.port, self.python, restarts=self.restarts, elastic=self.spec.elastic,
+                                        base_env=self.spec.base_env or None,
+                                        rendezvous_port=self.rendezvous_port if self.spec.shrinkable else None,
+                                        max_restarts=self.spec.max_restarts)
+        keeper_spec = {
+            "home": str(self.store.home), "name": self.name, "job_dir": str(self.job_dir), "node": node.index,
+            "argv": process_specs.node_argv(node.command, self.python, shrinkable=self.spec.shrinkable), "env": env,
+            "cwd": self.spec.cwd, "cpus": node.cpus, "log_max_bytes": self.spec.log_max_bytes,
+        }
+        return NodeHandle.start(self.job_dir, node.index, keeper_spec)
+
+    def _adopt_nodes(self) -> bool:
+        """Take over the keepers a lost supervisor started; ``False`` when none of its nodes was running."""
+        rows = self.store.nodes(self.name)
+        if not any(row["status"] == "Running" for row in rows):
+            return False
+        self.nodes = [NodeHandle.adopt(self.job_dir, row) for row in rows]
+        self.recorded = {node.index for node in self.nodes if node.code is not None}
+        return True
+
+    def _watch(self, started: float) -> str | None:
+        """Wait for the nodes; a failure description when one failed, else ``None`` once the job is settled."""
+        deadline = started + self.spec.active_deadline_seconds if self.spec.active_deadline_seconds else None
+        while True:
+            self._ingest_metrics()
+            if self.terminating:
+                self._stop_nodes("the job is being deleted")
+                return None
+            codes = [node.poll() for node in self.nodes]
+            for index, code in enumerate(codes):
+                if code is not None:
+                    self._record_exit(index, code)
+            failed = [i for i, code in enumerate(codes) if code not in (None, 0) and i not in self.lost]
+            below_min = None
+            if failed and self.spec.shrinkable:
+                failed, below_min = self._lose_nodes(failed, codes)
+            if failed:
+                outcome = self._settle_failure(failed)
+                return f"{below_min}; {outcome}" if below_min else outcome
+            if self.spec.shrinkable:
+                self._follow_rounds()
+                codes = self._bring_back(codes)
+            kept = [code for i, code in enumerate(codes) if i not in self.lost]
+            if kept and all(code == 0 for code in kept):
+                self._ingest_metrics()
+                lost = "".join(f"; node-{i} was lost" for i in sorted(self.lost))
+                self._finish(COMPLETE, "Completed", f"all {len(kept)} node(s) exited with code 0{lost}")
+                return None
+            if deadline is not None and time.time() > deadline:
+                self._stop_nodes(f"activeDeadlineSeconds={self.spec.active_deadline_seconds} exceeded")
+                self._finish(FAILED, "DeadlineExceeded",
+                             f"ran longer than activeDeadlineSeconds={self.spec.active_deadline_seconds}")
+                return None
+            if self._suspend_requested():
+                self._stop_nodes("the job was suspended; `trainjob resume` starts it again")
+                self.store.transition(self.name, SUSPENDED, "Suspended", "node processes stopped; resume to start them again",
+                                      from_statuses=ACTIVE_STATUSES, request=None)
+                self.store.add_event(self.name, "Suspended", "node processes stopped")
+                return None
+            time.sleep(POLL_SECONDS)
+
+    # shrink and grow (shrinkable jobs)
+
+    def _lose_nodes(self, failed: list[int], codes: list[int | None]) -> tuple[list[int], str | None]:
+        """Let the others go on without the failed nodes that were lost (killed, not failed on their own).
+
+        Returns the failures left for the usual path (the whole node group restarts or fails) and, when the
+        loss left fewer than ``minNodes``, a sentence saying so."""
+        if any(code == 0 for code in codes):
+            return failed, None  # training is over: nothing to go on with
+        lost = [i for i in failed if self._was_lost(i, codes[i])]
+        if not lost:
+            return failed, None
+        alive = sum(code is None for code in codes)
+        names = ", ".join(f"node-{i}" for i in lost)
+        if alive < (self.spec.min_nodes or 1):
+            return failed, f"{names} lost, {alive} node(s) left: below minNodes={self.spec.min_nodes}"
+        now = time.time()
+        for index in lost:
+            why = self._loss_description(index, codes[index])
+            rendezvous.record_loss(self.job_dir, index, why)
+            self._sweep_node(index)
+            self.lost[index] = now + self.spec.node_backoff_seconds
+            self.returned.discard(index)
+            self.resize_reasons.append(f"node-{index} was lost")
+            self.store.add_event(
+                self.name, "NodeLost",
+                f"node-{index} was lost ({why}); {alive} node(s) go on from their last checkpoint "
+                f"(minNodes {self.spec.min_nodes}); node-{index} is started again in "
+                f"{self.spec.node_backoff_seconds:g} s",
+                type="Warning",
+            )
+        self.store.update_job(self.name, message=f"{alive} of {len(self.nodes)} node(s) running; {names} lost")
+        return [i for i in failed if i not in lost], None
+
+    def _was_lost(self, index: int, code: int | None) -> bool:
+        """Whether node ``index`` was lost (its keeper or its torchrun killed) rather than failed by its ranks."""
+        node = self.nodes[index]
+        if node.exit is not None and node.exit.lost:
+            return True
+        return code is not None and code < 0 and code != -signal.SIGTERM
+
+    @staticmethod
+    def _loss_description(index: int, code: int | None) -> str:
+        if code is not None and code < 0:
+            with contextlib.suppress(ValueError):
+                return f"killed by {signal.Signals(-code).name}"
+        return f"exit code {code}"
+
+    def _sweep_node(self, index: int) -> None:
+        """Stop what is left of a lost node (its keeper may have been killed without its processes)."""
+        leftovers = []
+        for process in processes.job_processes(str(self.job_dir), self.row.get("created", 0.0)):
+            with contextlib.suppress(psutil.Error):
+                if process.environ().get("PET_NODE_RANK") == str(index):
+                    leftovers.append(process)
+        if leftovers:
+            processes.stop_processes(leftovers, grace=0.5)
+
+    def _bring_back(self, codes: list[int | None]) -> list[int | None]:
+        """Start lost nodes whose back-off is over; with a training script that checkpoints for grows
+        (``trainjob.torch.ElasticConfig``), only once the ranks saved a checkpoint and wait for them."""
+        if not self.lost:
+            return codes
+        if any(code == 0 for code in codes):
+            return self._drop_late_nodes(codes)  # training is over: a node started now would wait in vain
+        now = time.time()
+        due = sorted(i for i, when in self.lost.items() if when <= now)
+        if not due:
+            return codes
+        if self.last_round.get("gated"):
+            if self.grow_requested is None:
+                rendezvous.request_grow(self.job_dir, due)
+                self.grow_requested = now
+                self.store.add_event(self.name, "GrowRequested",
+                                     f"{', '.join(f'node-{i}' for i in due)} can come back; waiting for the ranks "
+                                     "to reach their next checkpoint")
+                return codes
+            if rendezvous.grow_ready(self.job_dir) is None and now - self.grow_requested < GROW_WAIT_SECONDS:
+                return codes
+        codes = list(codes)
+        for index in due:
+            del self.lost[index]
+            self.recorded.discard(index)
+            handle = self._start_node(index)
+            self.nodes[index] = handle
+            codes[index] = None
+            self.returned.add(index)
+            self.resize_reasons.append(f"node-{index} came back")
+            self.store.set_node(self.name, index, pid=handle.pid, pid_started=handle.started, status="Running",
+                                exit_code=None, started=time.time(), finished=None)
+            self.store.add_event(self.name, "NodeReturned",
+                                 f"node-{index} started again after {self.spec.node_backoff_seconds:g} s; "
+                                 "it joins the others at their next rendezvous")
+        return codes
+
+    def _stop_rendezvous_store(self) -> None:
+        info = rendezvous.store_info(self.job_dir)
+        if not info:
+            return
+        with contextlib.suppress(psutil.Error, KeyError, TypeError):
+            process = psutil.Process(info["pid"])
+            if process.environ().get(rendezvous.JOB_DIR_ENV) == str(self.job_dir):
+                process.terminate()
+                with contextlib.suppress(psutil.TimeoutExpired):
+                    process.wait(3)
+                    return
+                process.kill()
+                process.wait(3)
+
+    def _drop_late_nodes(self, codes: list[int | None]) -> list[int | None]:
+        """Stop nodes that came back but never joined a round before training ended; they will not be needed."""
+        joined = self.last_round.get("node_ranks") or []
+        codes = list(codes)
+        for index in sorted(self.returned):
+            if codes[index] is None and index not in joined:
+                self.nodes[index].terminate()
+                codes[index] = self.nodes[index].wait(KEEPER_STOP_SECONDS)
+                self.returned.discard(index)
+                self.lost[index] = float("inf")
+                self.recorded.add(index)
+                self.store.set_node(self.name, index, status="Stopped", exit_code=codes[index], finished=time.time())
+                self.store.add_event(self.name, "NodeNotNeeded",
+                                     f"node-{index} came back after training ended; stopped it")
+        return codes
+
+    def _follow_rounds(self) -> None:
+        """Turn the rounds rank 0 reports (``elastic.jsonl``) into ``Resized`` events and the job's message."""
+        records, offset = rendezvous.read_lines(rendezvous.rounds_path(self.job_dir), self.row.get("elastic_offset") or 0)
+        if not records:
+            return
+        self.row["elastic_offset"] = offset
+        for record in records:
+            nodes = record.get("nodes")
+            if not isinstance(nodes, int):
+                continue
+            before = self.row.get("elastic_nodes")
+            self.last_round = record
+            self.row["elastic_nodes"] = nodes
+            if before is None or nodes == before:
+                continue
+            why = "; ".join(self.resize_reasons) or "the rendezvous changed"
+            self.resize_reasons = []
+            message = f"Resized {before} -> {nodes} nodes ({why})"
+            self.store.add_event(self.name, "Resized", message, type="Normal" if nodes > before else "Warning")
+            self.store.update_job(
+                self.name, message=f"{nodes} of {len(self.nodes)} node(s) running (world size "
+                f"{record.get('world_size')}, step {record.get('step')}); resized {before} -> {nodes}: {why}",
+            )
+            if nodes > before:
+                self.grow_requested = None
+                rendezvous.clear_grow(self.job_dir)
+        self.store.update_job(self.name, elastic_offset=offset, elastic_nodes=self.row["elastic_nodes"])
+
+    def _settle_failure(self, failed: list[int]) -> str:
+        until = time.monotonic() + FAILURE_SETTLE_SECONDS
+        while time.monotonic() < until and any(node.poll() is None for node in self.nodes):
+            time.sleep(POLL_SECONDS)
+        codes = [node.poll() for node in self.nodes]
+        failed = failed + [i for i, code in enumerate(codes) if code not in (None, 0) and i not in failed]
+        for index in failed:
+            self._record_exit(index, codes[index])
+        self._stop_nodes(f"node-{failed[0]} failed")
+        failures = [f for i in failed for f in node_failures(self.job_dir, i, self.nodes[i].exit, codes[i])]
+        return pick_root_cause(failures).describe()
+
+    def _record_exit(self, index: int, code: int) -> None:
+        if index not in self.recorded:
+            self.recorded.add(index)
+            self.store.set_node(self.name, index, status="Succeeded" if code == 0 else "Failed", exit_code=code,
+                                finished=time.time())
+
+    def _stop_nodes(self, reason: str = "stop requested") -> None:
+        running = [node for node in self.nodes if node.poll() is None]
+        if running:
+            note_stop_reason(self.job_dir, reason)  # each keeper writes it into its node's log before stopping it
+        for node in running:
+            node.terminate()
+        deadline = time.monotonic() + KEEPER_STOP_SECONDS
+        while time.monotonic() < deadline and any(node.poll() is None for node in running):
+            time.sleep(POLL_SECONDS)
+        for node in running:
+            node.kill()
+        # A keeper killed before it stopped its node leaves processes behind: they all carry the job's directory.
+        job_processes = processes.job_processes(str(self.job_dir), self.row.get("created", 0.0))
+        processes.stop_processes(job_processes, grace=NODE_STOP_GRACE_SECONDS)
+        for node in running:
+            node.wait(5)
+            self.recorded.add(node.index)
+            self.store.set_node(self.name, node.index, status="Stopped", exit_code=node.code, finished=time.time())
+
+    def _finish(self, status: str, reason: str, message: str) -> None:
+        if self.store.transition(self.name, status, reason, message, from_statuses=ACTIVE_STATUSES,
+                                 finished=time.time(), request=None):
+            self.store.add_event(self.name, reason, message, type="Normal" if status == COMPLETE else "Warning")
+
+    def _suspend_requested(self) -> bool:
+        request = self.store.get_request(self.name)
+        if request in ("deleted", "delete"):
+            self.terminating = True
+        return request == "suspend"
+
+    def _ingest_metrics(self) -> None:
+        try:
+            with self.metrics_file.open("rb") as f:
+                f.seek(self.metrics_offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        complete = data[: data.rfind(b"\n") + 1]
+        if not complete:
+            return
+        records = []
+        for raw in complete.splitlines():
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("time"), int | float):
+                records.append(record)
+        self.store.add_metrics(self.name, records, offset=self.metrics_offset + len(complete))
+        self.metrics_offset += len(complete)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    home, name = [arg for arg in args if arg != "--replace"]
+    store = Store.open(home)
+    supervisor = Supervisor(store, name, replacing="--replace" in args)
+
+    def terminate(signum: int, frame: object) -> None:
+        supervisor.terminating = True
+
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        return supervisor.run()
+    except Exception as exc:  # the job must not stay Running when the supervisor itself breaks
+        supervisor._stop_nodes()
+        supervisor._finish(FAILED, "SupervisorError", f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        admit_next(store)
+
+
+def admit_next(store: Store) -> None:
+    """Start the queued jobs that fit now that this job's nodes are gone (the local queue has no daemon)."""
+    from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
+
+    try:
+        LocalBackend(LocalProcessBackendConfig(home=store.home)).admit_queued()
+    except Exception as exc:  # the next reader admits them; never mask the job's own outcome
+        print(f"admitting queued jobs failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+

@@ -1,0 +1,820 @@
+"""The operator's reconcile as tables, without a cluster: the cluster's objects in; the requests one pass makes, the
+status it writes, the events it posts and when it wants to look again out.
+
+The API server is :class:`kubetest.memory_api.MemoryApi`; the reconciler, the runtime framework, the status rules
+and the signer run for real. Each case builds the cluster's state with ``before`` steps (a first pass of the
+operator, the JobSet controller reporting, pods logging, a user editing the job), then runs the pass under test at
+``START + later`` seconds.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from kubetest.memory_api import MemoryApi, Request
+
+from trainjob.backends.kubernetes.kubeapi import ApiError, KubeApi
+from trainjob.backends.kubernetes.manifests import builtin_runtimes
+from trainjob.backends.kubernetes.progress import RESIZE_ANNOTATION
+from trainjob.backends.kubernetes.reconcile import Reconciler
+from trainjob.backends.kubernetes.resources import (
+    CLUSTER_TRAINING_RUNTIMES,
+    COMPLETION_INDEX_LABEL,
+    COSCHEDULING_PODGROUPS,
+    JOB_NAME_LABEL,
+    JOBSET_NAME_LABEL,
+    JOBSETS,
+    REPLICATED_JOB_LABEL,
+    RUNTIME_SNAPSHOT_ANNOTATION,
+    TRAINING_RUNTIMES,
+    TRAINJOBS,
+    VOLCANO_PODGROUPS,
+    ResourceRef,
+)
+from trainjob.backends.kubernetes.snapshot import SnapshotSigner
+from trainjob.backends.kubernetes.status import timestamp
+from trainjob.constants import LAUNCH_ANNOTATION, TTL_ANNOTATION
+from trainjob.errors import AlreadyExistsError
+
+NS, NAME = "ml", "mnist"
+START = 1_800_000_000.0  # 2027-01-15T08:00:00Z: the job and its JobSet are created then
+SIGNER = SnapshotSigner(b"operator-key-" * 3)
+TWO_NODES = {"numNodes": 2, "numProcPerNode": 1, "command": ["torchrun", "train.py"]}
+
+# -- the world before the pass ------------------------------------------------------------------------------------
+
+
+class Clock:
+    """The time the operator and the API server see; steps move it."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class World:
+    api: MemoryApi
+    reconciler: Reconciler
+    clock: Clock
+
+
+Step = Callable[[World], None]
+
+
+def trainjob(runtime: str = "torch-distributed", annotations: dict[str, str] | None = None, **spec: Any) -> dict:
+    """TrainJob ``ml/mnist`` as a user creates it: two nodes of ``torchrun train.py`` unless ``spec`` says."""
+    meta: dict[str, Any] = {"name": NAME, "namespace": NS}
+    if annotations:
+        meta["annotations"] = annotations
+    return {
+        "apiVersion": TRAINJOBS.api_version,
+        "kind": TRAINJOBS.kind,
+        "metadata": meta,
+        "spec": {"runtimeRef": {"name": runtime}, "trainer": TWO_NODES, **spec},
+    }
+
+
+def elastic_runtime() -> dict[str, Any]:
+    """TrainingRuntime ``ml/elastic``: torch-distributed whose nodes rendezvous elastically, 2 to 3 of them."""
+    runtime = next(r for r in builtin_runtimes() if r["metadata"]["name"] == "torch-distributed")
+    spec = copy.deepcopy(runtime["spec"])
+    spec["mlPolicy"].pop("numNodes", None)
+    spec["mlPolicy"]["torch"]["elasticPolicy"] = {"minNodes": 2, "maxNodes": 3, "maxRestarts": 5}
+    return {"apiVersion": TRAINING_RUNTIMES.api_version, "kind": TRAINING_RUNTIMES.kind,
+            "metadata": {"name": "elastic", "namespace": NS}, "spec": spec}
+
+
+def first_pass(world: World) -> None:
+    """The operator has seen the job once (snapshot, JobSet, launch annotation)."""
+    world.reconciler.reconcile(NS, NAME)
+
+
+def another_pass(world: World) -> None:
+    """The operator has seen the job again (and mirrored what the JobSet and pods say)."""
+    world.reconciler.reconcile(NS, NAME)
+
+
+def at(seconds: float) -> Step:
+    """The clock reads ``START + seconds`` from this step on."""
+
+    def step(world: World) -> None:
+        world.clock.now = START + seconds
+
+    return step
+
+
+def jobset_reports(**status: Any) -> Step:
+    """The JobSet controller writes the JobSet's status."""
+
+    def step(world: World) -> None:
+        world.api.set_status(JOBSETS, NS, NAME, status)
+
+    return step
+
+
+def trainer_jobs(**counts: int) -> dict[str, Any]:
+    """``replicatedJobsStatus`` for the trainer's replicated job (counts of its Jobs)."""
+    return {"replicatedJobsStatus": [{"name": "node", "ready": 0, "succeeded": 0, "failed": 0, "active": 0,
+                                      "suspended": 0, **counts}]}
+
+
+def jobset_condition(type_: str, reason: str, message: str) -> dict[str, Any]:
+    return {"type": type_, "status": "True", "reason": reason, "message": message}
+
+
+def pod_runs(node: int, phase: str, log: str = "", terminated: dict[str, Any] | None = None) -> Step:
+    """The pod of trainer node ``node`` exists (owned by the JobSet, as its Job's pods are for the collector),
+    in ``phase``, its ``node`` container having logged ``log`` and, if given, ``terminated`` so."""
+
+    def step(world: World) -> None:
+        jobset = world.api.stored(JOBSETS, NS, NAME)
+        assert jobset is not None
+        status: dict[str, Any] = {"phase": phase}
+        if terminated is not None:
+            status["containerStatuses"] = [{"name": "node", "state": {"terminated": terminated}}]
+        pod = {
+            "metadata": {
+                "name": f"{NAME}-node-0-{node}-x{node}", "namespace": NS,
+                "labels": {JOBSET_NAME_LABEL: NAME, REPLICATED_JOB_LABEL: "node", COMPLETION_INDEX_LABEL: str(node)},
+                "ownerReferences": [{"kind": "JobSet", "name": NAME, "uid": jobset["metadata"]["uid"]}],
+            },
+            "spec": {"containers": [{"name": "node"}]},
+            "status": status,
+        }
+        world.api.add_pod(pod, {"node": log} if log else None)
+
+    return step
+
+
+def user_patches(patch: dict[str, Any]) -> Step:
+    """Someone merge-patches the TrainJob (``kubectl patch --type=merge``)."""
+
+    def step(world: World) -> None:
+        world.api.patch(TRAINJOBS, NS, NAME, patch)
+
+    return step
+
+
+def someone_deletes_the_jobset(world: World) -> None:
+    world.api.delete(JOBSETS, NS, NAME)
+
+
+def someone_creates_a_jobset_of_that_name(world: World) -> None:
+    world.api.create({"apiVersion": JOBSETS.api_version, "kind": JOBSETS.kind,
+                      "metadata": {"name": NAME, "namespace": NS}, "spec": {"replicatedJobs": []}})
+
+
+def being_deleted(world: World) -> None:
+    job = world.api.objects[(TRAINJOBS.group, TRAINJOBS.plural, NS, NAME)]
+    job["metadata"]["deletionTimestamp"] = timestamp(world.clock())
+
+
+# -- what the pass should do ---------------------------------------------------------------------------------------
+
+
+def get(resource: str, where: str = f"{NS}/{NAME}") -> Request:
+    return ("get", resource, where)
+
+
+def patch(resource: str, where: str = f"{NS}/{NAME}") -> Request:
+    return ("patch", resource, where)
+
+
+def create(resource: str, where: str = f"{NS}/{NAME}") -> Request:
+    return ("create", resource, where)
+
+
+def delete(resource: str, where: str = f"{NS}/{NAME}") -> Request:
+    return ("delete", resource, where)
+
+
+GET_JOB, GET_JOBSET = get("trainjobs"), get("jobsets")
+GET_RUNTIME = get("clustertrainingruntimes", "torch-distributed")
+PATCH_JOB, PATCH_STATUS = patch("trainjobs"), patch("trainjobs/status")
+EVENT = create("events")
+LIST_PODS = ("list", "pods", NS)
+#: What a pass over a new job asks: the job, its runtime, the snapshot written, no JobSet yet, the JobSet created,
+#: the launch values written, the JobSetCreated event.
+CREATE_REQUESTS = [GET_JOB, GET_RUNTIME, PATCH_JOB, GET_JOBSET, create("jobsets"), PATCH_JOB, EVENT]
+
+
+def log_of(node: int) -> Request:
+    return get("pods/log", f"{NS}/{NAME}-node-0-{node}-x{node}")
+
+
+def cond(type_: str, status: str, reason: str, message: str | Text, at: float = 0.0) -> dict[str, Any]:
+    """A TrainJob condition that moved ``at`` seconds after ``START``."""
+    return {"type": type_, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": timestamp(START + at)}
+
+
+@dataclass(frozen=True)
+class Text:
+    """Equal to any message that starts and ends so (for words another module's tests own)."""
+
+    start: str
+    end: str
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and other.startswith(self.start) and other.endswith(self.end)
+
+    def __hash__(self) -> int:
+        return hash((self.start, self.end))
+
+
+@dataclass
+class Case:
+    """One reconcile: the cluster before it and what it should do."""
+
+    id: str
+    job: dict[str, Any]
+    before: Sequence[Step] = ()
+    later: float = 0.0  # seconds after START of the pass under test (steps may have moved the clock further)
+    requests: list[Request] = field(default_factory=list)
+    any_order: bool = False  # the requests are compared as a multiset
+    status: dict[str, Any] | None = None  # the TrainJob's status after the pass (None: it has none)
+    events: list[tuple[str, str, str | Text]] = field(default_factory=list)  # (type, reason, message) posted
+    again_in: float | None = None
+    then: Callable[[World], None] | None = None  # anything else the case checks
+    runtimes: Sequence[dict[str, Any]] = ()  # besides the built-in ClusterTrainingRuntimes
+    served: Sequence[ResourceRef] | None = None  # the custom resources the cluster serves (None: all)
+
+
+@dataclass
+class Outcome:
+    requests: list[Request]
+    status: dict[str, Any] | None
+    events: list[tuple[str, str, str]]
+    again_in: float | None
+
+
+def reconcile(case: Case) -> tuple[Outcome, World]:
+    clock = Clock(START)
+    api = MemoryApi(clock, served=case.served)
+    for runtime in [*builtin_runtimes(), *case.runtimes]:
+        api.seed(runtime)
+    api.seed(case.job)
+    world = World(api, Reconciler(api, SIGNER, clock=clock), clock)
+    for step in case.before:
+        step(world)
+    clock.now = max(clock.now, START + case.later)
+    api.requests.clear()
+    api.events.clear()
+    again_in = world.reconciler.reconcile(NS, NAME)
+    job = api.stored(TRAINJOBS, NS, NAME)
+    events = [(e["type"], e["reason"], e["message"]) for e in api.events]
+    return Outcome(list(api.requests), job.get("status") if job else None, events, again_in), world
+
+
+# -- checks beyond the table's columns ----------------------------------------------------------------------------
+
+
+def the_snapshot_is_the_runtime_signed(runtime: str, kind: str = "ClusterTrainingRuntime") -> Callable[[World], None]:
+    def check(world: World) -> None:
+        job = world.api.stored(TRAINJOBS, NS, NAME)
+        assert job is not None
+        ref = CLUSTER_TRAINING_RUNTIMES if kind == "ClusterTrainingRuntime" else TRAINING_RUNTIMES
+        source = world.api.stored(ref, None if kind == "ClusterTrainingRuntime" else NS, runtime)
+        assert source is not None
+        assert SIGNER.verified(job) == {
+            "kind": kind, "name": runtime, "resourceVersion": source["metadata"]["resourceVersion"],
+            "labels": source["metadata"].get("labels") or {}, "spec": source["spec"],
+        }
+
+    return check
+
+
+def created_jobset_owned_by_the_job(world: World) -> None:
+    job, jobset = world.api.stored(TRAINJOBS, NS, NAME), world.api.stored(JOBSETS, NS, NAME)
+    assert job is not None and jobset is not None
+    assert jobset["metadata"]["ownerReferences"] == [{
+        "apiVersion": TRAINJOBS.api_version, "kind": "TrainJob", "name": NAME, "uid": job["metadata"]["uid"],
+        "controller": True, "blockOwnerDeletion": True,
+    }]
+    assert jobset["metadata"]["labels"][JOB_NAME_LABEL] == NAME
+    assert jobset["spec"]["suspend"] is False
+    node = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert node["parallelism"] == 2
+    env = {e["name"]: e.get("value") for e in node["template"]["spec"]["containers"][0]["env"]}
+    assert (env["PET_NNODES"], env["PET_NPROC_PER_NODE"]) == ("2", "1")
+    assert json.loads(job["metadata"]["annotations"][LAUNCH_ANNOTATION]) == {
+        "numNodes": 2, "numProcPerNode": 1, "masterPort": 29500,
+    }
+    the_snapshot_is_the_runtime_signed("torch-distributed")(world)
+
+
+def created_a_volcano_podgroup_for_both_nodes(world: World) -> None:
+    podgroup = world.api.stored(VOLCANO_PODGROUPS, NS, NAME)
+    assert podgroup is not None and world.api.stored(COSCHEDULING_PODGROUPS, NS, NAME) is None
+    assert podgroup["spec"]["minMember"] == 2
+    job = world.api.stored(TRAINJOBS, NS, NAME)
+    assert job is not None and podgroup["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    jobset = world.api.stored(JOBSETS, NS, NAME)
+    assert jobset is not None
+    pod_spec = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod_spec["schedulerName"] == "volcano"
+
+
+def jobset_suspend_is(value: bool) -> Callable[[World], None]:
+    def check(world: World) -> None:
+        jobset = world.api.stored(JOBSETS, NS, NAME)
+        assert jobset is not None and jobset["spec"]["suspend"] is value
+
+    return check
+
+
+def no_jobset(world: World) -> None:
+    assert world.api.stored(JOBSETS, NS, NAME) is None
+
+
+def the_gpu_limit_equals_the_request(world: World) -> None:
+    jobset = world.api.stored(JOBSETS, NS, NAME)
+    assert jobset is not None
+    container = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+
+
+def the_job_and_what_it_owns_are_gone(world: World) -> None:
+    assert world.api.stored(TRAINJOBS, NS, NAME) is None
+    assert world.api.stored(JOBSETS, NS, NAME) is None
+    assert not world.api.pods
+
+
+def the_last_resize_is_remembered(world: World) -> None:
+    job = world.api.stored(TRAINJOBS, NS, NAME)
+    assert job is not None and job["metadata"]["annotations"][RESIZE_ANNOTATION] == "2027-01-15T08:01:10Z"
+
+
+def a_new_jobset_was_created(world: World) -> None:
+    jobset = world.api.stored(JOBSETS, NS, NAME)
+    assert jobset is not None and "status" not in jobset
+    created_jobset_owned_by_the_job(world)
+
+
+def the_foreign_jobset_is_untouched(world: World) -> None:
+    jobset = world.api.stored(JOBSETS, NS, NAME)
+    assert jobset is not None and "ownerReferences" not in jobset["metadata"]
+
+
+def all_of(*checks: Callable[[World], None]) -> Callable[[World], None]:
+    def check(world: World) -> None:
+        for one in checks:
+            one(world)
+
+    return check
+
+
+# -- the table -----------------------------------------------------------------------------------------------------
+
+PROGRESS_LOG = (
+    "2027-01-15T08:00:30Z [rank0]: step 10/100 loss=2.5\n"
+    "2027-01-15T08:00:40Z [rank0]: step 20/100 loss=1.5\n"
+)
+PROGRESS = {"progressPercentage": 20, "estimatedRemainingSeconds": 80,
+            "metrics": [{"name": "loss", "value": "1.5"}], "lastUpdatedTime": "2027-01-15T08:00:40Z"}
+RUNNING_2 = cond("Running", "True", "AllTrainerPodsRunning", "all 2 trainer pods run", at=60)
+TRACEBACK = 'Traceback (most recent call last):\n  File "train.py", line 9\nValueError: lr must be positive\n'
+RESIZE_LOG = (
+    "2027-01-15T08:00:30Z [rank0]: step 30/100 loss=2\n"
+    "2027-01-15T08:01:10Z [rank0]: [trainjob] resized 3 -> 2 nodes (world size 3 -> 2), resuming at step 30\n"
+    "2027-01-15T08:01:20Z [rank0]: step 40/100 loss=1\n"
+)
+RESIZED = "Resized 3 -> 2 nodes (world size 3 -> 2), resuming at step 30"
+RUNNING_JOBSET = jobset_reports(**trainer_jobs(ready=1, active=1))
+FAILED_JOBSET = jobset_reports(**trainer_jobs(failed=1),
+                               conditions=[jobset_condition("Failed", "FailedJobs", "jobset failed due to job")])
+COMPLETED_JOBSET = jobset_reports(
+    **trainer_jobs(succeeded=1),
+    conditions=[jobset_condition("Completed", "AllJobsCompleted", "jobset completed successfully")])
+#: The validator's words are its own tests' business; the reconciler's part is the field and what to do.
+INVALID_NUM_PROC = Text("spec.trainer.numProcPerNode: ", " (fix the TrainJob and create it again)")
+DEADLINE_MESSAGE = ("the job ran longer than spec.activeDeadlineSeconds=60s; its JobSet was deleted (raise the "
+                    "deadline to let it run longer)")
+
+CASES = [
+    # -- creating --
+    Case(
+        "create-renders-an-owned-jobset-and-signs-the-snapshot",
+        trainjob(),
+        requests=CREATE_REQUESTS,
+        events=[("Normal", "JobSetCreated", "created JobSet mnist")],
+        again_in=10.0,
+        then=created_jobset_owned_by_the_job,
+    ),
+    Case(
+        "create-suspended-creates-a-suspended-jobset",
+        trainjob(suspend=True),
+        requests=[*CREATE_REQUESTS, PATCH_STATUS],
+        status={"conditions": [cond("Suspended", "True", "Suspended", "TrainJob is suspended")]},
+        events=[("Normal", "JobSetCreated", "created JobSet mnist")],
+        again_in=None,
+        then=jobset_suspend_is(True),
+    ),
+    Case(
+        "create-with-gang-scheduling-creates-the-podgroup-first",
+        trainjob("torch-distributed-volcano"),
+        requests=[GET_JOB, get("clustertrainingruntimes", "torch-distributed-volcano"), PATCH_JOB, GET_JOBSET,
+                  create("podgroups"), create("jobsets"), PATCH_JOB, EVENT],
+        events=[("Normal", "JobSetCreated", "created JobSet mnist")],
+        again_in=10.0,
+        then=all_of(created_a_volcano_podgroup_for_both_nodes,
+                    the_snapshot_is_the_runtime_signed("torch-distributed-volcano")),
+    ),
+    Case(
+        "create-gives-a-gpu-request-its-limit-with-an-event",
+        trainjob(trainer={"numNodes": 1, "command": ["torchrun", "train.py"],
+                          "resourcesPerNode": {"requests": {"nvidia.com/gpu": 1}}}),
+        requests=[*CREATE_REQUESTS[:-1], EVENT, EVENT],
+        events=[("Normal", "ExtendedResourceLimitsSet", "node/node: set limits nvidia.com/gpu=1 equal to the "
+                 "requests (Kubernetes needs limits for extended resources)"),
+                ("Normal", "JobSetCreated", "created JobSet mnist")],
+        again_in=10.0,
+        then=the_gpu_limit_equals_the_request,
+    ),
+    Case(
+        "create-fails-when-the-podgroup-crd-is-not-installed",
+        trainjob("torch-distributed-volcano"),
+        served=[JOBSETS, COSCHEDULING_PODGROUPS],
+        requests=[GET_JOB, get("clustertrainingruntimes", "torch-distributed-volcano"), PATCH_JOB, GET_JOBSET,
+                  create("podgroups"), PATCH_STATUS, EVENT],
+        status={"conditions": [cond("Failed", "True", "CRDNotInstalled",
+                                    "the cluster does not serve PodGroup (scheduling.volcano.sh/v1beta1): install "
+                                    "Volcano, or use a runtime without podGroupPolicy.volcano, then create the "
+                                    "TrainJob again")]},
+        events=[("Warning", "CRDNotInstalled",
+                 "the cluster does not serve PodGroup (scheduling.volcano.sh/v1beta1): install Volcano, or use a "
+                 "runtime without podGroupPolicy.volcano, then create the TrainJob again")],
+        then=no_jobset,
+    ),
+    # -- idempotence --
+    Case(
+        "a-second-pass-writes-nothing",
+        trainjob(),
+        before=[first_pass],
+        later=5,
+        requests=[GET_JOB, GET_JOBSET],
+        again_in=10.0,
+    ),
+    Case(
+        "a-second-pass-over-a-running-job-only-reads",
+        trainjob(),
+        before=[first_pass, RUNNING_JOBSET, pod_runs(0, "Running", PROGRESS_LOG), pod_runs(1, "Running"), at(60),
+                another_pass],
+        later=70,
+        requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(0)],
+        status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"], "conditions": [RUNNING_2],
+                "trainerStatus": PROGRESS},
+        again_in=10.0,
+    ),
+    # -- status from the JobSet --
+    Case(
+        "running-when-every-trainer-pod-is-ready-with-progress-from-node-0",
+        trainjob(),
+        before=[first_pass, RUNNING_JOBSET, pod_runs(0, "Running", PROGRESS_LOG), pod_runs(1, "Running")],
+        later=60,
+        requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(0), PATCH_STATUS],
+        status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"], "conditions": [RUNNING_2],
+                "trainerStatus": PROGRESS},
+        again_in=10.0,
+    ),
+    Case(
+        "not-running-while-a-trainer-pod-is-not-ready",
+        trainjob(),
+        before=[first_pass, jobset_reports(**trainer_jobs(active=1)), pod_runs(0, "Pending"),
+                pod_runs(1, "Running")],
+        later=60,
+        requests=[GET_JOB, GET_JOBSET, LIST_PODS, PATCH_STATUS],
+        status={"jobsStatus": trainer_jobs(active=1)["replicatedJobsStatus"]},
+        again_in=10.0,
+    ),
+    Case(
+        "complete-copies-the-jobset-condition-and-stops-running",
+        trainjob(),
+        before=[first_pass, RUNNING_JOBSET, pod_runs(0, "Running", PROGRESS_LOG), at(60), another_pass,
+                COMPLETED_JOBSET, pod_runs(0, "Succeeded", PROGRESS_LOG)],
+        later=100,
+        requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(0), PATCH_STATUS],
+        status={"jobsStatus": trainer_jobs(succeeded=1)["replicatedJobsStatus"],
+                "conditions": [cond("Running", "False", "AllJobsCompleted", "the job is complete", at=100),
+                               cond("Complete", "True", "AllJobsCompleted", "jobset completed successfully", at=100)],
+                "trainerStatus": PROGRESS},
+        again_in=None,
+    ),
+    Case(
+        "failed-names-the-node-and-exception-that-failed-first",
+        trainjob(),
+        before=[first_pass, FAILED_JOBSET,
+                pod_runs(0, "Failed", "2027-01-15T08:01:00Z [rank0]: step 20/100 loss=1.5\n",
+                         terminated={"exitCode": 1, "finishedAt": "2027-01-15T08:01:30Z"}),
+                pod_runs(1, "Failed", terminated={"exitCode": 1, "finishedAt": "2027-01-15T08:01:20Z",
+                                                  "message": TRACEBACK})],
+        later=100,
+        requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(0), LIST_PODS, log_of(0), PATCH_STATUS],
+        status={"jobsStatus": trainer_jobs(failed=1)["replicatedJobsStatus"],
+                "conditions": [cond("Failed", "True", "FailedJobs",
+                                    "node-1: ValueError: lr must be positive (jobset failed due to job)", at=100)],
+                "trainerStatus": {"progressPercentage": 20, "metrics": [{"name": "loss", "value": "1.5"}],
+                                  "lastUpdatedTime": "2027-01-15T08:01:00Z"}},
+        again_in=None,
+    ),
+    # -- suspend and resume --
+    Case(
+        "suspending-a-running-job-suspends-its-jobset",
+        trainjob(),
+        before=[first_pass, user_patches({"spec": {"suspend": True}})],
+        later=30,
+        requests=[GET_JOB, GET_JOBSET, patch("jobsets"), PATCH_STATUS],
+        status={"conditions": [cond("Suspended", "True", "Suspended", "TrainJob is suspended", at=30)]},
+        then=jobset_suspend_is(True),
+    ),
+    Case(
+        "resuming-a-suspended-job-resumes-its-jobset",
+        trainjob(suspend=True),
+        before=[first_pass, user_patches({"spec": {"suspend": False}})],
+        later=30,
+        requests=[GET_JOB, GET_JOBSET, patch("jobsets"), PATCH_STATUS],
+        status={"conditions": [cond("Suspended", "False", "Resumed", "TrainJob is resumed", at=30)]},
+        again_in=10.0,
+        then=jobset_suspend_is(False),
+    ),
+    # -- activeDeadlineSeconds --
+    Case(
+        "before-the-deadline-the-next-pass-is-due-when-it-passes",
+        trainjob(activeDeadlineSeconds=60),
+        before=[first_pass],
+        later=55,
+        requests=[GET_JOB, GET_JOBSET],
+        again_in=5.0,
+    ),
+    Case(
+        "the-deadline-counts-from-the-resume",
+        trainjob(activeDeadlineSeconds=60, suspend=True),
+        before=[first_pass, at(100), user_patches({"spec": {"suspend": False}}), another_pass],
+        later=130,
+        requests=[GET_JOB, GET_JOBSET],
+        status={"conditions": [cond("Suspended", "False", "Resumed", "TrainJob is resumed", at=100)]},
+        again_in=10.0,
+    ),
+    Case(
+        "past-the-deadline-the-job-fails-and-its-children-are-deleted",
+        trainjob(activeDeadlineSeconds=60),
+        before=[first_pass, RUNNING_JOBSET, pod_runs(0, "Running"), pod_runs(1, "Running"), at(30), another_pass],
+        later=61,
+        requests=[GET_JOB, GET_JOBSET, delete("jobsets"), delete("podgroups"), delete("podgroups"), PATCH_STATUS,
+                  EVENT],
+        status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"],
+                "conditions": [cond("Running", "False", "DeadlineExceeded", "the job has failed", at=61),
+                               cond("Failed", "True", "DeadlineExceeded", DEADLINE_MESSAGE, at=61)]},
+        events=[("Warning", "DeadlineExceeded", DEADLINE_MESSAGE)],
+        then=no_jobset,
+    ),
+    # -- jobs that cannot run --
+    Case(
+        "an-unknown-runtime-fails-naming-the-known-ones",
+        trainjob("torch-distribute"),
+        requests=[GET_JOB, get("clustertrainingruntimes", "torch-distribute"), ("list", "clustertrainingruntimes", ""),
+                  PATCH_STATUS, EVENT],
+        status={"conditions": [cond("Failed", "True", "RuntimeNotFound",
+                                    "spec.runtimeRef.name: ClusterTrainingRuntime 'torch-distribute' not found; "
+                                    "available: deepspeed-distributed, mpi-distributed, torch-distributed, "
+                                    "torch-distributed-volcano (create the runtime, then create the TrainJob again)")]},
+        events=[("Warning", "RuntimeNotFound",
+                 "spec.runtimeRef.name: ClusterTrainingRuntime 'torch-distribute' not found; available: "
+                 "deepspeed-distributed, mpi-distributed, torch-distributed, torch-distributed-volcano (create the "
+                 "runtime, then create the TrainJob again)")],
+        then=no_jobset,
+    ),
+    Case(
+        "a-runtime-of-another-api-group-fails-without-reading-it",
+        trainjob(runtimeRef={"name": "x", "apiGroup": "example.com", "kind": "Runtime"}),
+        requests=[GET_JOB, PATCH_STATUS, EVENT],
+        status={"conditions": [cond("Failed", "True", "InvalidRuntimeRef",
+                                    "spec.runtimeRef: must reference a trainer.kubeflow.org ClusterTrainingRuntime or "
+                                    "TrainingRuntime, got apiGroup='example.com' kind='Runtime'")]},
+        events=[("Warning", "InvalidRuntimeRef",
+                 "spec.runtimeRef: must reference a trainer.kubeflow.org ClusterTrainingRuntime or TrainingRuntime, "
+                 "got apiGroup='example.com' kind='Runtime'")],
+    ),
+    Case(
+        "an-invalid-spec-fails-naming-the-field",
+        trainjob(trainer={"numNodes": 2, "numProcPerNode": "gpu", "command": ["torchrun", "train.py"]}),
+        requests=[GET_JOB, GET_RUNTIME, PATCH_JOB, GET_JOBSET, PATCH_STATUS, EVENT],
+        status={"conditions": [cond("Failed", "True", "InvalidTrainJob", INVALID_NUM_PROC)]},
+        events=[("Warning", "InvalidTrainJob", INVALID_NUM_PROC)],
+        then=no_jobset,
+    ),
+    Case(
+        "a-jobset-the-job-did-not-create-is-not-adopted",
+        trainjob(),
+        before=[someone_creates_a_jobset_of_that_name],
+        requests=[GET_JOB, GET_RUNTIME, PATCH_JOB, GET_JOBSET, PATCH_STATUS, EVENT],
+        status={"conditions": [cond("Failed", "True", "JobSetConflict",
+                                    "a JobSet 'mnist' that this TrainJob did not create exists in namespace 'ml'; "
+                                    "delete it or give the TrainJob another name")]},
+        events=[("Warning", "JobSetConflict",
+                 "a JobSet 'mnist' that this TrainJob did not create exists in namespace 'ml'; delete it or give "
+                 "the TrainJob another name")],
+        then=the_foreign_jobset_is_untouched,
+    ),
+    # -- the signed snapshot --
+    Case(
+        "a-snapshot-the-operator-did-not-sign-is-replaced-with-a-warning",
+        trainjob(),
+        before=[first_pass, user_patches({"metadata": {"annotations": {RUNTIME_SNAPSHOT_ANNOTATION: json.dumps(
+            {"kind": "ClusterTrainingRuntime", "name": "torch-distributed",
+             "spec": {"template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
+                 "spec": {"hostPID": True, "containers": [{"name": "node", "image": "mine"}]}}}}}]}}}})}}})],
+        later=5,
+        requests=[GET_JOB, GET_RUNTIME, PATCH_JOB, EVENT, GET_JOBSET],
+        events=[("Warning", "RuntimeSnapshotReplaced",
+                 "the runtime-snapshot annotation was not written by the operator (it is signed) and was replaced by "
+                 "a snapshot of ClusterTrainingRuntime 'torch-distributed'")],
+        again_in=10.0,
+        then=the_snapshot_is_the_runtime_signed("torch-distributed"),
+    ),
+    # -- elastic jobs --
+    Case(
+        "a-resize-in-an-elastic-jobs-log-becomes-a-resized-event",
+        trainjob("elastic", runtimeRef={"name": "elastic", "kind": "TrainingRuntime"},
+                 trainer={"command": ["torchrun", "train.py"]}),
+        runtimes=[elastic_runtime()],
+        before=[first_pass, jobset_reports(**trainer_jobs(ready=1, active=1)), pod_runs(0, "Running", RESIZE_LOG),
+                pod_runs(1, "Running", RESIZE_LOG), pod_runs(2, "Failed")],
+        later=90,
+        requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(0), log_of(1), EVENT, PATCH_JOB, PATCH_STATUS],
+        any_order=True,  # which running pod's log is read first does not matter
+        status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"],
+                "conditions": [cond("Running", "True", "AllTrainerPodsRunning", "all 3 trainer pods run", at=90)],
+                "trainerStatus": {"progressPercentage": 40, "estimatedRemainingSeconds": 300,
+                                  "metrics": [{"name": "loss", "value": "1"}],
+                                  "lastUpdatedTime": "2027-01-15T08:01:20Z"}},
+        events=[("Warning", "Resized", RESIZED)],
+        again_in=10.0,
+        then=all_of(the_last_resize_is_remembered, the_snapshot_is_the_runtime_signed("elastic", "TrainingRuntime")),
+    ),
+    Case(
+        "a-resize-is-reported-once",
+        trainjob("elastic", runtimeRef={"name": "elastic", "kind": "TrainingRuntime"},
+                 trainer={"command": ["torchrun", "train.py"]}),
+        runtimes=[elastic_runtime()],
+        before=[first_pass, jobset_reports(**trainer_jobs(ready=1, active=1)), pod_runs(0, "Running", RESIZE_LOG),
+                pod_runs(1, "Running", RESIZE_LOG), at(90), another_pass],
+        later=100,
+        requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(0), log_of(1)],
+        status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"],
+                "conditions": [cond("Running", "True", "AllTrainerPodsRunning", "all 3 trainer pods run", at=90)],
+                "trainerStatus": {"progressPercentage": 40, "estimatedRemainingSeconds": 300,
+                                  "metrics": [{"name": "loss", "value": "1"}],
+                                  "lastUpdatedTime": "2027-01-15T08:01:20Z"}},
+        again_in=10.0,
+        then=the_last_resize_is_remembered,
+    ),
+    # -- after the end --
+    Case(
+        "a-finished-job-is-deleted-with-its-children-once-its-ttl-passed",
+        trainjob(annotations={TTL_ANNOTATION: "60"}),
+        before=[first_pass, COMPLETED_JOBSET, pod_runs(0, "Succeeded"), at(10), another_pass],
+        later=71,
+        requests=[GET_JOB, delete("trainjobs")],
+        status=None,
+        then=the_job_and_what_it_owns_are_gone,
+    ),
+    Case(
+        "a-finished-job-is-looked-at-again-when-its-ttl-passes",
+        trainjob(annotations={TTL_ANNOTATION: "60"}),
+        before=[first_pass, COMPLETED_JOBSET, at(10), another_pass],
+        later=40,
+        requests=[GET_JOB],
+        status={"jobsStatus": trainer_jobs(succeeded=1)["replicatedJobsStatus"],
+                "conditions": [cond("Complete", "True", "AllJobsCompleted", "jobset completed successfully", at=10)]},
+        again_in=30.0,
+    ),
+    Case(
+        "the-pass-that-finishes-a-job-returns-its-ttl",
+        trainjob(annotations={TTL_ANNOTATION: "60"}),
+        before=[first_pass, COMPLETED_JOBSET],
+        later=10,
+        requests=[GET_JOB, GET_JOBSET, LIST_PODS, PATCH_STATUS],
+        status={"jobsStatus": trainer_jobs(succeeded=1)["replicatedJobsStatus"],
+                "conditions": [cond("Complete", "True", "AllJobsCompleted", "jobset completed successfully", at=10)]},
+        again_in=60.0,
+    ),
+    # -- things others do --
+    Case(
+        "a-jobset-deleted-by-someone-else-is-created-again-with-a-warning",
+        trainjob(),
+        before=[first_pass, RUNNING_JOBSET, at(60), another_pass, someone_deletes_the_jobset],
+        later=90,
+        requests=[GET_JOB, GET_JOBSET, EVENT, create("jobsets"), EVENT, PATCH_STATUS],
+        status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"],
+                "conditions": [cond("Running", "False", "TrainerPodsNotReady",
+                                    "not every trainer pod runs (a pod restarts or was evicted)", at=90)]},
+        events=[("Warning", "JobSetRecreated",
+                 "JobSet 'mnist' was deleted by someone else; creating it again (training restarts, from its last "
+                 "checkpoint when the script keeps one)"),
+                ("Normal", "JobSetCreated", "created JobSet mnist")],
+        again_in=10.0,
+        then=a_new_jobset_was_created,
+    ),
+    Case(
+        "a-job-managed-by-another-controller-is-left-alone",
+        trainjob(managedBy="kueue.x-k8s.io/multikueue"),
+        requests=[GET_JOB],
+        then=no_jobset,
+    ),
+    Case(
+        "a-job-being-deleted-is-left-alone",
+        trainjob(),
+        before=[being_deleted],
+        requests=[GET_JOB],
+        then=no_jobset,
+    ),
+    Case(
+        "a-job-that-is-gone-is-left-alone",
+        trainjob(),
+        before=[lambda world: world.api.objects.clear()],
+        requests=[GET_JOB],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_reconcile(case: Case) -> None:
+    outcome, world = reconcile(case)
+    if case.any_order:
+        assert Counter(outcome.requests) == Counter(case.requests)
+    else:
+        assert outcome.requests == case.requests
+    assert outcome.status == case.status
+    assert outcome.events == case.events
+    assert outcome.again_in == case.again_in
+    if case.then is not None:
+        case.then(world)
+
+
+def test_the_memory_api_merge_patches_and_keeps_the_status_subresource_apart() -> None:
+    api = MemoryApi(Clock(START))
+    created = api.create({"apiVersion": JOBSETS.api_version, "kind": JOBSETS.kind, "status": {"x": 1},
+                          "metadata": {"name": NAME, "namespace": NS, "labels": {"a": "1", "b": "2"}}})
+    assert "status" not in created and created["metadata"]["creationTimestamp"] == "2027-01-15T08:00:00Z"
+    patched = api.patch(JOBSETS, NS, NAME, {"metadata": {"labels": {"a": None}}, "spec": {"l": [1]}, "status": {"x": 2}})
+    assert patched is not None and patched["metadata"]["labels"] == {"b": "2"} and "status" not in patched
+    assert patched["metadata"]["resourceVersion"] != created["metadata"]["resourceVersion"]
+    api.patch_status(JOBSETS, NS, NAME, {"x": 3})
+    stored = api.stored(JOBSETS, NS, NAME)
+    assert stored is not None and (stored["spec"], stored["status"]) == ({"l": [1]}, {"x": 3})
+    with pytest.raises(AlreadyExistsError):
+        api.create(created)
+    assert api.patch(JOBSETS, NS, "gone", {}) is None and api.delete(JOBSETS, NS, "gone") is False
+    assert api.requests == [create("jobsets"), patch("jobsets"), patch("jobsets/status"), create("jobsets"),
+                            patch("jobsets", f"{NS}/gone"), delete("jobsets", f"{NS}/gone")]
+
+
+def test_the_memory_api_answers_the_calls_kube_api_answers() -> None:
+    """The double keeps KubeApi's methods and their signatures, so the reconciler calls the same surface."""
+    public = {n for n, v in vars(KubeApi).items() if callable(v) and not n.startswith("_")}
+    for name in public:
+        assert name in vars(MemoryApi), f"MemoryApi does not implement KubeApi.{name}"
+        assert inspect.signature(getattr(MemoryApi, name)) == inspect.signature(getattr(KubeApi, name)), name
+
+
+def test_a_refused_delete_at_the_deadline_is_retried_and_the_job_fails_only_once_its_jobset_is_gone() -> None:
+    case = Case("deadline-with-a-refused-delete", trainjob(activeDeadlineSeconds=60),
+                before=[first_pass, RUNNING_JOBSET, pod_runs(0, "Running"), pod_runs(1, "Running")], later=61)
+    clock = Clock(START)
+    api = MemoryApi(clock, served=case.served)
+    for runtime in builtin_runtimes():
+        api.seed(runtime)
+    api.seed(case.job)
+    world = World(api, Reconciler(api, SIGNER, clock=clock), clock)
+    for step in case.before:
+        step(world)
+    clock.now = START + 61
+    delete = api.delete
+    refusals = [ApiError("the server is currently unable to handle the request", status=503)]
+
+    def refuse_once(ref: Any, *args: Any, **kwargs: Any) -> bool:
+        if ref is JOBSETS and refusals:
+            raise refusals.pop()
+        return delete(ref, *args, **kwargs)
+
+    api.delete = refuse_once  # type: ignore[method-assign]
+    with pytest.raises(ApiError):
+        world.reconciler.reconcile(NS, NAME)
+    job = api.stored(TRAINJOBS, NS, NAME)
+    assert job is not None and not any(c["type"] == "Failed" for c in (job.get("status") or {}).get("conditions", []))
+    world.reconciler.reconcile(NS, NAME)
+    assert api.stored(JOBSETS, NS, NAME) is None
+    job = api.stored(TRAINJOBS, NS, NAME)
+    assert job is not None
+    assert [c["reason"] for c in job["status"]["conditions"] if c["type"] == "Failed"] == ["DeadlineExceeded"]
