@@ -5,40 +5,7 @@ The public import path for :mod:`trainjob.sdk.options`, where the options are de
     from trainjob.options import Labels, Name
 """
 
-from trainjob.sdk.options import (
-    ActiveDeadlineSeconds,
-    Annotations,
-    ContainerPatch,
-    JobSetSpecPatch,
-    JobSetTemplatePatch,
-    JobSpecPatch,
-    JobTemplatePatch,
-    Labels,
-    Name,
-    PodSpecPatch,
-    PodTemplatePatch,
-    ReplicatedJobPatch,
-    RuntimePatch,
-    TrainerArgs,
-    TrainerCommand,
-    TrainingRuntimeSpecPatch,
-)
+from trainjob.sdk import options as _defined_in
+from trainjob.sdk.options import *  # noqa: F403  (every public option, as listed in its __all__)
 
-__all__ = [
-    "ActiveDeadlineSeconds",
-    "Annotations",
-    "ContainerPatch",
-    "JobSetSpecPatch",
-    "JobSetTemplatePatch",
-    "JobSpecPatch",
-    "JobTemplatePatch",
-    "Labels",
-    "Name",
-    "PodSpecPatch",
-    "PodTemplatePatch",
-    "ReplicatedJobPatch",
-    "RuntimePatch",
-    "TrainerArgs",
-    "TrainerCommand",
-    "TrainingRuntimeSpecPatch",
-]
+__all__ = list(_defined_in.__all__)

@@ -64,17 +64,24 @@ def apply_manifests(
 
 
 def _request(client: kubernetes.client.ApiClient, method: str, path: str, body: dict[str, Any]) -> int:
+    """Send one request; the HTTP status. The client's request API changed in kubernetes 36 (``param_serialize``);
+    both shapes are supported, as pyproject's range promises."""
     content_type = "application/merge-patch+json" if method == "PATCH" else "application/json"
-    method_, url, headers, serialized, _ = client.param_serialize(
-        method,
-        path,
-        header_params={"Content-Type": content_type, "Accept": "application/json"},
-        body=body,
-        auth_settings=["BearerToken"],
-    )
+    headers = {"Content-Type": content_type, "Accept": "application/json"}
     try:
-        response = client.call_api(method_, url, header_params=headers, body=serialized)
+        if hasattr(client, "param_serialize"):  # kubernetes >= 36
+            method_, url, headers, serialized, _ = client.param_serialize(
+                method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
+            )
+            response = client.call_api(method_, url, header_params=headers, body=serialized)
+            response.read()
+            return int(response.status)
+        _, status, _ = client.call_api(
+            path, method, header_params=headers, body=body, auth_settings=["BearerToken"],
+            _return_http_data_only=False, _preload_content=False,
+        )
+        return int(status)
+    except kubernetes.client.ApiException as exc:  # kubernetes < 36 raises for every status past 299
+        return int(exc.status)
     except Exception as exc:
         raise BackendError(f"cannot reach the Kubernetes API server: {exc}") from exc
-    response.read()
-    return int(response.status)
