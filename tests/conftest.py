@@ -7,6 +7,7 @@ that start none of them (``scripts/test.sh --fast``), and those are held to it: 
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +32,15 @@ def pytest_configure(config: pytest.Config) -> None:
         selected = config.getoption("markexpr")
         fast = f"not ({FAST_EXCLUDES})"
         config.option.markexpr = f"({selected}) and {fast}" if selected else fast
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # The reference schemas (JobSet's and Kubeflow's CRDs) come out of Go modules through a script: fetched once
+    # here, before any test, so the tests of the fast tier that read them start no process of their own.
+    from kubetest.reference import reference_dir
+
+    with contextlib.suppress(LookupError):  # no Go: the tests that need them skip, with the reason
+        reference_dir()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -21,6 +21,9 @@ JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 COSCHEDULING_API_VERSION = "scheduling.x-k8s.io/v1alpha1"
 VOLCANO_API_VERSION = "scheduling.volcano.sh/v1beta1"
 PYTORCHJOB_API_VERSION = "kubeflow.org/v1"
+#: The Kubeflow Trainer release whose API trainjob implements (its newest fields: ``runtimePatches`` v2.2,
+#: ``activeDeadlineSeconds`` v2.3); published for the Kubeflow SDK in ConfigMap ``kubeflow-trainer-public``.
+KUBEFLOW_TRAINER_VERSION = "v2.3.0"
 
 # --- the trainer ------------------------------------------------------------------------------------------------
 #: The replicated job (JobSet) and the container that run the training: one pod per node.

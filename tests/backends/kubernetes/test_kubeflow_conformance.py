@@ -39,6 +39,7 @@ from trainjob.backends.kubernetes.resources import (
     TRAINJOBS,
     VOLCANO_PODGROUPS,
 )
+from trainjob.backends.kubernetes.status import is_true
 from trainjob.errors import BackendError
 
 CONTROLLERS = ("kubeflow", "trainjob")
@@ -278,7 +279,9 @@ def _life(k8s: TrainJobCluster, controller: str) -> dict[str, dict[str, Any]]:
         wait_for(lambda: not k8s.pods("pausing", namespace), 60, f"{controller}: the suspended job's pod to go")
         record("suspended", "pausing")
         k8s.api.patch(TRAINJOBS, namespace, "pausing", {"spec": {"suspend": False}})
-        k8s.wait_for_condition("pausing", "Suspended", "False", namespace=namespace, timeout=60)
+        # Kubeflow leaves Suspended False after a resume; trainjob removes it (see the document's rows).
+        wait_for(lambda: not is_true(k8s.job("pausing", namespace).get("status") or {}, "Suspended"), 60,
+                 f"{controller}: the pausing job to be resumed")
         record("resumed", "pausing")
         k8s.wait_for_condition("done", "Complete", namespace=namespace, timeout=180)
         record("complete", "done")

@@ -16,7 +16,7 @@ from kubetest.schemas import kubernetes_problems, schema_problems, strict
 
 from trainjob.api import TrainJob
 from trainjob.backends.kubernetes.crds import crd_schema, custom_resource_definitions
-from trainjob.backends.kubernetes.manifests import deploy_files, install_manifests
+from trainjob.backends.kubernetes.manifests import CREATE_ONLY_ANNOTATION, deploy_files, install_manifests
 from trainjob.backends.kubernetes.resources import CLUSTER_TRAINING_RUNTIMES
 from trainjob.cli.main import main
 from trainjob.errors import ValidationError
@@ -194,4 +194,7 @@ def test_install_applies_to_a_real_cluster_and_is_repeatable(
     second = capsys.readouterr().out
     assert "configured CustomResourceDefinition trainjobs.trainer.kubeflow.org" in first  # the fixture installed it
     assert "configured Deployment trainjob-operator" in first
-    assert second.count("configured") == len(install_manifests())
+    create_only = [o for o in install_manifests() if (o["metadata"].get("annotations") or {}).get(CREATE_ONLY_ANNOTATION)]
+    assert "created ConfigMap kubeflow-trainer-public" in first or "kept ConfigMap kubeflow-trainer-public" in first
+    assert second.count("configured") == len(install_manifests()) - len(create_only)
+    assert second.count("kept") == len(create_only) == 4  # kubeflow-system, its version ConfigMap, Role, binding

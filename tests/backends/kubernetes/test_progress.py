@@ -38,7 +38,7 @@ def test_a_patch_only_when_the_status_changes():
 
 def test_the_log_is_read_while_the_job_runs():
     running, pending = {"status": {"phase": "Running"}}, {"status": {"phase": "Pending"}}
-    active = {"status": {"conditions": [{"type": "Running", "status": "True"}]}}
+    active = {"status": {"jobsStatus": [{"name": "node", "ready": 1, "active": 1}]}}  # a running job has no conditions
     done = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
     assert should_read_progress(active, running)
     assert not should_read_progress(active, pending) and not should_read_progress(active, None)

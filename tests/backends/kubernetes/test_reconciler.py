@@ -23,7 +23,7 @@ from kubetest.memory_api import MemoryApi, Request
 from trainjob.backends.kubernetes.kubeapi import ApiError, KubeApi
 from trainjob.backends.kubernetes.manifests import builtin_runtimes
 from trainjob.backends.kubernetes.progress import RESIZE_ANNOTATION
-from trainjob.backends.kubernetes.reconcile import Reconciler
+from trainjob.backends.kubernetes.reconcile import RESTARTS_ANNOTATION, Reconciler
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
     COMPLETION_INDEX_LABEL,
@@ -366,6 +366,11 @@ def the_foreign_jobset_is_untouched(world: World) -> None:
     assert jobset is not None and "ownerReferences" not in jobset["metadata"]
 
 
+def assert_annotation(world: World, key: str, value: str) -> None:
+    job = world.api.stored(TRAINJOBS, NS, NAME)
+    assert job is not None and job["metadata"]["annotations"][key] == value
+
+
 def all_of(*checks: Callable[[World], None]) -> Callable[[World], None]:
     def check(world: World) -> None:
         for one in checks:
@@ -382,7 +387,6 @@ PROGRESS_LOG = (
 )
 PROGRESS = {"progressPercentage": 20, "estimatedRemainingSeconds": 80,
             "metrics": [{"name": "loss", "value": "1.5"}], "lastUpdatedTime": "2027-01-15T08:00:40Z"}
-RUNNING_2 = cond("Running", "True", "AllTrainerPodsRunning", "all 2 trainer pods run", at=60)
 TRACEBACK = 'Traceback (most recent call last):\n  File "train.py", line 9\nValueError: lr must be positive\n'
 RESIZE_LOG = (
     "2027-01-15T08:00:30Z [rank0]: step 30/100 loss=2\n"
@@ -391,6 +395,16 @@ RESIZE_LOG = (
 )
 RESIZED = "Resized 3 -> 2 nodes (world size 3 -> 2), resuming at step 30"
 RUNNING_JOBSET = jobset_reports(**trainer_jobs(ready=1, active=1))
+#: JobSet's own Suspended condition: True while suspended, False (with the time) once its controller resumed it.
+JOBSET_SUSPENDED = {"type": "Suspended", "status": "True", "reason": "SuspendedJobs", "message": "jobset is suspended",
+                    "lastTransitionTime": timestamp(START + 10)}
+JOBSET_RESUMED_AT_105 = jobset_reports(conditions=[{
+    "type": "Suspended", "status": "False", "reason": "ResumeJobs", "message": "jobset is resumed",
+    "lastTransitionTime": timestamp(START + 105)}])
+#: A job created suspended, resumed by the user at 100 s; JobSet's controller resumed the JobSet at 105 s.
+RESUMED_AT_100_JOBSET_AT_105 = [first_pass, at(10), jobset_reports(conditions=[JOBSET_SUSPENDED]), at(100),
+                                user_patches({"spec": {"suspend": False}}), another_pass, at(105),
+                                JOBSET_RESUMED_AT_105]
 FAILED_JOBSET = jobset_reports(**trainer_jobs(failed=1),
                                conditions=[jobset_condition("Failed", "FailedJobs", "jobset failed due to job")])
 COMPLETED_JOBSET = jobset_reports(
@@ -472,20 +486,42 @@ CASES = [
                 another_pass],
         later=70,
         requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(0)],
-        status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"], "conditions": [RUNNING_2],
-                "trainerStatus": PROGRESS},
+        status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"], "trainerStatus": PROGRESS},
         again_in=10.0,
     ),
     # -- status from the JobSet --
     Case(
-        "running-when-every-trainer-pod-is-ready-with-progress-from-node-0",
+        "running-has-no-conditions-and-progress-from-node-0",
         trainjob(),
         before=[first_pass, RUNNING_JOBSET, pod_runs(0, "Running", PROGRESS_LOG), pod_runs(1, "Running")],
         later=60,
         requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(0), PATCH_STATUS],
-        status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"], "conditions": [RUNNING_2],
-                "trainerStatus": PROGRESS},
+        status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"], "trainerStatus": PROGRESS},
         again_in=10.0,
+    ),
+    Case(
+        "an-old-running-condition-is-removed",
+        trainjob(),
+        before=[first_pass, RUNNING_JOBSET, another_pass,
+                lambda world: world.api.patch_status(TRAINJOBS, NS, NAME, {"conditions": [
+                    cond("Running", "True", "AllTrainerPodsRunning", "all 2 trainer pods run", at=5)]})],
+        later=60,
+        requests=[GET_JOB, GET_JOBSET, LIST_PODS, PATCH_STATUS],
+        status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"]},
+        again_in=10.0,
+    ),
+    Case(
+        "a-restart-of-the-node-group-becomes-a-restarting-event-not-a-condition",
+        trainjob(),
+        before=[first_pass, jobset_reports(restarts=1, **trainer_jobs(active=1)),
+                pod_runs(1, "Failed", terminated={"exitCode": 137, "finishedAt": "2027-01-15T08:00:50Z",
+                                                  "reason": "OOMKilled"})],
+        later=60,
+        requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(1), EVENT, PATCH_JOB, LIST_PODS, PATCH_STATUS],
+        status={"jobsStatus": trainer_jobs(active=1)["replicatedJobsStatus"]},
+        events=[("Warning", "Restarting", "attempt 2 of 4: node-1: exited with code 137")],
+        again_in=10.0,
+        then=lambda world: assert_annotation(world, RESTARTS_ANNOTATION, "1"),
     ),
     Case(
         "not-running-while-a-trainer-pod-is-not-ready",
@@ -498,15 +534,14 @@ CASES = [
         again_in=10.0,
     ),
     Case(
-        "complete-copies-the-jobset-condition-and-stops-running",
+        "complete-copies-the-jobset-condition",
         trainjob(),
         before=[first_pass, RUNNING_JOBSET, pod_runs(0, "Running", PROGRESS_LOG), at(60), another_pass,
                 COMPLETED_JOBSET, pod_runs(0, "Succeeded", PROGRESS_LOG)],
         later=100,
         requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(0), PATCH_STATUS],
         status={"jobsStatus": trainer_jobs(succeeded=1)["replicatedJobsStatus"],
-                "conditions": [cond("Running", "False", "AllJobsCompleted", "the job is complete", at=100),
-                               cond("Complete", "True", "AllJobsCompleted", "jobset completed successfully", at=100)],
+                "conditions": [cond("Complete", "True", "AllJobsCompleted", "jobset completed successfully", at=100)],
                 "trainerStatus": PROGRESS},
         again_in=None,
     ),
@@ -538,12 +573,12 @@ CASES = [
         then=jobset_suspend_is(True),
     ),
     Case(
-        "resuming-a-suspended-job-resumes-its-jobset",
+        "resuming-a-suspended-job-resumes-its-jobset-and-removes-suspended",
         trainjob(suspend=True),
         before=[first_pass, user_patches({"spec": {"suspend": False}})],
         later=30,
         requests=[GET_JOB, GET_JOBSET, patch("jobsets"), PATCH_STATUS],
-        status={"conditions": [cond("Suspended", "False", "Resumed", "TrainJob is resumed", at=30)]},
+        status={},
         again_in=10.0,
         then=jobset_suspend_is(False),
     ),
@@ -557,13 +592,34 @@ CASES = [
         again_in=5.0,
     ),
     Case(
-        "the-deadline-counts-from-the-resume",
+        "the-deadline-counts-from-the-jobsets-resume",
         trainjob(activeDeadlineSeconds=60, suspend=True),
-        before=[first_pass, at(100), user_patches({"spec": {"suspend": False}}), another_pass],
+        before=RESUMED_AT_100_JOBSET_AT_105,
+        later=160,
+        requests=[GET_JOB, GET_JOBSET],
+        status={},
+        again_in=5.0,
+    ),
+    Case(
+        "the-deadline-waits-for-the-jobset-to-resume",
+        trainjob(activeDeadlineSeconds=60, suspend=True),
+        before=[first_pass, at(10), jobset_reports(conditions=[JOBSET_SUSPENDED]), at(100),
+                user_patches({"spec": {"suspend": False}}), another_pass],
         later=130,
         requests=[GET_JOB, GET_JOBSET],
-        status={"conditions": [cond("Suspended", "False", "Resumed", "TrainJob is resumed", at=100)]},
+        status={},
         again_in=10.0,
+    ),
+    Case(
+        "past-the-deadline-after-a-resume-the-job-fails",
+        trainjob(activeDeadlineSeconds=60, suspend=True),
+        before=RESUMED_AT_100_JOBSET_AT_105,
+        later=166,
+        requests=[GET_JOB, GET_JOBSET, delete("jobsets"), delete("podgroups"), delete("podgroups"), PATCH_STATUS,
+                  EVENT],
+        status={"conditions": [cond("Failed", "True", "DeadlineExceeded", DEADLINE_MESSAGE, at=166)]},
+        events=[("Warning", "DeadlineExceeded", DEADLINE_MESSAGE)],
+        then=no_jobset,
     ),
     Case(
         "past-the-deadline-the-job-fails-and-its-children-are-deleted",
@@ -573,8 +629,7 @@ CASES = [
         requests=[GET_JOB, GET_JOBSET, delete("jobsets"), delete("podgroups"), delete("podgroups"), PATCH_STATUS,
                   EVENT],
         status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"],
-                "conditions": [cond("Running", "False", "DeadlineExceeded", "the job has failed", at=61),
-                               cond("Failed", "True", "DeadlineExceeded", DEADLINE_MESSAGE, at=61)]},
+                "conditions": [cond("Failed", "True", "DeadlineExceeded", DEADLINE_MESSAGE, at=61)]},
         events=[("Warning", "DeadlineExceeded", DEADLINE_MESSAGE)],
         then=no_jobset,
     ),
@@ -654,7 +709,6 @@ CASES = [
         requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(0), log_of(1), EVENT, PATCH_JOB, PATCH_STATUS],
         any_order=True,  # which running pod's log is read first does not matter
         status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"],
-                "conditions": [cond("Running", "True", "AllTrainerPodsRunning", "all 3 trainer pods run", at=90)],
                 "trainerStatus": {"progressPercentage": 40, "estimatedRemainingSeconds": 300,
                                   "metrics": [{"name": "loss", "value": "1"}],
                                   "lastUpdatedTime": "2027-01-15T08:01:20Z"}},
@@ -672,7 +726,6 @@ CASES = [
         later=100,
         requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(0), log_of(1)],
         status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"],
-                "conditions": [cond("Running", "True", "AllTrainerPodsRunning", "all 3 trainer pods run", at=90)],
                 "trainerStatus": {"progressPercentage": 40, "estimatedRemainingSeconds": 300,
                                   "metrics": [{"name": "loss", "value": "1"}],
                                   "lastUpdatedTime": "2027-01-15T08:01:20Z"}},
@@ -715,10 +768,8 @@ CASES = [
         trainjob(),
         before=[first_pass, RUNNING_JOBSET, at(60), another_pass, someone_deletes_the_jobset],
         later=90,
-        requests=[GET_JOB, GET_JOBSET, EVENT, create("jobsets"), EVENT, PATCH_STATUS],
-        status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"],
-                "conditions": [cond("Running", "False", "TrainerPodsNotReady",
-                                    "not every trainer pod runs (a pod restarts or was evicted)", at=90)]},
+        requests=[GET_JOB, GET_JOBSET, EVENT, create("jobsets"), EVENT],
+        status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"]},
         events=[("Warning", "JobSetRecreated",
                  "JobSet 'mnist' was deleted by someone else; creating it again (training restarts, from its last "
                  "checkpoint when the script keeps one)"),

@@ -37,7 +37,7 @@ def test_a_failed_function_names_its_rank_and_exception(
     name = backend.train(runtime=runtime, trainer=types.CustomTrainer(
         func=raises_after_init, num_nodes=2, resources_per_node={"cpu": 1}))
 
-    with pytest.raises(JobFailedError, match=r"NodeFailed|Failed") as failed:
+    with pytest.raises(JobFailedError, match=r"TrainJob \S+ failed: ") as failed:
         backend.wait_for_job_status(name, timeout=400, polling_interval=0.5)
 
     assert "node-1 rank 1: NameError: name 'lr' is not defined" in str(failed.value)

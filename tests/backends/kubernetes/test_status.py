@@ -38,24 +38,21 @@ def summary(status: dict) -> dict[str, tuple[str, str]]:
     return {c["type"]: (c["status"], c["reason"]) for c in status.get("conditions", [])}
 
 
+OLD_RUNNING = {"conditions": [{**cond("Running"), "lastTransitionTime": "x"}]}
+OLD_RESUMED = {"conditions": [{**cond("Suspended", "False", "Resumed"), "lastTransitionTime": "x"}]}
+
+
 @pytest.mark.parametrize(
     ("before", "suspend", "js", "expected"),
     [
         ({}, False, jobset(ready=0), {}),
-        ({}, False, jobset(ready=1), {"Running": ("True", "AllTrainerPodsRunning")}),
-        (
-            {"conditions": [{**cond("Running"), "lastTransitionTime": "x"}]},
-            False,
-            jobset(ready=0),
-            {"Running": ("False", "TrainerPodsNotReady")},
-        ),
+        ({}, False, jobset(ready=1), {}),
+        (OLD_RUNNING, False, jobset(ready=1), {}),
+        (OLD_RUNNING, False, jobset(ready=0), {}),
         ({}, True, jobset(), {"Suspended": ("True", "Suspended")}),
-        (
-            {"conditions": [{**cond("Suspended"), "lastTransitionTime": "x"}]},
-            False,
-            jobset(),
-            {"Suspended": ("False", "Resumed")},
-        ),
+        (OLD_RUNNING, True, jobset(), {"Suspended": ("True", "Suspended")}),
+        ({"conditions": [{**cond("Suspended"), "lastTransitionTime": "x"}]}, False, jobset(), {}),
+        (OLD_RESUMED, False, jobset(ready=1), {}),
         (
             {},
             False,
@@ -70,56 +67,86 @@ def summary(status: dict) -> dict[str, tuple[str, str]]:
         ),
         ({}, False, jobset(conditions=[cond("Failed", status="False")]), {}),
         (
-            {"conditions": [{**cond("Running"), "lastTransitionTime": "x"}]},
+            OLD_RUNNING,
             False,
             jobset(ready=1, conditions=[cond("Completed", reason="AllJobsCompleted")]),
-            {"Running": ("False", "AllJobsCompleted"), "Complete": ("True", "AllJobsCompleted")},
+            {"Complete": ("True", "AllJobsCompleted")},
         ),
     ],
     ids=[
-        "starting",
-        "all-pods-ready",
-        "pod-lost",
+        "starting-has-no-conditions",
+        "running-has-no-conditions",
+        "an-old-running-condition-is-removed",
+        "an-old-running-false-condition-is-removed",
         "suspended",
-        "resumed",
+        "suspending-removes-an-old-running-condition",
+        "resume-removes-suspended",
+        "an-old-suspended-false-is-removed",
         "completed",
         "failed",
         "failed-false-ignored",
-        "completed-stops-running",
+        "completed-removes-an-old-running-condition",
     ],
 )
 def test_derive_status(before: dict, suspend: bool, js: dict, expected: dict) -> None:
-    assert summary(st.derive_status(before, suspend, js, "node", NOW)) == expected
+    assert summary(st.derive_status(before, suspend, js, NOW)) == expected
+
+
+def test_a_job_without_conditions_keeps_none() -> None:
+    """The Kubeflow SDK says Running only for a TrainJob with no ``conditions`` at all: not even an empty list."""
+    assert "conditions" not in st.derive_status(OLD_RUNNING, False, jobset(ready=1), NOW)
+
+
+@pytest.mark.parametrize(
+    ("jobs_status", "running"),
+    [
+        ([], False),
+        ([{"name": "node", "ready": 0, "active": 1}], False),
+        ([{"name": "node", "ready": 1, "active": 1}], True),
+        ([{"name": "node", "ready": 1, "active": 2}], False),
+        ([{"name": "node", "ready": 2, "active": 2}, {"name": "launcher", "ready": 0, "active": 1}], True),
+        ([{"name": "node", "ready": 0, "active": 0, "succeeded": 1}], False),
+    ],
+    ids=["no-jobs-yet", "pods-pending", "all-ready", "one-job-of-two-ready", "other-jobs-do-not-count", "finished"],
+)
+def test_the_trainer_runs_when_every_started_job_is_ready(jobs_status: list, running: bool) -> None:
+    assert st.trainer_running({"jobsStatus": jobs_status}, "node") is running
 
 
 def test_transition_time_moves_only_when_the_value_changes() -> None:
-    first = st.set_condition({}, "Running", True, "A", "m", NOW)
-    again = st.set_condition(first, "Running", True, "B", "m2", NOW + 50)
-    flipped = st.set_condition(again, "Running", False, "C", "m3", NOW + 90)
+    first = st.set_condition({}, "Suspended", True, "A", "m", NOW)
+    again = st.set_condition(first, "Suspended", True, "B", "m2", NOW + 50)
+    flipped = st.set_condition(again, "Suspended", False, "C", "m3", NOW + 90)
     times = [s["conditions"][0]["lastTransitionTime"] for s in (first, again, flipped)]
     assert times == [st.timestamp(NOW), st.timestamp(NOW), st.timestamp(NOW + 90)]
 
 
+def resumed_jobset(suspended: str, at: float) -> dict:
+    """The JobSet after JobSet's controller saw a suspend (``"True"``) or a resume (``"False"``) ``at`` NOW+at."""
+    js = jobset()
+    js["status"]["conditions"] = [{**cond("Suspended", suspended, "ResumeJobs", "jobset is resumed"),
+                                   "lastTransitionTime": st.timestamp(NOW + at)}]
+    return js
+
+
 @pytest.mark.parametrize(
-    ("status", "suspend", "deadline", "expected"),
+    ("suspend", "js", "deadline", "expected"),
     [
-        ({}, False, None, None),
-        ({}, True, 60, None),
-        ({}, False, 60, -40.0),
-        ({}, False, 300, 200.0),
-        (
-            {"conditions": [{**cond("Suspended", "False"), "lastTransitionTime": st.timestamp(NOW - 10)}]},
-            False,
-            60,
-            50.0,
-        ),
+        (False, jobset(), None, None),
+        (True, jobset(), 60, None),
+        (False, jobset(), 60, -40.0),
+        (False, jobset(), 300, 200.0),
+        (False, resumed_jobset("False", -10), 60, 50.0),
+        (False, resumed_jobset("False", -500), 60, -40.0),
+        (False, resumed_jobset("True", -10), 60, None),
     ],
-    ids=["no-deadline", "suspended-stops-the-clock", "passed", "left", "resume-restarts-the-clock"],
+    ids=["no-deadline", "suspended-stops-the-clock", "passed", "left", "the-jobsets-resume-restarts-the-clock",
+         "a-resume-before-creation-does-not-count", "the-clock-waits-for-the-jobset-to-resume"],
 )
-def test_deadline_counts_from_the_later_of_creation_and_resume(
-    status: dict, suspend: bool, deadline: int | None, expected: float | None
+def test_deadline_counts_from_the_later_of_creation_and_the_jobsets_resume(
+    suspend: bool, js: dict, deadline: int | None, expected: float | None
 ) -> None:
-    assert st.deadline_remaining(status, suspend, jobset(), deadline, NOW) == expected
+    assert st.deadline_remaining(suspend, js, deadline, NOW) == expected
 
 
 def test_work_queue_deduplicates_retries_and_delays() -> None:

@@ -625,6 +625,21 @@ class NodeAgent:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(state.popen.pid, signal.SIGKILL)  # type: ignore[union-attr]
                 state.popen.wait()  # type: ignore[union-attr]
+        if delete:
+            # As the kubelet does: a deleted pod reaches a terminal phase (Failed, unless every container
+            # succeeded) before its object goes, so a Job that replaces only failed pods (podReplacementPolicy
+            # Failed, the default with a podFailurePolicy) sees it end and starts another.
+            for container in (run.pod.get("spec") or {}).get("containers") or []:
+                state = run.containers.get(container["name"])
+                if state is not None and state.terminated is None:
+                    self._reap(state, run, container)
+            ends = [s.terminated for s in run.containers.values()]
+            succeeded = bool(ends) and all(end is not None and end["exitCode"] == 0 for end in ends)
+            run.phase = "Succeeded" if succeeded else "Failed"
+            try:
+                self._write_status(run)
+            except Exception as exc:  # the object may be going already; deletion goes on regardless
+                log.debug("pod %s: no terminal status before deletion: %s", run.pod["metadata"]["name"], exc)
         self._cleanup(run)
         if delete:
             self._finalize_deletion(run.pod)

@@ -219,7 +219,13 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
     job_columns = [
         {"name": "Runtime", "type": "string", "jsonPath": ".spec.runtimeRef.name"},
         {"name": "Nodes", "type": "integer", "jsonPath": ".spec.trainer.numNodes"},
+        # Empty while the job runs: like Kubeflow Trainer, the operator writes no condition then (the Kubeflow SDK
+        # reports Running only for a job without conditions); Ready and Active say how far the trainer got.
         {"name": "State", "type": "string", "jsonPath": '.status.conditions[?(@.status=="True")].type'},
+        {"name": "Ready", "type": "integer", "jsonPath": '.status.jobsStatus[?(@.name=="node")].ready',
+         "description": "trainer Jobs whose pods are all ready"},
+        {"name": "Active", "type": "integer", "jsonPath": '.status.jobsStatus[?(@.name=="node")].active',
+         "description": "trainer Jobs with pods that have not finished"},
         age,
     ]
     runtime_columns = [

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from trainjob.backends.kubernetes.manifests import CREATE_ONLY_ANNOTATION
 from trainjob.errors import BackendError
 
 if TYPE_CHECKING:
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 _KINDS = {
     ("v1", "Namespace"): ("namespaces", False),
     ("v1", "ServiceAccount"): ("serviceaccounts", True),
+    ("v1", "ConfigMap"): ("configmaps", True),
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): ("customresourcedefinitions", False),
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): ("clusterroles", False),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): ("clusterrolebindings", False),
@@ -43,7 +45,8 @@ def object_path(obj: dict[str, Any], named: bool) -> str:
 def apply_manifests(
     client: kubernetes.client.ApiClient, objects: list[dict[str, Any]], wait_for_crds: float = 60.0
 ) -> Iterator[str]:
-    """Create or update each object in order; yields one line per object. Custom kinds wait for their CRD."""
+    """Create or update each object in order; yields one line per object. Custom kinds wait for their CRD.
+    Objects annotated ``trainjob/create-only`` that exist are kept as they are."""
     for obj in objects:
         what = f"{obj['kind']} {obj['metadata']['name']}"
         deadline = time.monotonic() + wait_for_crds
@@ -53,6 +56,9 @@ def apply_manifests(
                 time.sleep(1.0)  # the CRD was just created and is not served yet
                 continue
             break
+        if status == 409 and _create_only(obj):
+            yield f"kept {what}"  # possibly Kubeflow Trainer's own: its values win
+            continue
         if status == 409:
             status = _request(client, "PATCH", object_path(obj, named=True), obj)
             verb = "configured"
@@ -63,9 +69,15 @@ def apply_manifests(
         yield f"{verb} {what}"
 
 
+def _create_only(obj: dict[str, Any]) -> bool:
+    return (obj["metadata"].get("annotations") or {}).get(CREATE_ONLY_ANNOTATION) == "true"
+
+
 def _request(client: kubernetes.client.ApiClient, method: str, path: str, body: dict[str, Any]) -> int:
     """Send one request; the HTTP status. The client's request API changed in kubernetes 36 (``param_serialize``);
     both shapes are supported, as pyproject's range promises."""
+    from kubernetes.client.exceptions import ApiException
+
     content_type = "application/merge-patch+json" if method == "PATCH" else "application/json"
     headers = {"Content-Type": content_type, "Accept": "application/json"}
     try:
@@ -81,7 +93,7 @@ def _request(client: kubernetes.client.ApiClient, method: str, path: str, body: 
             _return_http_data_only=False, _preload_content=False,
         )
         return int(status)
-    except kubernetes.client.ApiException as exc:  # kubernetes < 36 raises for every status past 299
+    except ApiException as exc:  # kubernetes < 36 raises for every status past 299
         return int(exc.status)
     except Exception as exc:
         raise BackendError(f"cannot reach the Kubernetes API server: {exc}") from exc

@@ -1,7 +1,8 @@
 """What ``trainjob install`` puts on a cluster, generated here so that deploy/ can never drift from the code.
 
 ``install_manifests()`` returns, in apply order: the namespace, the three CRDs, least-privilege RBAC, the operator
-Deployment (probes, requests, non-root) and the built-in ClusterTrainingRuntimes. ``deploy_files()`` lays the same
+Deployment (probes, requests, non-root), the built-in ClusterTrainingRuntimes and Kubeflow Trainer's public version
+ConfigMap (:func:`kubeflow_version`), which ``apply_manifests`` creates only where Kubeflow's own is absent. ``deploy_files()`` lays the same
 objects out as a kustomization (what deploy/ holds; a test compares them)::
 
     print(manifests_yaml(install_manifests(image="registry.example.com/trainjob-operator:0.1.0")))
@@ -25,12 +26,18 @@ from trainjob.backends.kubernetes.resources import (
     VOLCANO_PODGROUPS,
 )
 from trainjob.backends.kubernetes.snapshot import KEY_SECRET
+from trainjob.constants import KUBEFLOW_TRAINER_VERSION
 
 NAMESPACE = "trainjob-system"
 NAME = "trainjob-operator"
 DEFAULT_IMAGE = f"ghcr.io/trainjob/trainjob-operator:{__version__}"
 LIVENESS_PORT = 8080
 _LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "trainjob"}
+#: Where the Kubeflow SDK reads the control plane's version (``KUBEFLOW_SYSTEM_NAMESPACE`` overrides the namespace).
+KUBEFLOW_NAMESPACE = "kubeflow-system"
+KUBEFLOW_VERSION_CONFIGMAP = "kubeflow-trainer-public"
+#: Objects with this annotation are created when absent and never changed (they may be Kubeflow Trainer's own).
+CREATE_ONLY_ANNOTATION = "trainjob/create-only"
 
 
 def namespace() -> dict[str, Any]:
@@ -158,6 +165,27 @@ def builtin_runtimes() -> list[dict[str, Any]]:
     return [runtime.to_dict() for _, runtime in sorted(runtimes().items())]
 
 
+def kubeflow_version() -> list[dict[str, Any]]:
+    """Namespace ``kubeflow-system`` and ConfigMap ``kubeflow-trainer-public`` (``kubeflow_trainer_version``), which
+    the Kubeflow SDK's ``TrainerClient`` reads on start and warns without, readable by every authenticated user as
+    Kubeflow Trainer makes it. All are create-only: a cluster that also runs Kubeflow Trainer keeps its values."""
+    create_only = {CREATE_ONLY_ANNOTATION: "true"}
+    meta = {"name": KUBEFLOW_VERSION_CONFIGMAP, "namespace": KUBEFLOW_NAMESPACE, "labels": dict(_LABELS),
+            "annotations": create_only}
+    return [
+        {"apiVersion": "v1", "kind": "Namespace",
+         "metadata": {"name": KUBEFLOW_NAMESPACE, "labels": dict(_LABELS), "annotations": create_only}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
+         "data": {"kubeflow_trainer_version": KUBEFLOW_TRAINER_VERSION}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+         "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
+                    "resourceNames": [KUBEFLOW_VERSION_CONFIGMAP]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": KUBEFLOW_VERSION_CONFIGMAP},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:authenticated"}]},
+    ]
+
+
 def install_manifests(image: str = DEFAULT_IMAGE, operator_replicas: int = 1) -> list[dict[str, Any]]:
     """Everything to install, in apply order (CRDs before the runtimes that need them)."""
     return [
@@ -166,6 +194,7 @@ def install_manifests(image: str = DEFAULT_IMAGE, operator_replicas: int = 1) ->
         *rbac(),
         deployment(image, operator_replicas),
         *builtin_runtimes(),
+        *kubeflow_version(),
     ]
 
 
@@ -183,6 +212,7 @@ def deploy_files(image: str = DEFAULT_IMAGE) -> dict[str, str]:
         "rbac.yaml": manifests_yaml(rbac()),
         "operator.yaml": manifests_yaml([deployment(image)]),
         "runtimes.yaml": manifests_yaml(builtin_runtimes()),
+        "kubeflow-version.yaml": manifests_yaml(kubeflow_version()),
     }
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",

@@ -20,8 +20,9 @@ Steps, each skipped when already done:
    without a limit get an equal limit, as the API server requires, with an Event. A JobSet that someone else
    deleted is created again, with a ``Warning`` Event (a script that checkpoints resumes from its checkpoint);
 4. ``spec.suspend`` is mirrored to the JobSet's ``spec.suspend`` (the only field of an existing JobSet ever changed);
-5. the status is derived from the JobSet (:mod:`.status`); past ``activeDeadlineSeconds`` the job fails and its
-   JobSet is deleted. While node 0 runs, the end of its log is read for the last ``update_trainjob_status`` /
+5. the status is derived from the JobSet (:mod:`.status`): no condition while the job runs, as the Kubeflow SDK
+   expects; each restart of the node group under the JobSet's ``failurePolicy`` becomes a ``Restarting`` event
+   (``attempt 2 of 4: node-1 rank 1: ...``); past ``activeDeadlineSeconds`` the job fails and its JobSet is deleted. While node 0 runs, the end of its log is read for the last ``update_trainjob_status`` /
    ``report`` line, which becomes ``status.trainerStatus`` (:mod:`.progress`); a running job is looked at again
    every :data:`~.progress.RESYNC_SECONDS`;
 6. a finished job with a ``trainjob/ttl-seconds-after-finished`` annotation is deleted once that many seconds
@@ -69,6 +70,8 @@ from trainjob.runtime.render import render_objects
 log = logging.getLogger("trainjob.operator")
 
 DEFAULT_TRAINER = TRAINER_NODE
+#: How many restarts of the JobSet (``status.restarts``) the operator has reported as ``Restarting`` events.
+RESTARTS_ANNOTATION = "trainjob/restarts-reported"
 
 
 def is_managed_here(job: dict[str, Any]) -> bool:
@@ -151,10 +154,12 @@ class Reconciler:
             jobset = self.api.patch(JOBSETS, namespace, name, {"spec": {"suspend": suspend}}) or jobset
 
         trainer = trainer_name(jobset)
-        new = st.derive_status(status, suspend, jobset, trainer, now)
+        new = st.derive_status(status, suspend, jobset, now)
         if st.is_true(new, st.FAILED) and not st.is_true(status, st.FAILED):
             new = self._explain_failure(job, new, now)
-        remaining = st.deadline_remaining(new, suspend, jobset, spec.get("activeDeadlineSeconds"), now)
+        elif st.finished_condition(new) is None:
+            self._report_restarts(job, jobset)
+        remaining = st.deadline_remaining(suspend, jobset, spec.get("activeDeadlineSeconds"), now)
         if remaining is not None and remaining <= 0 and st.finished_condition(new) is None:
             self._fail_past_deadline(job, status, new, now)
             return None
@@ -346,6 +351,28 @@ class Reconciler:
             annotation = {"metadata": {"annotations": {progress.RESIZE_ANNOTATION: resizes[-1][0]}}}
             self.api.patch(TRAINJOBS, job["metadata"]["namespace"], job["metadata"]["name"], annotation)
         return texts
+
+    def _report_restarts(self, job: dict[str, Any], jobset: dict[str, Any]) -> None:
+        """A ``Restarting`` Warning for each restart of the node group JobSet made (``status.restarts``) since the
+        last one reported, naming the attempt and, while the failed pods are still there, why; the count reported
+        is kept in the job's :data:`RESTARTS_ANNOTATION`, so no condition appears while the job runs."""
+        restarts = int((jobset.get("status") or {}).get("restarts") or 0)
+        meta = job["metadata"]
+        reported = (meta.get("annotations") or {}).get(RESTARTS_ANNOTATION, "0")
+        if restarts <= (int(reported) if reported.isdigit() else 0):
+            return
+        namespace, name = meta["namespace"], meta["name"]
+        try:
+            pods = self.api.list_pods(namespace, f"{JOBSET_NAME_LABEL}={name}")
+            cause = root_cause(pods, lambda pod, container: self.api.read_log(namespace, pod, container))
+        except TrainJobError as exc:  # the event is best effort: the restart happens either way
+            log.warning("cannot read the pods of restarting TrainJob %s/%s: %s", namespace, name, exc)
+            cause = None
+        limit = ((jobset.get("spec") or {}).get("failurePolicy") or {}).get("maxRestarts")
+        of = f" of {int(limit) + 1}" if limit is not None else ""
+        why = cause or "a Job of the node group failed"
+        self.api.post_event(job, "Warning", "Restarting", f"attempt {restarts + 1}{of}: {why}")
+        self.api.patch(TRAINJOBS, namespace, name, {"metadata": {"annotations": {RESTARTS_ANNOTATION: str(restarts)}}})
 
     def _expire(self, job: dict[str, Any], now: float) -> float | None:
         """Delete a finished job past its TTL; else the seconds until it is due (``None``: it has none)."""

@@ -3,15 +3,20 @@
 ===============================  ==============================================================================
 TrainJob condition               set when
 ===============================  ==============================================================================
-``Suspended`` True / False       ``spec.suspend`` is true (reason ``Suspended``) / was true and is not (``Resumed``)
-``Running`` True                 every pod of the trainer replicated job is ready (JobSet ``replicatedJobsStatus``)
+``Suspended`` True               ``spec.suspend`` is true (reason ``Suspended``); removed on resume
 ``Complete`` True                the JobSet has ``Completed`` True (its reason and message are copied)
 ``Failed`` True                  the JobSet has ``Failed`` True (copied), the job is invalid, or the deadline passed
 ===============================  ==============================================================================
 
-``jobsStatus`` mirrors the JobSet's ``replicatedJobsStatus``. ``activeDeadlineSeconds`` counts from the later of the
-JobSet's creation and the last resume (suspending stops the clock, resuming restarts it, as for a Kubernetes Job),
-so no extra state is needed and the status keeps the Kubeflow Trainer shape.
+A job that runs (neither finished nor suspended) has no conditions at all, as under Kubeflow Trainer: the Kubeflow
+SDK reports ``Running`` only for a TrainJob without conditions whose ``node`` pods all run, so a ``Running``
+condition (which older versions of this operator wrote, and which is removed when seen) or a ``Suspended`` False
+left after a resume would keep it at ``Created`` for good. Whether the trainer runs is read from ``jobsStatus``
+instead (:func:`trainer_running`), which mirrors the JobSet's ``replicatedJobsStatus``.
+
+``activeDeadlineSeconds`` counts from the later of the JobSet's creation and its last resume, which JobSet records
+as the ``lastTransitionTime`` of its own ``Suspended`` False condition; suspending stops the clock and resuming
+restarts it, as for a Kubernetes Job, with no state of the operator's own.
 """
 
 from __future__ import annotations
@@ -27,10 +32,9 @@ from trainjob.backends.kubernetes.resources import (
     SUSPENDED,
 )
 
-#: JobSet condition type -> TrainJob condition type.
-#: The messages of the Suspended condition, Kubeflow Trainer's words.
+#: The message of the Suspended condition, Kubeflow Trainer's words.
 SUSPENDED_MESSAGE = "TrainJob is suspended"
-RESUMED_MESSAGE = "TrainJob is resumed"
+#: JobSet condition type -> TrainJob condition type.
 _JOBSET_TERMINAL = {"Completed": COMPLETE, "Failed": FAILED}
 _JOBS_STATUS_FIELDS = ("name", "ready", "succeeded", "failed", "active", "suspended")
 
@@ -76,21 +80,20 @@ def set_condition(
     return {**status, "conditions": conditions}
 
 
+def remove_condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    """A copy of ``status`` without the ``type_`` condition (and without ``conditions`` once none is left)."""
+    conditions = [dict(c) for c in status.get("conditions") or [] if c.get("type") != type_]
+    out = {k: v for k, v in status.items() if k != "conditions"}
+    return {**out, "conditions": conditions} if conditions else out
+
+
 def failed(status: dict[str, Any], reason: str, message: str, now: float) -> dict[str, Any]:
-    """``status`` with ``Failed`` True and ``Running`` False (when it was set)."""
-    out = set_condition(status, FAILED, True, reason, message, now)
-    if find_condition(out, RUNNING):
-        out = set_condition(out, RUNNING, False, reason, "the job has failed", now)
-    return out
+    """``status`` with ``Failed`` True (and no ``Running`` condition an older operator left)."""
+    return set_condition(remove_condition(status, RUNNING), FAILED, True, reason, message, now)
 
 
-def derive_status(
-    status: dict[str, Any], suspend: bool, jobset: dict[str, Any], trainer: str, now: float
-) -> dict[str, Any]:
-    """The TrainJob status once ``jobset`` (already mirroring ``suspend``) is taken into account.
-
-    ``trainer`` names the trainer replicated job (``node``).
-    """
+def derive_status(status: dict[str, Any], suspend: bool, jobset: dict[str, Any], now: float) -> dict[str, Any]:
+    """The TrainJob status once ``jobset`` (already mirroring ``suspend``) is taken into account."""
     out = dict(status)
     js_status = jobset.get("status") or {}
     jobs = [
@@ -100,12 +103,11 @@ def derive_status(
     if jobs:
         out["jobsStatus"] = jobs
 
+    out = remove_condition(out, RUNNING)  # written by older versions of this operator
     if suspend:
-        out = set_condition(
-            out, SUSPENDED, True, "Suspended", SUSPENDED_MESSAGE, now
-        )
-    elif find_condition(out, SUSPENDED):
-        out = set_condition(out, SUSPENDED, False, "Resumed", RESUMED_MESSAGE, now)
+        out = set_condition(out, SUSPENDED, True, "Suspended", SUSPENDED_MESSAGE, now)
+    else:
+        out = remove_condition(out, SUSPENDED)
 
     for js_cond in js_status.get("conditions") or []:
         ours = _JOBSET_TERMINAL.get(js_cond.get("type", ""))
@@ -113,56 +115,38 @@ def derive_status(
             reason = js_cond.get("reason") or ("JobSetCompleted" if ours == COMPLETE else "JobSetFailed")
             message = js_cond.get("message") or f"the JobSet {js_cond['type'].lower()}"
             out = set_condition(out, ours, True, reason, message, now)
-
-    done = finished_condition(out)
-    if done is not None:
-        if find_condition(out, RUNNING):
-            out = set_condition(
-                out, RUNNING, False, done["reason"], f"the job is {done['type'].lower()}", now
-            )
-    elif suspend:
-        if find_condition(out, RUNNING):
-            out = set_condition(out, RUNNING, False, "Suspended", "the TrainJob is suspended", now)
-    else:
-        expected = trainer_replicas(jobset, trainer)
-        ready = next((j.get("ready", 0) for j in jobs if j["name"] == trainer), 0)
-        pods = trainer_pods(jobset, trainer)
-        if expected and ready >= expected:
-            out = set_condition(
-                out, RUNNING, True, "AllTrainerPodsRunning", f"all {pods} trainer pods run", now
-            )
-        elif find_condition(out, RUNNING):
-            message = "not every trainer pod runs (a pod restarts or was evicted)"
-            out = set_condition(out, RUNNING, False, "TrainerPodsNotReady", message, now)
     return out
 
 
-def trainer_replicas(jobset: dict[str, Any], trainer: str) -> int:
-    """How many Jobs (one per node) the trainer replicated job has."""
-    for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
-        if rj.get("name") == trainer:
-            return int(rj.get("replicas", 1))
-    return 0
+def trainer_running(status: dict[str, Any], trainer: str) -> bool:
+    """Whether every started Job of the trainer's replicated job has all its pods ready (``jobsStatus``).
+
+    JobSet counts a Job ``active`` while any of its pods is not finished and ``ready`` once ready plus succeeded
+    pods reach its parallelism, so ``ready >= active > 0`` means no trainer pod is pending or restarting."""
+    for entry in status.get("jobsStatus") or []:
+        if entry.get("name") == trainer:
+            ready, active = int(entry.get("ready") or 0), int(entry.get("active") or 0)
+            return active > 0 and ready >= active and not entry.get("suspended")
+    return False
 
 
-def trainer_pods(jobset: dict[str, Any], trainer: str) -> int:
-    """How many pods the trainer runs: Jobs times each Job's parallelism."""
-    for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
-        if rj.get("name") == trainer:
-            parallelism = ((rj.get("template") or {}).get("spec") or {}).get("parallelism", 1)
-            return int(rj.get("replicas", 1)) * int(parallelism)
-    return 0
+def resumed_at(jobset: dict[str, Any]) -> float | None:
+    """When the JobSet was last resumed: its ``Suspended`` False condition's ``lastTransitionTime``, if any."""
+    cond = find_condition(jobset.get("status") or {}, SUSPENDED)
+    if cond is None or cond.get("status") != "False" or not cond.get("lastTransitionTime"):
+        return None
+    return parse_timestamp(cond["lastTransitionTime"])
 
 
 def deadline_remaining(
-    status: dict[str, Any], suspend: bool, jobset: dict[str, Any], deadline_seconds: int | None, now: float
+    suspend: bool, jobset: dict[str, Any], deadline_seconds: int | None, now: float
 ) -> float | None:
-    """Seconds left before ``activeDeadlineSeconds`` passes (<= 0: passed); ``None`` when no clock runs."""
+    """Seconds left before ``activeDeadlineSeconds`` passes (<= 0: passed); ``None`` when no clock runs.
+
+    The clock stands still while the job is suspended, and after a resume until the JobSet says it resumed (its
+    ``Suspended`` condition is still True then)."""
     created = (jobset.get("metadata") or {}).get("creationTimestamp")
-    if not deadline_seconds or suspend or not created:
+    if not deadline_seconds or suspend or not created or is_true(jobset.get("status") or {}, SUSPENDED):
         return None
-    start = parse_timestamp(created)
-    resumed = find_condition(status, SUSPENDED)
-    if resumed is not None and resumed.get("status") == "False" and resumed.get("lastTransitionTime"):
-        start = max(start, parse_timestamp(resumed["lastTransitionTime"]))
+    start = max(parse_timestamp(created), resumed_at(jobset) or 0.0)
     return start + deadline_seconds - now

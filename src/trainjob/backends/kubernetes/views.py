@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from trainjob.backends.base import runtime_view
-from trainjob.backends.kubernetes.status import find_condition
+from trainjob.backends.kubernetes.status import find_condition, trainer_running
 from trainjob.constants import (
     COMPLETE,
     COMPLETION_INDEX_LABEL,
@@ -23,7 +23,6 @@ from trainjob.constants import (
     PET_NNODES,
     PET_NPROC_PER_NODE,
     REPLICATED_JOB_LABEL,
-    RUNNING,
     RUNTIME_SNAPSHOT_ANNOTATION,
     SUSPENDED,
     TRAINER_JOB,
@@ -48,13 +47,23 @@ def _condition(job: dict[str, Any], type_: str) -> dict[str, Any] | None:
 
 
 def job_status(job: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
-    """The SDK status (``Complete``, ``Failed``, ``Suspended``, ``Running``, ``Created``) and its condition."""
+    """The SDK status (``Complete``, ``Failed``, ``Suspended``, ``Running``, ``Created``) and its condition.
+
+    Complete, Failed and Suspended come from a True condition of that type; a job without them is ``Running`` once
+    every trainer pod is ready (``jobsStatus``, :func:`~.status.trainer_running`): the operator writes no
+    condition while a job runs, as Kubeflow Trainer does, which the Kubeflow SDK needs to say Running."""
     for type_, status in ((COMPLETE, types.COMPLETE), (FAILED, types.FAILED), (SUSPENDED, types.SUSPENDED)):
         if (cond := _condition(job, type_)) is not None:
             return status, cond
-    if (cond := _condition(job, RUNNING)) is not None:
-        return types.RUNNING, cond
+    if trainer_running(job.get("status") or {}, TRAINER_JOB):
+        return types.RUNNING, None
     return types.CREATED, None
+
+
+def started_at(pods: list[dict[str, Any]]) -> datetime.datetime | None:
+    """When the job's trainer started: the earliest ``startTime`` of its current trainer pods."""
+    times = [t for pod in trainer_pods(pods).values() if (t := parse_time((pod.get("status") or {}).get("startTime")))]
+    return min(times) if times else None
 
 
 def node_index(pod: dict[str, Any]) -> int:
@@ -90,7 +99,6 @@ def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]]) -> types.Trai
     launch = launch_values(job, pods)
     if launch is not None:  # numProcPerNode auto|cpu|gpu, or taken from the runtime: the numbers the pods run
         nodes, nproc = launch.num_nodes, launch.num_proc_per_node
-    running = _condition(job, RUNNING)
     finished = _condition(job, COMPLETE) or _condition(job, FAILED)
     steps = [
         types.Step(
@@ -110,7 +118,7 @@ def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]]) -> types.Trai
         reason=cond.get("reason") if cond else None,
         message=cond.get("message") if cond else None,
         num_proc_per_node=nproc if isinstance(nproc, int) else None,
-        start_time=parse_time(running.get("lastTransitionTime")) if running else None,
+        start_time=started_at(pods),
         completion_time=parse_time(finished.get("lastTransitionTime")) if finished else None,
         progress=progress_of_trainer_status((job.get("status") or {}).get("trainerStatus")),
         resource=job,
