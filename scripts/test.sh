@@ -20,30 +20,5 @@ if [ "$fast" = 0 ]; then
     echo "test.sh: Go not found: the Kubernetes tests will be skipped (set TRAINJOB_REQUIRE_CLUSTER=1 to fail instead)"
   fi
 fi
-if [ "$fast" = 1 ] || [ $# -gt 0 ]; then
-  exec .venv/bin/python -m pytest -q "$@"
-fi
-# Every tier, in two lanes at once: the cluster and browser tests spend most of their time waiting on pods, the
-# API server and Chromium, the rest on the CPU; side by side they take little more than the longer lane alone.
-# Each lane has its own temp dirs; the cluster lane's report is printed after the other's, and either failing
-# fails the run.
-artifacts="${TRAINJOB_ARTIFACTS:-tests-artifacts}"
-mkdir -p "$artifacts"
-lane_log="$artifacts/cluster-lane.log"
-# Per checkout, emptied by pytest at the start of the next run (pytest's own numbered dirs would be shared).
-base="${TMPDIR:-/tmp}/trainjob-tests-$(pwd | sha256sum | cut -c1-8)"
-mkdir -p "$base"
-start=$SECONDS
-.venv/bin/python -m pytest -q -m "cluster or browser" --durations=15 -p no:cacheprovider \
-  --basetemp="$base/cluster-lane" >"$lane_log" 2>&1 &
-lane=$!
-trap 'kill "$lane" 2>/dev/null || true' INT TERM
-status=0
-.venv/bin/python -m pytest -q -m "not (cluster or browser)" --durations=15 -p no:cacheprovider \
-  --basetemp="$base/local-lane" || status=$?
-echo "test.sh: the local lane ended (exit $status) after $((SECONDS - start)) s; the cluster and browser lane:"
-cluster_status=0
-wait "$lane" || cluster_status=$?
-cat "$lane_log"
-echo "test.sh: the cluster and browser lane ended (exit $cluster_status) after $((SECONDS - start)) s"
-[ "$status" = 0 ] && [ "$cluster_status" = 0 ]
+# The 25 slowest tests close the report, so what a change costs shows in every run.
+exec .venv/bin/python -m pytest -q --durations=25 "$@"
