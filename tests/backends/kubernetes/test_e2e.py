@@ -393,6 +393,9 @@ def test_the_operator_role_grants_exactly_what_the_operator_used(k8s: TrainJobCl
     requests = k8s.cp.audit_requests()
     if len(requests) < 50:
         pytest.skip("run the whole module: this test checks what the tests above made the operator do")
+    if not any(r.get("objectRef", {}).get("resource") == "pytorchjobs" and r["verb"] == "delete" for r in requests):
+        pytest.skip("run test_pytorchjob_v1.py in the same session: the operator's PyTorchJob rights are checked "
+                    "against what it did there")
     used = {
         (r["objectRef"].get("apiGroup", ""), "/".join(filter(None, [r["objectRef"]["resource"],
                                                                    r["objectRef"].get("subresource")])), r["verb"])

@@ -29,11 +29,21 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from trainjob.backends.kubernetes.kubeapi import ApiError, KubeApi
-from trainjob.backends.kubernetes.resources import RENDERED_RESOURCES, RUNTIME_KINDS, TRAINJOBS, ResourceRef
+from trainjob.backends.kubernetes.resources import (
+    CRDS,
+    PODS,
+    PYTORCHJOBS,
+    RENDERED_RESOURCES,
+    RUNTIME_KINDS,
+    SERVICES,
+    TRAINJOBS,
+    ResourceRef,
+)
 from trainjob.errors import AlreadyExistsError, NotFoundError
 
 #: Every resource this double stores, by (apiVersion, kind).
-_KNOWN = {**RENDERED_RESOURCES, **{(r.api_version, r.kind): r for r in (TRAINJOBS, *RUNTIME_KINDS.values())}}
+_KNOWN = {**RENDERED_RESOURCES, **{(r.api_version, r.kind): r
+                                  for r in (TRAINJOBS, PYTORCHJOBS, SERVICES, CRDS, *RUNTIME_KINDS.values())}}
 #: One request: (verb, resource, "namespace/name" | "name" | "namespace"), e.g. ``("create", "jobsets", "ml/mnist")``.
 Request = tuple[str, str, str]
 
@@ -85,6 +95,10 @@ class MemoryApi(KubeApi):
         self.objects[self._key(ref, stored["metadata"].get("namespace"), stored["metadata"]["name"])] = stored
         return copy.deepcopy(stored)
 
+    def set_pod_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Replace a pod's status, as the kubelet would."""
+        self.pods[(namespace, name)]["status"] = copy.deepcopy(status)
+
     def set_status(self, ref: ResourceRef, namespace: str | None, name: str, status: dict[str, Any]) -> None:
         """Replace an object's status, as its controller (the JobSet controller, the kubelet) would."""
         stored = self.objects[self._key(ref, namespace, name)]
@@ -129,6 +143,13 @@ class MemoryApi(KubeApi):
         self._record("create", ref.plural, _where(ref, namespace, name))
         if self.served is not None and ref.group and ref not in self.served:
             raise ApiError(f"cannot create {ref.kind} {name}: the API server answered 404 Not Found", 404)
+        if ref == PODS:  # pods live apart, as the kubelet's side of the world
+            if (namespace, name) in self.pods:
+                raise AlreadyExistsError(f"Pod {namespace}/{name} exists already")
+            pod = self._with_server_fields(copy.deepcopy(obj))
+            pod["status"] = {"phase": "Pending"}
+            self.pods[(namespace, name)] = pod
+            return copy.deepcopy(pod)
         key = self._key(ref, namespace, name)
         if key in self.objects:
             raise AlreadyExistsError(f"{ref.kind} {namespace}/{name} exists already")
@@ -148,9 +169,12 @@ class MemoryApi(KubeApi):
         self._merge(ref, namespace, name, {"status": status})
 
     def delete(
-        self, ref: ResourceRef, namespace: str | None, name: str, propagation: str = "Foreground"
+        self, ref: ResourceRef, namespace: str | None, name: str, propagation: str = "Foreground",
+        grace_period_seconds: int | None = None,
     ) -> bool:
         self._record("delete", ref.plural, _where(ref, namespace, name))
+        if ref == PODS:
+            return self.pods.pop((namespace or "", name), None) is not None
         gone = self.objects.pop(self._key(ref, namespace, name), None)
         if gone is None:
             return False

@@ -247,3 +247,32 @@ def crd_schema(crd: dict[str, Any]) -> dict[str, Any]:
 def _summary(docstring: str) -> str:
     """The first paragraph, without reST literal markup (``kubectl explain`` shows it verbatim)."""
     return docstring.split("\n\n")[0].strip().replace("``", "")
+
+
+def pytorchjob_crd() -> dict[str, Any]:
+    """The Training Operator v1 ``pytorchjobs.kubeflow.org`` CRD (schema from :mod:`trainjob.convert.pytorchjob_api`,
+    pod templates kept as they are), labelled as trainjob's so that the operator knows the PyTorchJobs are its own."""
+    from trainjob.backends.kubernetes.resources import PART_OF, PART_OF_LABEL, PYTORCHJOBS
+    from trainjob.convert.pytorchjob_api import PyTorchJob
+
+    schema = _resource_schema(PyTorchJob)
+    schema["properties"]["status"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    columns = [  # as the Training Operator's: the last condition's type
+        {"name": "State", "type": "string", "jsonPath": ".status.conditions[-1:].type"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    ref = PYTORCHJOBS
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{ref.plural}.{ref.group}", "labels": {PART_OF_LABEL: PART_OF}},
+        "spec": {
+            "group": ref.group,
+            "names": {"kind": ref.kind, "listKind": f"{ref.kind}List", "plural": ref.plural,
+                      "singular": ref.kind.lower()},
+            "scope": "Namespaced",
+            "versions": [{"name": ref.version, "served": True, "storage": True,
+                          "schema": {"openAPIV3Schema": schema}, "subresources": {"status": {}},
+                          "additionalPrinterColumns": columns}],
+        },
+    }

@@ -59,6 +59,10 @@ def apply_manifests(
         if status == 409 and _create_only(obj):
             yield f"kept {what}"  # possibly Kubeflow Trainer's own: its values win
             continue
+        if status == 409 and _foreign_crd(client, obj):
+            yield (f"skipped {what}: it exists and trainjob did not install it (the Training Operator's?); "
+                   "trainjob's operator leaves these jobs to the controller that owns it")
+            continue
         if status == 409:
             status = _request(client, "PATCH", object_path(obj, named=True), obj)
             verb = "configured"
@@ -67,6 +71,19 @@ def apply_manifests(
         if status >= 300:
             raise BackendError(f"cannot apply {what}: the API server answered {status}")
         yield f"{verb} {what}"
+
+
+def _foreign_crd(client: kubernetes.client.ApiClient, obj: dict[str, Any]) -> bool:
+    """Whether ``obj`` is a CRD of trainjob's own (labelled ``app.kubernetes.io/part-of: trainjob``) whose
+    namesake on the cluster lacks that label: another controller's, left alone."""
+    from trainjob.backends.kubernetes.pytorchjob import owns_crd
+    from trainjob.backends.kubernetes.resources import PART_OF_LABEL
+
+    if obj["kind"] != "CustomResourceDefinition" or PART_OF_LABEL not in (obj["metadata"].get("labels") or {}):
+        return False
+    from trainjob.backends.kubernetes.kubeapi import KubeApi
+
+    return not owns_crd(KubeApi(client), obj["metadata"]["name"])
 
 
 def _create_only(obj: dict[str, Any]) -> bool:

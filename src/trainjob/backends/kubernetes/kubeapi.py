@@ -64,9 +64,11 @@ class KubeApi:
         ref = ref or RENDERED_RESOURCES[(obj["apiVersion"], obj["kind"])]
         namespace = obj["metadata"].get("namespace")
         try:
-            if not ref.group:  # a core object (an MPI job's Secret and ConfigMap)
+            if not ref.group:  # a core object (an MPI job's Secret and ConfigMap, a PyTorchJob's pods and services)
                 create = {"Secret": self.core.create_namespaced_secret,
-                          "ConfigMap": self.core.create_namespaced_config_map}[ref.kind]
+                          "ConfigMap": self.core.create_namespaced_config_map,
+                          "Pod": self.core.create_namespaced_pod,
+                          "Service": self.core.create_namespaced_service}[ref.kind]
                 return dict(self.core.api_client.sanitize_for_serialization(create(namespace, obj)))
             if ref.namespaced:
                 return self.custom.create_namespaced_custom_object(
@@ -107,12 +109,21 @@ class KubeApi:
                 raise _backend_error(exc, f"update the status of {ref.kind} {name}") from exc
 
     def delete(
-        self, ref: ResourceRef, namespace: str | None, name: str, propagation: str = "Foreground"
+        self, ref: ResourceRef, namespace: str | None, name: str, propagation: str = "Foreground",
+        grace_period_seconds: int | None = None,
     ) -> bool:
-        """Delete (``Foreground`` propagation unless told otherwise); ``False`` when there was nothing to delete."""
-        body = {"propagationPolicy": propagation}
+        """Delete (``Foreground`` propagation unless told otherwise); ``False`` when there was nothing to delete.
+        Core objects (pods, services) are deleted through the core API; ``grace_period_seconds=0`` removes a
+        finished pod at once, so one of the same name can be created right after."""
+        body: dict[str, Any] = {"propagationPolicy": propagation}
+        if grace_period_seconds is not None:
+            body["gracePeriodSeconds"] = grace_period_seconds
         try:
-            if ref.namespaced:
+            if not ref.group:
+                delete = {"Pod": self.core.delete_namespaced_pod,
+                          "Service": self.core.delete_namespaced_service}[ref.kind]
+                delete(name, namespace, body=body)
+            elif ref.namespaced:
                 self.custom.delete_namespaced_custom_object(
                     ref.group, ref.version, namespace, ref.plural, name, body=body
                 )

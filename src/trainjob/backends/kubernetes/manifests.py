@@ -1,6 +1,6 @@
 """What ``trainjob install`` puts on a cluster, generated here so that deploy/ can never drift from the code.
 
-``install_manifests()`` returns, in apply order: the namespace, the three CRDs, least-privilege RBAC, the operator
+``install_manifests()`` returns, in apply order: the namespace, the three CRDs and the PyTorchJob one (skipped where the Training Operator's is installed), least-privilege RBAC, the operator
 Deployment (probes, requests, non-root), the built-in ClusterTrainingRuntimes and Kubeflow Trainer's public version
 ConfigMap (:func:`kubeflow_version`), which ``apply_manifests`` creates only where Kubeflow's own is absent. ``deploy_files()`` lays the same
 objects out as a kustomization (what deploy/ holds; a test compares them)::
@@ -15,11 +15,13 @@ from typing import Any
 import yaml
 
 from trainjob import __version__
-from trainjob.backends.kubernetes.crds import custom_resource_definitions
+from trainjob.backends.kubernetes.crds import custom_resource_definitions, pytorchjob_crd
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
     COSCHEDULING_PODGROUPS,
+    CRDS,
     JOBSETS,
+    PYTORCHJOBS,
     TRAINER_GROUP,
     TRAINING_RUNTIMES,
     TRAINJOBS,
@@ -76,6 +78,15 @@ def rbac() -> list[dict[str, Any]]:
         # A failed job's message names the failing rank's exception: from its pods' status, else their logs.
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        # PyTorchJobs (kubeflow.org/v1): whether their CRD is trainjob's, the jobs (delete: their TTL), their
+        # status, and the pods and headless services the operator runs them with.
+        {"apiGroups": [CRDS.group], "resources": [CRDS.plural], "verbs": ["get"],
+         "resourceNames": [f"{PYTORCHJOBS.plural}.{PYTORCHJOBS.group}"]},
+        {"apiGroups": [PYTORCHJOBS.group], "resources": [PYTORCHJOBS.plural],
+         "verbs": ["get", "list", "watch", "delete"]},
+        {"apiGroups": [PYTORCHJOBS.group], "resources": [f"{PYTORCHJOBS.plural}/status"], "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["watch", "create", "delete"]},
+        {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "delete"]},
     ]
     key_rules = [
         # `create` cannot be limited to a name; the Role only covers the operator's own namespace.
@@ -191,6 +202,7 @@ def install_manifests(image: str = DEFAULT_IMAGE, operator_replicas: int = 1) ->
     return [
         namespace(),
         *custom_resource_definitions(),
+        pytorchjob_crd(),
         *rbac(),
         deployment(image, operator_replicas),
         *builtin_runtimes(),
@@ -205,7 +217,7 @@ def manifests_yaml(objects: list[dict[str, Any]]) -> str:
 
 def deploy_files(image: str = DEFAULT_IMAGE) -> dict[str, str]:
     """deploy/'s generated files by relative path: a kustomization over namespace, CRDs, RBAC, operator, runtimes."""
-    crds = custom_resource_definitions()
+    crds = [*custom_resource_definitions(), pytorchjob_crd()]
     files = {
         "namespace.yaml": manifests_yaml([namespace()]),
         **{f"crds/{crd['metadata']['name']}.yaml": manifests_yaml([crd]) for crd in crds},

@@ -1,4 +1,6 @@
-"""The TrainJob operator: kopf watches TrainJobs and JobSets, a work queue feeds :class:`Reconciler`.
+"""The TrainJob operator: kopf watches TrainJobs and JobSets, a work queue feeds :class:`Reconciler`; PyTorchJobs
+(``kubeflow.org/v1``) and their pods feed :class:`~.pytorchjob.PyTorchJobReconciler` through a second queue, when
+their CRD is the one ``trainjob install`` put there (not the Training Operator's).
 
 Watch events only put the job's key into the queue; the reconciler reads the current state from the API server
 and converges it, so missed or repeated events do no harm, and a restarted operator picks every job up again from
@@ -26,8 +28,19 @@ import kopf
 from trainjob import __version__
 from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_api_client
 from trainjob.backends.kubernetes.kubeapi import KubeApi
+from trainjob.backends.kubernetes.pytorchjob import (
+    OPERATOR_NAME,
+    OPERATOR_NAME_LABEL,
+    PyTorchJobReconciler,
+    owns_crd,
+)
 from trainjob.backends.kubernetes.reconcile import Reconciler
-from trainjob.backends.kubernetes.resources import JOB_NAME_LABEL, JOBSETS, TRAINJOBS
+from trainjob.backends.kubernetes.resources import (
+    JOB_NAME_LABEL,
+    JOBSETS,
+    PYTORCHJOBS,
+    TRAINJOBS,
+)
 from trainjob.backends.kubernetes.snapshot import SnapshotSigner, load_or_create_key
 from trainjob.backends.kubernetes.workqueue import WorkQueue
 
@@ -45,6 +58,9 @@ class OperatorState:
     queue: WorkQueue = field(default_factory=WorkQueue)
     workers: int = 4
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    #: ``None`` when PyTorchJobs are another controller's (their CRD was not installed by trainjob).
+    pytorchjobs: PyTorchJobReconciler | None = None
+    pytorchjob_queue: WorkQueue = field(default_factory=WorkQueue)
 
 
 # -- handlers: plain functions, registered in make_registry() --------------------------------------------------------
@@ -60,6 +76,15 @@ async def start_workers(memo: OperatorState, **_: Any) -> None:
     memo.tasks.append(
         asyncio.create_task(memo.queue.run_workers(handle, memo.workers), name="trainjob-workers")
     )
+    pytorchjobs = memo.pytorchjobs
+    if pytorchjobs is not None:
+
+        async def handle_pytorchjob(key: Any) -> float | None:
+            namespace, name = key
+            return await asyncio.to_thread(pytorchjobs.reconcile, namespace, name)
+
+        memo.tasks.append(asyncio.create_task(
+            memo.pytorchjob_queue.run_workers(handle_pytorchjob, memo.workers), name="pytorchjob-workers"))
 
 
 async def stop_workers(memo: OperatorState, **_: Any) -> None:
@@ -79,6 +104,18 @@ async def enqueue_jobset_owner(body: kopf.Body, memo: OperatorState, **_: Any) -
     for ref in body.metadata.get("ownerReferences") or []:
         if ref.get("kind") == TRAINJOBS.kind and ref.get("apiVersion") == TRAINJOBS.api_version:
             memo.queue.add((body.metadata.namespace, ref["name"]))
+
+
+async def enqueue_pytorchjob(body: kopf.Body, memo: OperatorState, **_: Any) -> None:
+    """Any event about a PyTorchJob queues it."""
+    memo.pytorchjob_queue.add((body.metadata.namespace, body.metadata.name))
+
+
+async def enqueue_pod_owner(body: kopf.Body, memo: OperatorState, **_: Any) -> None:
+    """A PyTorchJob's pod changed (the kubelet's status, deletion): queue the PyTorchJob that owns it."""
+    for ref in body.metadata.get("ownerReferences") or []:
+        if ref.get("kind") == PYTORCHJOBS.kind and ref.get("apiVersion") == PYTORCHJOBS.api_version:
+            memo.pytorchjob_queue.add((body.metadata.namespace, ref["name"]))
 
 
 def login(memo: OperatorState, **_: Any) -> kopf.ConnectionInfo:
@@ -113,8 +150,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = 60
 
 
-def make_registry() -> kopf.OperatorRegistry:
-    """A fresh registry with the operator's handlers (one per operator run, so runs do not share state)."""
+def make_registry(pytorchjobs: bool = False) -> kopf.OperatorRegistry:
+    """A fresh registry with the operator's handlers (one per operator run, so runs do not share state);
+    ``pytorchjobs``: also PyTorchJobs and their pods."""
     registry = kopf.OperatorRegistry()
     kopf.on.startup(registry=registry)(configure)
     kopf.on.startup(registry=registry)(start_workers)
@@ -129,6 +167,11 @@ def make_registry() -> kopf.OperatorRegistry:
         labels={JOB_NAME_LABEL: kopf.PRESENT},
         registry=registry,
     )(enqueue_jobset_owner)
+    if pytorchjobs:
+        kopf.on.event(PYTORCHJOBS.group, PYTORCHJOBS.version, PYTORCHJOBS.plural, registry=registry)(
+            enqueue_pytorchjob)
+        kopf.on.event("", "v1", "pods", labels={OPERATOR_NAME_LABEL: OPERATOR_NAME}, registry=registry)(
+            enqueue_pod_owner)
     return registry
 
 
@@ -149,9 +192,13 @@ async def operate(
     api = KubeApi(load_api_client(config, user_agent=USER_AGENT))
     key = await asyncio.to_thread(load_or_create_key, api, key_namespace or operator_namespace())
     state = OperatorState(api=api, reconciler=Reconciler(api, SnapshotSigner(key)), workers=workers)
+    if await asyncio.to_thread(owns_crd, api, f"{PYTORCHJOBS.plural}.{PYTORCHJOBS.group}"):
+        state.pytorchjobs = PyTorchJobReconciler(api)
+    else:
+        log.info("not reconciling PyTorchJobs: their CRD is absent or another controller's")
     try:
         await kopf.operator(
-            registry=make_registry(),
+            registry=make_registry(pytorchjobs=state.pytorchjobs is not None),
             memo=state,
             standalone=True,
             clusterwide=not namespaces,

@@ -61,3 +61,13 @@ FAILED = "Failed"
 SUSPENDED = "Suspended"
 RUNNING = "Running"
 FINISHED_CONDITIONS = (COMPLETE, FAILED)
+
+#: Kubeflow Training Operator v1 (:mod:`trainjob.backends.kubernetes.pytorchjob`) and the core objects it creates.
+PYTORCHJOBS = ResourceRef("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+PODS = ResourceRef("", "v1", "pods", "Pod")
+SERVICES = ResourceRef("", "v1", "services", "Service")
+CRDS = ResourceRef("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
+                   namespaced=False)
+#: The label ``trainjob install`` puts on what it installs; a PyTorchJob CRD without it is the Training Operator's.
+PART_OF_LABEL = "app.kubernetes.io/part-of"
+PART_OF = "trainjob"

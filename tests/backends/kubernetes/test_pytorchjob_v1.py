@@ -1,0 +1,187 @@
+"""PyTorchJob ``kubeflow.org/v1`` end to end on the test cluster: seed 004's workflow through the same API calls
+``kubectl`` makes, the Training Operator v1 SDK (``kubeflow-training``) against the operator, and a failing job.
+
+kubectl is not on these machines; each check names the kubectl command whose requests it repeats.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubetest.cluster import TrainJobCluster, wait_for
+
+from trainjob.backends.kubernetes.resources import PYTORCHJOBS
+
+HERE = Path(__file__).parent
+PYTHON = sys.executable
+
+#: Seed 004's ``pytorch-job.yaml`` made runnable here: a CPU request instead of GPUs, the DDP script (gloo) run by
+#: ``python`` as v1 runs it (MASTER_ADDR, RANK, WORLD_SIZE from the operator), 1 master + 2 workers.
+SEED_MANIFEST = f"""
+apiVersion: kubeflow.org/v1
+kind: PyTorchJob
+metadata:
+  name: my-training
+spec:
+  pytorchReplicaSpecs:
+    Master:
+      replicas: 1
+      restartPolicy: OnFailure
+      template:
+        spec:
+          containers:
+          - name: pytorch
+            image: my-training:latest
+            command: [{PYTHON}, {HERE / "ddp_script.py"}, --steps=2]
+            resources:
+              requests:
+                cpu: 100m
+    Worker:
+      replicas: 2
+      restartPolicy: OnFailure
+      template:
+        spec:
+          containers:
+          - name: pytorch
+            image: my-training:latest
+            command: [{PYTHON}, {HERE / "ddp_script.py"}, --steps=2]
+            env:
+            - name: NCCL_DEBUG
+              value: INFO
+            resources:
+              requests:
+                cpu: 100m
+"""
+
+
+def kubectl_apply(k8s: TrainJobCluster, namespace: str, manifest: str) -> dict[str, Any]:
+    """``kubectl apply -f`` of a new object: a create carrying the last-applied-configuration annotation."""
+    import json
+
+    body = yaml.safe_load(manifest)
+    body["metadata"]["namespace"] = namespace
+    body["metadata"]["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": json.dumps(body)}
+    return dict(k8s.api.custom.create_namespaced_custom_object(
+        PYTORCHJOBS.group, PYTORCHJOBS.version, namespace, PYTORCHJOBS.plural, body,
+        field_manager="kubectl-client-side-apply"))
+
+
+def kubectl_get_table(k8s: TrainJobCluster, namespace: str, name: str) -> dict[str, str]:
+    """``kubectl get pytorchjob NAME``: the server-side table (the CRD's printer columns), as column -> cell."""
+    import json
+
+    response = k8s.api.client.call_api(
+        f"/apis/{PYTORCHJOBS.api_version}/namespaces/{namespace}/{PYTORCHJOBS.plural}/{name}", "GET",
+        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}, auth_settings=["BearerToken"],
+        _preload_content=False, _return_http_data_only=True)
+    table = json.loads(response.data)
+    columns = [c["name"] for c in table["columnDefinitions"]]
+    return dict(zip(columns, map(str, table["rows"][0]["cells"]), strict=True))
+
+
+@pytest.fixture(scope="module")
+def seed_job(k8s: TrainJobCluster) -> tuple[str, dict[str, Any]]:
+    """Seed 004's job applied in its own namespace and run to its end (shared by the checks below)."""
+    namespace = "pytorchjob-seed"
+    k8s.cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}])
+    kubectl_apply(k8s, namespace, SEED_MANIFEST)
+
+    def done() -> dict[str, Any] | None:
+        job = k8s.api.get(PYTORCHJOBS, namespace, "my-training") or {}
+        conditions = (job.get("status") or {}).get("conditions") or []
+        return job if any(c["type"] in ("Succeeded", "Failed") and c["status"] == "True" for c in conditions) \
+            else None
+
+    job = wait_for(done, timeout=180, what="PyTorchJob my-training to finish")
+    return namespace, job
+
+
+def test_seed_manifest_succeeds_and_reads_like_kubectl_get(k8s: TrainJobCluster,
+                                                           seed_job: tuple[str, dict[str, Any]]) -> None:
+    namespace, job = seed_job
+    conditions = [(c["type"], c["status"]) for c in job["status"]["conditions"]]
+    assert conditions[-1] == ("Succeeded", "True"), job["status"]
+    assert ("Created", "True") in conditions
+    assert job["status"]["replicaStatuses"]["Master"]["succeeded"] == 1
+    assert job["status"]["startTime"] <= job["status"]["completionTime"]
+    row = kubectl_get_table(k8s, namespace, "my-training")
+    assert (row["Name"], row["State"]) == ("my-training", "Succeeded")
+
+
+def test_pods_are_found_by_job_name_and_worker_0_logs_its_rank(k8s: TrainJobCluster,
+                                                                seed_job: tuple[str, dict[str, Any]]) -> None:
+    namespace, _ = seed_job
+    # kubectl get pods -l training.kubeflow.org/job-name=my-training
+    pods = k8s.api.list_pods(namespace, "training.kubeflow.org/job-name=my-training")
+    assert sorted(p["metadata"]["name"] for p in pods) == [
+        "my-training-master-0", "my-training-worker-0", "my-training-worker-1"]
+    assert {p["status"]["phase"] for p in pods} == {"Succeeded"}
+    # kubectl logs -f my-training-worker-0 (follows until the container ends)
+    stream = k8s.api.core.read_namespaced_pod_log("my-training-worker-0", namespace, follow=True,
+                                                  _preload_content=False)
+    log = stream.data.decode()
+    assert "rank 1/3" in log, log
+    services = {s.metadata.name for s in k8s.api.core.list_namespaced_service(namespace).items}
+    assert "my-training-master-0" in services
+
+
+def test_training_operator_sdk_runs_a_job_to_success(k8s: TrainJobCluster, namespace: str) -> None:
+    from kubeflow.training import (
+        KubeflowOrgV1PyTorchJob,
+        KubeflowOrgV1PyTorchJobSpec,
+        KubeflowOrgV1ReplicaSpec,
+        KubeflowOrgV1RunPolicy,
+        TrainingClient,
+    )
+    from kubernetes.client import V1Container, V1ObjectMeta, V1PodSpec, V1PodTemplateSpec
+
+    def replica(count: int) -> KubeflowOrgV1ReplicaSpec:
+        command = [PYTHON, "-c", "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"]
+        return KubeflowOrgV1ReplicaSpec(replicas=count, restart_policy="OnFailure", template=V1PodTemplateSpec(
+            spec=V1PodSpec(containers=[V1Container(name="pytorch", image="python:3.11", command=command)])))
+
+    client = TrainingClient(config_file=str(k8s.kubeconfig), namespace=namespace, job_kind="PyTorchJob")
+    client.create_job(KubeflowOrgV1PyTorchJob(
+        api_version="kubeflow.org/v1", kind="PyTorchJob", metadata=V1ObjectMeta(name="sdk-job"),
+        spec=KubeflowOrgV1PyTorchJobSpec(run_policy=KubeflowOrgV1RunPolicy(clean_pod_policy="None"),
+                                         pytorch_replica_specs={"Master": replica(1), "Worker": replica(1)})))
+    client.wait_for_job_conditions("sdk-job", expected_conditions={"Succeeded"}, timeout=120, polling_interval=1)
+    assert client.is_job_succeeded("sdk-job")
+    logs, _ = client.get_job_logs("sdk-job", is_master=True)
+    assert list(logs) == ["sdk-job-master-0"] and "rank 0 of 2" in logs["sdk-job-master-0"]
+    assert sorted(client.get_job_pod_names("sdk-job", is_master=False)) == ["sdk-job-master-0", "sdk-job-worker-0"]
+    client.delete_job("sdk-job")
+    wait_for(lambda: k8s.api.get(PYTORCHJOBS, namespace, "sdk-job") is None, what="the job to be deleted")
+
+
+def test_a_failing_worker_is_recreated_then_fails_the_job_and_everything_is_cleaned(
+        k8s: TrainJobCluster, namespace: str) -> None:
+    """restartPolicy ExitCode, backoffLimit 1: exit 137 is retried once, then the job fails naming the pod;
+    cleanPodPolicy All removes the pods and services; ttlSecondsAfterFinished removes the job."""
+    template = {"spec": {"containers": [{"name": "pytorch", "image": "x", "command": ["sh", "-c", "sleep 60"]}]}}
+    failing = {"spec": {"containers": [{"name": "pytorch", "image": "x", "command": ["sh", "-c", "exit 137"]}]}}
+    k8s.api.create({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                    "metadata": {"name": "failing", "namespace": namespace},
+                    "spec": {"runPolicy": {"backoffLimit": 1, "cleanPodPolicy": "All", "ttlSecondsAfterFinished": 3},
+                             "pytorchReplicaSpecs": {
+                                 "Master": {"restartPolicy": "ExitCode", "template": template},
+                                 "Worker": {"replicas": 1, "restartPolicy": "ExitCode", "template": failing}}}},
+                   PYTORCHJOBS)
+
+    def failed() -> dict[str, Any] | None:
+        job = k8s.api.get(PYTORCHJOBS, namespace, "failing") or {}
+        last = ((job.get("status") or {}).get("conditions") or [{}])[-1]
+        return last if last.get("type") == "Failed" else None
+
+    condition = wait_for(failed, timeout=60, what="the job to fail")
+    assert "pod failing-worker-0 exited with code 137" in condition["message"]
+    events = k8s.api.list_events(namespace, "failing")
+    assert "PyTorchJobRestarting" in [e["reason"] for e in events]
+    wait_for(lambda: not k8s.api.list_pods(namespace, "training.kubeflow.org/job-name=failing"),
+             what="cleanPodPolicy All to delete the pods")
+    assert not k8s.api.core.list_namespaced_service(namespace).items
+    wait_for(lambda: k8s.api.get(PYTORCHJOBS, namespace, "failing") is None, what="the TTL to delete the job")
