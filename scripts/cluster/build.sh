@@ -3,6 +3,7 @@
 # go.mod files beside this script:
 #   etcd/        go.etcd.io/etcd/server/v3      (main.go calls etcdmain.Main)
 #   kubernetes/  k8s.io/kubernetes              kube-apiserver, kube-controller-manager, kube-scheduler
+#   kubectl/     k8s.io/kubernetes              kubectl, for the tests that run the seeds' kubectl commands as written
 #   jobset/      sigs.k8s.io/jobset             the JobSet controller manager (serves jobset.x-k8s.io/v1alpha2)
 #   kubeflow/    github.com/kubeflow/trainer/v2 its controller manager (run beside trainjob's operator by the
 #                conformance tests), its CRDs (the reference schemas), RBAC, webhooks and built-in runtimes
@@ -61,6 +62,7 @@ if [ "$manifests_only" = 0 ]; then
     k8s.io/kubernetes/cmd/kube-scheduler)"
   jobset_bin="$(build jobset jobset sigs.k8s.io/jobset)"
   kubeflow_bin="$(build kubeflow-trainer kubeflow github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager)"
+  kubectl_bin="$(build kubectl kubectl k8s.io/kubernetes/cmd/kubectl)"
 fi
 controller_gen_bin="$(build controller-gen podgroups sigs.k8s.io/controller-tools/cmd/controller-gen)"
 
@@ -110,7 +112,8 @@ cat > "$cache/manifest.json" <<EOF
     "kube-controller-manager": "$kube_bin/kube-controller-manager",
     "kube-scheduler": "$kube_bin/kube-scheduler",
     "jobset": "$jobset_bin/jobset",
-    "kubeflow-trainer": "$kubeflow_bin/trainer-controller-manager"
+    "kubeflow-trainer": "$kubeflow_bin/trainer-controller-manager",
+    "kubectl": "$kubectl_bin/kubectl"
   },
   "manifests": "$manifests"
 }

@@ -1,7 +1,6 @@
-"""PyTorchJob ``kubeflow.org/v1`` end to end on the test cluster: seed 004's workflow through the same API calls
-``kubectl`` makes, the Training Operator v1 SDK (``kubeflow-training``) against the operator, and a failing job.
-
-kubectl is not on these machines; each check names the kubectl command whose requests it repeats.
+"""PyTorchJob ``kubeflow.org/v1`` end to end on the test cluster: seed 004's kubectl workflow as written (the real
+``kubectl``, built with the control plane), the Training Operator v1 SDK (``kubeflow-training``) against the
+operator, and a failing job.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubetest.cluster import TrainJobCluster, wait_for
 
 from trainjob.backends.kubernetes.resources import PYTORCHJOBS
@@ -58,37 +56,15 @@ spec:
 """
 
 
-def kubectl_apply(k8s: TrainJobCluster, namespace: str, manifest: str) -> dict[str, Any]:
-    """``kubectl apply -f`` of a new object: a create carrying the last-applied-configuration annotation."""
-    import json
-
-    body = yaml.safe_load(manifest)
-    body["metadata"]["namespace"] = namespace
-    body["metadata"]["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": json.dumps(body)}
-    return dict(k8s.api.custom.create_namespaced_custom_object(
-        PYTORCHJOBS.group, PYTORCHJOBS.version, namespace, PYTORCHJOBS.plural, body,
-        field_manager="kubectl-client-side-apply"))
-
-
-def kubectl_get_table(k8s: TrainJobCluster, namespace: str, name: str) -> dict[str, str]:
-    """``kubectl get pytorchjob NAME``: the server-side table (the CRD's printer columns), as column -> cell."""
-    import json
-
-    response = k8s.api.client.call_api(
-        f"/apis/{PYTORCHJOBS.api_version}/namespaces/{namespace}/{PYTORCHJOBS.plural}/{name}", "GET",
-        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}, auth_settings=["BearerToken"],
-        _preload_content=False, _return_http_data_only=True)
-    table = json.loads(response.data)
-    columns = [c["name"] for c in table["columnDefinitions"]]
-    return dict(zip(columns, map(str, table["rows"][0]["cells"]), strict=True))
-
-
 @pytest.fixture(scope="module")
-def seed_job(k8s: TrainJobCluster) -> tuple[str, dict[str, Any]]:
+def seed_job(k8s: TrainJobCluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any]]:
     """Seed 004's job applied in its own namespace and run to its end (shared by the checks below)."""
     namespace = "pytorchjob-seed"
-    k8s.cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}])
-    kubectl_apply(k8s, namespace, SEED_MANIFEST)
+    k8s.kubectl("create", "namespace", namespace)
+    manifest = tmp_path_factory.mktemp("seed004") / "pytorch-job.yaml"
+    manifest.write_text(SEED_MANIFEST, encoding="utf-8")
+    applied = k8s.kubectl("apply", "-n", namespace, "-f", str(manifest))  # kubectl apply -f pytorch-job.yaml
+    assert applied.stdout.strip() == "pytorchjob.kubeflow.org/my-training created", applied.stdout
 
     def done() -> dict[str, Any] | None:
         job = k8s.api.get(PYTORCHJOBS, namespace, "my-training") or {}
@@ -108,22 +84,19 @@ def test_seed_manifest_succeeds_and_reads_like_kubectl_get(k8s: TrainJobCluster,
     assert ("Created", "True") in conditions
     assert job["status"]["replicaStatuses"]["Master"]["succeeded"] == 1
     assert job["status"]["startTime"] <= job["status"]["completionTime"]
-    row = kubectl_get_table(k8s, namespace, "my-training")
-    assert (row["Name"], row["State"]) == ("my-training", "Succeeded")
+    listed = k8s.kubectl("get", "-n", namespace, "pytorchjob", "my-training").stdout  # kubectl get pytorchjob my-training
+    header, row = listed.strip().splitlines()
+    assert header.split()[:2] == ["NAME", "STATE"] and row.split()[:2] == ["my-training", "Succeeded"], listed
 
 
 def test_pods_are_found_by_job_name_and_worker_0_logs_its_rank(k8s: TrainJobCluster,
                                                                 seed_job: tuple[str, dict[str, Any]]) -> None:
     namespace, _ = seed_job
-    # kubectl get pods -l training.kubeflow.org/job-name=my-training
-    pods = k8s.api.list_pods(namespace, "training.kubeflow.org/job-name=my-training")
-    assert sorted(p["metadata"]["name"] for p in pods) == [
-        "my-training-master-0", "my-training-worker-0", "my-training-worker-1"]
-    assert {p["status"]["phase"] for p in pods} == {"Succeeded"}
-    # kubectl logs -f my-training-worker-0 (follows until the container ends)
-    stream = k8s.api.core.read_namespaced_pod_log("my-training-worker-0", namespace, follow=True,
-                                                  _preload_content=False)
-    log = stream.data.decode()
+    listed = k8s.kubectl("get", "-n", namespace, "pods", "-l", "training.kubeflow.org/job-name=my-training").stdout
+    rows = [line.split() for line in listed.strip().splitlines()[1:]]
+    assert sorted(row[0] for row in rows) == ["my-training-master-0", "my-training-worker-0", "my-training-worker-1"]
+    assert {row[2] for row in rows} == {"Completed"}, listed  # kubectl's STATUS of a pod that succeeded
+    log = k8s.kubectl("logs", "-n", namespace, "-f", "my-training-worker-0").stdout  # follows to the end
     assert "rank 1/3" in log, log
     services = {s.metadata.name for s in k8s.api.core.list_namespaced_service(namespace).items}
     assert "my-training-master-0" in services

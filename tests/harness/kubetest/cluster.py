@@ -100,6 +100,16 @@ class TrainJobCluster:
         self.operator_kubeconfig = root / "operator.kubeconfig"
         self.operator = OperatorProcess(self.operator_kubeconfig, control_plane.root / "logs" / "operator.log")
 
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run the real ``kubectl`` (built from k8s.io/kubernetes with the control plane) as the admin."""
+        done = subprocess.run(
+            [self.cp.components["binaries"]["kubectl"], f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True, text=True, timeout=timeout,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+        return done
+
     def trainjob(self, *args: str, check: bool = True, env: dict[str, str] | None = None,
                  timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """Run the ``trainjob`` command line as a user would."""
