@@ -65,16 +65,18 @@ def test_a_ddp_function_runs_and_the_sdk_sees_each_status(
     with caplog.at_level(logging.WARNING):
         client = trainer_client(k8s, namespace)
     assert "kubeflow_trainer_version" not in caplog.text, "the SDK finds the version ConfigMap trainjob installs"
-    name = client.train(trainer=CustomTrainer(func=ddp_on_cpu, num_nodes=2, resources_per_node={"cpu": 1}))
+    # The seed's call, scaled to this machine: 2 nodes of 2 CPUs, so 2 processes each (numProcPerNode auto).
+    name = client.train(trainer=CustomTrainer(func=ddp_on_cpu, num_nodes=2, resources_per_node={"cpu": 2}))
 
     running = client.wait_for_job_status(name, status={"Running"}, timeout=180, polling_interval=1)
     assert running.status == "Running"
     done = client.wait_for_job_status(name, timeout=180, polling_interval=1)
     assert done.status == "Complete"
 
-    for node in (0, 1):
+    for node in (0, 1):  # node 0 runs ranks 0 and 1, node 1 ranks 2 and 3
         text = "\n".join(client.get_job_logs(name, step=f"node-{node}", follow=True))
-        assert f"rank {node} of 2 done" in text, text[-2000:]
+        for rank in (2 * node, 2 * node + 1):
+            assert f"rank {rank} of 4 done" in text, text[-2000:]
     reasons = {event.reason for event in client.get_job_events(name)}
     assert "JobSetCreated" in reasons, reasons
     client.delete_job(name)
