@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 from browsertest import launch, require_browser
-from jobtest.local import delete_all_jobs, processes_under
 from jobtest.tiers import starts
 
-from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.client.backend import LocalBackend
 
 REPO = Path(__file__).resolve().parents[2]
 _saved: list[Path] = []
@@ -32,12 +31,9 @@ def artifacts_dir() -> Path:
 
 
 @pytest.fixture
-@starts("procs")
-def backend(trainjob_home: Path) -> Iterator[LocalBackend]:
-    backend = LocalBackend(LocalProcessBackendConfig(home=trainjob_home))
-    yield backend
-    delete_all_jobs(backend)
-    assert processes_under(trainjob_home) == []
+def backend(local_jobs: LocalBackend) -> LocalBackend:
+    """The local backend of tests/conftest.py's ``local_jobs``: no job or process outlives the test."""
+    return local_jobs
 
 
 @pytest.fixture

@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from jobtest.local import delete_all_jobs, elastic_runtime, processes_under
-from jobtest.tiers import starts
+from jobtest.local import elastic_runtime
 
-from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.client.backend import LocalBackend
 
 
 @pytest.fixture
-@starts("procs")
-def backend(trainjob_home: Path) -> Iterator[LocalBackend]:
-    backend = LocalBackend(LocalProcessBackendConfig(home=trainjob_home))
-    yield backend
-    delete_all_jobs(backend)
-    assert processes_under(trainjob_home) == []
+def backend(local_jobs: LocalBackend) -> LocalBackend:
+    """The local backend of tests/conftest.py's ``local_jobs``: no job or process outlives the test."""
+    return local_jobs
 
 
 @pytest.fixture
