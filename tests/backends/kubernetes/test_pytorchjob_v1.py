@@ -92,10 +92,16 @@ def test_seed_manifest_succeeds_and_reads_like_kubectl_get(k8s: TrainJobCluster,
 def test_pods_are_found_by_job_name_and_worker_0_logs_its_rank(k8s: TrainJobCluster,
                                                                 seed_job: tuple[str, dict[str, Any]]) -> None:
     namespace, _ = seed_job
-    listed = k8s.kubectl("get", "-n", namespace, "pods", "-l", "training.kubeflow.org/job-name=my-training").stdout
-    rows = [line.split() for line in listed.strip().splitlines()[1:]]
+
+    def listing() -> tuple[str, list[list[str]]]:
+        listed = k8s.kubectl("get", "-n", namespace, "pods", "-l", "training.kubeflow.org/job-name=my-training").stdout
+        return listed, [line.split() for line in listed.strip().splitlines()[1:]]
+
+    listed, rows = listing()
     assert sorted(row[0] for row in rows) == ["my-training-master-0", "my-training-worker-0", "my-training-worker-1"]
-    assert {row[2] for row in rows} == {"Completed"}, listed  # kubectl's STATUS of a pod that succeeded
+    # v1 ends the job when the master succeeds; a worker may still be exiting then, so wait for every pod's end
+    wait_for(lambda: {row[2] for row in listing()[1]} == {"Completed"}, timeout=60,
+             every=0.5, what="every pod of my-training to show kubectl's Completed")
     log = k8s.kubectl("logs", "-n", namespace, "-f", "my-training-worker-0").stdout  # follows to the end
     assert "rank 1/3" in log, log
     services = {s.metadata.name for s in k8s.api.core.list_namespaced_service(namespace).items}
