@@ -33,7 +33,7 @@ class StandInApi:
             return runtime.to_dict() if runtime is not None else None
         return self.jobs.get(name) if ref.kind == "TrainJob" else None
 
-    def list(self, ref: Any, namespace: str | None = None) -> list[dict[str, Any]]:
+    def list(self, ref: Any, namespace: str | None = None, label_selector: str | None = None) -> list[dict[str, Any]]:
         self.calls.append(f"list {ref.kind}")
         if ref.kind == "ClusterTrainingRuntime":
             return [runtime.to_dict() for runtime in builtin_runtimes().values()]

@@ -67,6 +67,9 @@ class FakeApi:
     def get(self, ref: Any, namespace: str, name: str) -> dict[str, Any] | None:
         return self.job if name == "grid" else None
 
+    def list(self, ref: Any, namespace: str | None = None, label_selector: str | None = None) -> list[dict[str, Any]]:
+        return []  # no JobSet yet: what the view knows comes from the job and its pods
+
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self.pods
 

@@ -40,16 +40,17 @@ def events(k8s: TrainJobCluster, namespace: str, name: str) -> list[tuple[str, s
     return [(e["type"], e["reason"]) for e in k8s.api.list_events(namespace, name)]
 
 
-def test_the_resolved_launch_values_are_recorded_on_the_job(k8s: TrainJobCluster, namespace: str) -> None:
-    """``numProcPerNode: auto`` with 4 CPUs per node resolves to 4; the operator records that, once, in the
-    ``trainjob/launch`` annotation, which ``trainjob get`` and ``logs --rank`` read instead of resolving again."""
+def test_the_resolved_launch_values_are_recorded_on_the_jobset(k8s: TrainJobCluster, namespace: str) -> None:
+    """``numProcPerNode: auto`` with 4 CPUs per node resolves to 4; the operator records that in the JobSet's
+    ``trainjob/launch`` annotation (in the create: no request of its own), which ``trainjob get`` and
+    ``logs --rank`` read instead of resolving again."""
     trainer = {"numNodes": 2, "numProcPerNode": "auto", "command": ["torchrun", "train.py"],
                "resourcesPerNode": {"requests": {"cpu": "4"}}}
     k8s.create_job("auto", namespace, suspend=True, trainer=trainer)
-    wait_for(lambda: k8s.jobset("auto", namespace), 30, "the JobSet")
-    annotations = wait_for(lambda: (k8s.job("auto", namespace)["metadata"].get("annotations") or {}).get(
-        LAUNCH_ANNOTATION), 30, "the launch annotation")
-    assert json.loads(annotations) == {"numNodes": 2, "numProcPerNode": 4, "masterPort": 29500}
+    jobset = wait_for(lambda: k8s.jobset("auto", namespace), 30, "the JobSet")
+    assert json.loads(jobset["metadata"]["annotations"][LAUNCH_ANNOTATION]) == {
+        "numNodes": 2, "numProcPerNode": 4, "masterPort": 29500}
+    assert LAUNCH_ANNOTATION not in (k8s.job("auto", namespace)["metadata"].get("annotations") or {})
     shown = k8s.trainjob("get", "auto", "-n", namespace, f"--kubeconfig={k8s.kubeconfig}", "--backend=kubernetes")
     assert "2x4" in shown.stdout.replace(" ", ""), shown.stdout
 
@@ -93,7 +94,7 @@ def test_editing_the_runtime_does_not_change_a_started_job(k8s: TrainJobCluster,
         k8s.api.patch(CLUSTER_TRAINING_RUNTIMES, None, "torch-distributed", {"spec": runtime["spec"]})
     assert trainer_container(rebuilt)["image"] == trainer_container(first)["image"] == original
     assert ("Warning", "JobSetRecreated") in events(k8s, namespace, "pinned")
-    assert RUNTIME_SNAPSHOT_ANNOTATION in k8s.job("pinned", namespace)["metadata"]["annotations"]
+    assert RUNTIME_SNAPSHOT_ANNOTATION in rebuilt["metadata"]["annotations"]  # carried over from the deleted one
     k8s.api.delete(TRAINJOBS, namespace, "pinned")
 
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from kubetest.memory_api import MemoryApi, Request
+from kubetest.memory_api import MemoryApi, Request, SyncedWatchCache
 
+from trainjob.backends.kubernetes.cache import ObjectCache
 from trainjob.backends.kubernetes.kubeapi import ApiError, KubeApi
 from trainjob.backends.kubernetes.manifests import builtin_runtimes
 from trainjob.backends.kubernetes.progress import RESIZE_ANNOTATION
@@ -198,14 +199,13 @@ def delete(resource: str, where: str = f"{NS}/{NAME}") -> Request:
     return ("delete", resource, where)
 
 
-GET_JOB, GET_JOBSET = get("trainjobs"), get("jobsets")
-GET_RUNTIME = get("clustertrainingruntimes", "torch-distributed")
 PATCH_JOB, PATCH_STATUS = patch("trainjobs"), patch("trainjobs/status")
 EVENT = create("events")
 LIST_PODS = ("list", "pods", NS)
-#: What a pass over a new job asks: the job, its runtime, the snapshot written, no JobSet yet, the JobSet created,
-#: the launch values written, the JobSetCreated event.
-CREATE_REQUESTS = [GET_JOB, GET_RUNTIME, PATCH_JOB, GET_JOBSET, create("jobsets"), PATCH_JOB, EVENT]
+#: What a pass over a new job asks of the API server: the JobSet created (with the signed runtime snapshot and the
+#: launch values among its annotations) and the JobSetCreated event. The job, its runtime and the absent JobSet
+#: come from the watch cache (here one that every watch event has reached: SyncedWatchCache).
+CREATE_REQUESTS = [create("jobsets"), EVENT]
 
 
 def log_of(node: int) -> Request:
@@ -264,7 +264,7 @@ def reconcile(case: Case) -> tuple[Outcome, World]:
     for runtime in [*builtin_runtimes(), *case.runtimes]:
         api.seed(runtime)
     api.seed(case.job)
-    world = World(api, Reconciler(api, SIGNER, clock=clock), clock)
+    world = World(api, Reconciler(api, SIGNER, clock=clock, cache=SyncedWatchCache(api)), clock)
     for step in case.before:
         step(world)
     clock.now = max(clock.now, START + case.later)
@@ -279,14 +279,19 @@ def reconcile(case: Case) -> tuple[Outcome, World]:
 # -- checks beyond the table's columns ----------------------------------------------------------------------------
 
 
-def the_snapshot_is_the_runtime_signed(runtime: str, kind: str = "ClusterTrainingRuntime") -> Callable[[World], None]:
+def the_snapshot_is_the_runtime_signed(runtime: str, kind: str = "ClusterTrainingRuntime",
+                                       on: str = "JobSet") -> Callable[[World], None]:
+    """The snapshot signed for the job, on its JobSet (where the create carried it) or on the TrainJob."""
+
     def check(world: World) -> None:
         job = world.api.stored(TRAINJOBS, NS, NAME)
         assert job is not None
+        carrier = world.api.stored(JOBSETS, NS, NAME) if on == "JobSet" else job
+        assert carrier is not None
         ref = CLUSTER_TRAINING_RUNTIMES if kind == "ClusterTrainingRuntime" else TRAINING_RUNTIMES
         source = world.api.stored(ref, None if kind == "ClusterTrainingRuntime" else NS, runtime)
         assert source is not None
-        assert SIGNER.verified(job) == {
+        assert SIGNER.verified(job, carrier) == {
             "kind": kind, "name": runtime, "resourceVersion": source["metadata"]["resourceVersion"],
             "labels": source["metadata"].get("labels") or {}, "spec": source["spec"],
         }
@@ -307,7 +312,7 @@ def created_jobset_owned_by_the_job(world: World) -> None:
     assert node["parallelism"] == 2
     env = {e["name"]: e.get("value") for e in node["template"]["spec"]["containers"][0]["env"]}
     assert (env["PET_NNODES"], env["PET_NPROC_PER_NODE"]) == ("2", "1")
-    assert json.loads(job["metadata"]["annotations"][LAUNCH_ANNOTATION]) == {
+    assert json.loads(jobset["metadata"]["annotations"][LAUNCH_ANNOTATION]) == {
         "numNodes": 2, "numProcPerNode": 1, "masterPort": 29500,
     }
     the_snapshot_is_the_runtime_signed("torch-distributed")(world)
@@ -353,6 +358,30 @@ def the_job_and_what_it_owns_are_gone(world: World) -> None:
 def the_last_resize_is_remembered(world: World) -> None:
     job = world.api.stored(TRAINJOBS, NS, NAME)
     assert job is not None and job["metadata"]["annotations"][RESIZE_ANNOTATION] == "2027-01-15T08:01:10Z"
+
+
+#: A snapshot a user wrote: the runtime's name, a pod template of their own (host PID namespace, their image).
+FORGED = {"kind": "ClusterTrainingRuntime", "name": "torch-distributed",
+          "spec": {"template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
+              "spec": {"hostPID": True, "containers": [{"name": "node", "image": "mine"}]}}}}}]}}}}
+
+
+def the_runtime_is_edited(world: World) -> None:
+    """The platform team changes the runtime's image after the job started."""
+    runtime = world.api.objects[(CLUSTER_TRAINING_RUNTIMES.group, CLUSTER_TRAINING_RUNTIMES.plural, "",
+                                 "torch-distributed")]
+    for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        for container in rj["template"]["spec"]["template"]["spec"]["containers"]:
+            container["image"] = "edited-later"
+
+
+def the_jobset_runs_the_runtimes_pods(world: World) -> None:
+    """The JobSet's pods are the runtime's as it was when the job started: no forged or later template."""
+    jobset = world.api.stored(JOBSETS, NS, NAME)
+    assert jobset is not None
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert "hostPID" not in pod
+    assert {c["image"] for c in pod["containers"]} - {"mine", "edited-later"} == {c["image"] for c in pod["containers"]}
 
 
 def a_new_jobset_was_created(world: World) -> None:
@@ -437,8 +466,7 @@ CASES = [
     Case(
         "create-with-gang-scheduling-creates-the-podgroup-first",
         trainjob("torch-distributed-volcano"),
-        requests=[GET_JOB, get("clustertrainingruntimes", "torch-distributed-volcano"), PATCH_JOB, GET_JOBSET,
-                  create("podgroups"), create("jobsets"), PATCH_JOB, EVENT],
+        requests=[create("podgroups"), create("jobsets"), EVENT],
         events=[("Normal", "JobSetCreated", "created JobSet mnist")],
         again_in=10.0,
         then=all_of(created_a_volcano_podgroup_for_both_nodes,
@@ -459,8 +487,7 @@ CASES = [
         "create-fails-when-the-podgroup-crd-is-not-installed",
         trainjob("torch-distributed-volcano"),
         served=[JOBSETS, COSCHEDULING_PODGROUPS],
-        requests=[GET_JOB, get("clustertrainingruntimes", "torch-distributed-volcano"), PATCH_JOB, GET_JOBSET,
-                  create("podgroups"), PATCH_STATUS, EVENT],
+        requests=[create("podgroups"), PATCH_STATUS, EVENT],
         status={"conditions": [cond("Failed", "True", "CRDNotInstalled",
                                     "the cluster does not serve PodGroup (scheduling.volcano.sh/v1beta1): install "
                                     "Volcano, or use a runtime without podGroupPolicy.volcano, then create the "
@@ -476,7 +503,7 @@ CASES = [
         trainjob(),
         before=[first_pass],
         later=5,
-        requests=[GET_JOB, GET_JOBSET],
+        requests=[],
         again_in=10.0,
     ),
     Case(
@@ -485,7 +512,7 @@ CASES = [
         before=[first_pass, RUNNING_JOBSET, pod_runs(0, "Running", PROGRESS_LOG), pod_runs(1, "Running"), at(60),
                 another_pass],
         later=70,
-        requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(0)],
+        requests=[LIST_PODS, log_of(0)],
         status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"], "trainerStatus": PROGRESS},
         again_in=10.0,
     ),
@@ -495,7 +522,7 @@ CASES = [
         trainjob(),
         before=[first_pass, RUNNING_JOBSET, pod_runs(0, "Running", PROGRESS_LOG), pod_runs(1, "Running")],
         later=60,
-        requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(0), PATCH_STATUS],
+        requests=[LIST_PODS, log_of(0), PATCH_STATUS],
         status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"], "trainerStatus": PROGRESS},
         again_in=10.0,
     ),
@@ -506,7 +533,7 @@ CASES = [
                 lambda world: world.api.patch_status(TRAINJOBS, NS, NAME, {"conditions": [
                     cond("Running", "True", "AllTrainerPodsRunning", "all 2 trainer pods run", at=5)]})],
         later=60,
-        requests=[GET_JOB, GET_JOBSET, LIST_PODS, PATCH_STATUS],
+        requests=[LIST_PODS, PATCH_STATUS],
         status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"]},
         again_in=10.0,
     ),
@@ -517,7 +544,7 @@ CASES = [
                 pod_runs(1, "Failed", terminated={"exitCode": 137, "finishedAt": "2027-01-15T08:00:50Z",
                                                   "reason": "OOMKilled"})],
         later=60,
-        requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(1), EVENT, PATCH_JOB, LIST_PODS, PATCH_STATUS],
+        requests=[LIST_PODS, log_of(1), EVENT, PATCH_JOB, LIST_PODS, PATCH_STATUS],
         status={"jobsStatus": trainer_jobs(active=1)["replicatedJobsStatus"]},
         events=[("Warning", "Restarting", "attempt 2 of 4: node-1: exited with code 137")],
         again_in=10.0,
@@ -529,7 +556,7 @@ CASES = [
         before=[first_pass, jobset_reports(**trainer_jobs(active=1)), pod_runs(0, "Pending"),
                 pod_runs(1, "Running")],
         later=60,
-        requests=[GET_JOB, GET_JOBSET, LIST_PODS, PATCH_STATUS],
+        requests=[LIST_PODS, PATCH_STATUS],
         status={"jobsStatus": trainer_jobs(active=1)["replicatedJobsStatus"]},
         again_in=10.0,
     ),
@@ -539,7 +566,7 @@ CASES = [
         before=[first_pass, RUNNING_JOBSET, pod_runs(0, "Running", PROGRESS_LOG), at(60), another_pass,
                 COMPLETED_JOBSET, pod_runs(0, "Succeeded", PROGRESS_LOG)],
         later=100,
-        requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(0), PATCH_STATUS],
+        requests=[LIST_PODS, log_of(0), PATCH_STATUS],
         status={"jobsStatus": trainer_jobs(succeeded=1)["replicatedJobsStatus"],
                 "conditions": [cond("Complete", "True", "AllJobsCompleted", "jobset completed successfully", at=100)],
                 "trainerStatus": PROGRESS},
@@ -554,7 +581,7 @@ CASES = [
                 pod_runs(1, "Failed", terminated={"exitCode": 1, "finishedAt": "2027-01-15T08:01:20Z",
                                                   "message": TRACEBACK})],
         later=100,
-        requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(0), LIST_PODS, log_of(0), PATCH_STATUS],
+        requests=[LIST_PODS, log_of(0), LIST_PODS, log_of(0), PATCH_STATUS],
         status={"jobsStatus": trainer_jobs(failed=1)["replicatedJobsStatus"],
                 "conditions": [cond("Failed", "True", "FailedJobs",
                                     "node-1: ValueError: lr must be positive (jobset failed due to job)", at=100)],
@@ -568,7 +595,7 @@ CASES = [
         trainjob(),
         before=[first_pass, user_patches({"spec": {"suspend": True}})],
         later=30,
-        requests=[GET_JOB, GET_JOBSET, patch("jobsets"), PATCH_STATUS],
+        requests=[patch("jobsets"), PATCH_STATUS],
         status={"conditions": [cond("Suspended", "True", "Suspended", "TrainJob is suspended", at=30)]},
         then=jobset_suspend_is(True),
     ),
@@ -577,7 +604,7 @@ CASES = [
         trainjob(suspend=True),
         before=[first_pass, user_patches({"spec": {"suspend": False}})],
         later=30,
-        requests=[GET_JOB, GET_JOBSET, patch("jobsets"), PATCH_STATUS],
+        requests=[patch("jobsets"), PATCH_STATUS],
         status={},
         again_in=10.0,
         then=jobset_suspend_is(False),
@@ -588,7 +615,7 @@ CASES = [
         trainjob(activeDeadlineSeconds=60),
         before=[first_pass],
         later=55,
-        requests=[GET_JOB, GET_JOBSET],
+        requests=[],
         again_in=5.0,
     ),
     Case(
@@ -596,7 +623,7 @@ CASES = [
         trainjob(activeDeadlineSeconds=60, suspend=True),
         before=RESUMED_AT_100_JOBSET_AT_105,
         later=160,
-        requests=[GET_JOB, GET_JOBSET],
+        requests=[],
         status={},
         again_in=5.0,
     ),
@@ -606,7 +633,7 @@ CASES = [
         before=[first_pass, at(10), jobset_reports(conditions=[JOBSET_SUSPENDED]), at(100),
                 user_patches({"spec": {"suspend": False}}), another_pass],
         later=130,
-        requests=[GET_JOB, GET_JOBSET],
+        requests=[],
         status={},
         again_in=10.0,
     ),
@@ -615,7 +642,7 @@ CASES = [
         trainjob(activeDeadlineSeconds=60, suspend=True),
         before=RESUMED_AT_100_JOBSET_AT_105,
         later=166,
-        requests=[GET_JOB, GET_JOBSET, delete("jobsets"), delete("podgroups"), delete("podgroups"), PATCH_STATUS,
+        requests=[delete("jobsets"), delete("podgroups"), delete("podgroups"), PATCH_STATUS,
                   EVENT],
         status={"conditions": [cond("Failed", "True", "DeadlineExceeded", DEADLINE_MESSAGE, at=166)]},
         events=[("Warning", "DeadlineExceeded", DEADLINE_MESSAGE)],
@@ -626,7 +653,7 @@ CASES = [
         trainjob(activeDeadlineSeconds=60),
         before=[first_pass, RUNNING_JOBSET, pod_runs(0, "Running"), pod_runs(1, "Running"), at(30), another_pass],
         later=61,
-        requests=[GET_JOB, GET_JOBSET, delete("jobsets"), delete("podgroups"), delete("podgroups"), PATCH_STATUS,
+        requests=[delete("jobsets"), delete("podgroups"), delete("podgroups"), PATCH_STATUS,
                   EVENT],
         status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"],
                 "conditions": [cond("Failed", "True", "DeadlineExceeded", DEADLINE_MESSAGE, at=61)]},
@@ -637,7 +664,7 @@ CASES = [
     Case(
         "an-unknown-runtime-fails-naming-the-known-ones",
         trainjob("torch-distribute"),
-        requests=[GET_JOB, get("clustertrainingruntimes", "torch-distribute"), ("list", "clustertrainingruntimes", ""),
+        requests=[get("clustertrainingruntimes", "torch-distribute"), ("list", "clustertrainingruntimes", ""),
                   PATCH_STATUS, EVENT],
         status={"conditions": [cond("Failed", "True", "RuntimeNotFound",
                                     "spec.runtimeRef.name: ClusterTrainingRuntime 'torch-distribute' not found; "
@@ -652,7 +679,7 @@ CASES = [
     Case(
         "a-runtime-of-another-api-group-fails-without-reading-it",
         trainjob(runtimeRef={"name": "x", "apiGroup": "example.com", "kind": "Runtime"}),
-        requests=[GET_JOB, PATCH_STATUS, EVENT],
+        requests=[PATCH_STATUS, EVENT],
         status={"conditions": [cond("Failed", "True", "InvalidRuntimeRef",
                                     "spec.runtimeRef: must reference a trainer.kubeflow.org ClusterTrainingRuntime or "
                                     "TrainingRuntime, got apiGroup='example.com' kind='Runtime'")]},
@@ -663,7 +690,7 @@ CASES = [
     Case(
         "an-invalid-spec-fails-naming-the-field",
         trainjob(trainer={"numNodes": 2, "numProcPerNode": "gpu", "command": ["torchrun", "train.py"]}),
-        requests=[GET_JOB, GET_RUNTIME, PATCH_JOB, GET_JOBSET, PATCH_STATUS, EVENT],
+        requests=[PATCH_STATUS, EVENT],
         status={"conditions": [cond("Failed", "True", "InvalidTrainJob", INVALID_NUM_PROC)]},
         events=[("Warning", "InvalidTrainJob", INVALID_NUM_PROC)],
         then=no_jobset,
@@ -672,7 +699,7 @@ CASES = [
         "a-jobset-the-job-did-not-create-is-not-adopted",
         trainjob(),
         before=[someone_creates_a_jobset_of_that_name],
-        requests=[GET_JOB, GET_RUNTIME, PATCH_JOB, GET_JOBSET, PATCH_STATUS, EVENT],
+        requests=[PATCH_STATUS, EVENT],
         status={"conditions": [cond("Failed", "True", "JobSetConflict",
                                     "a JobSet 'mnist' that this TrainJob did not create exists in namespace 'ml'; "
                                     "delete it or give the TrainJob another name")]},
@@ -685,17 +712,40 @@ CASES = [
     Case(
         "a-snapshot-the-operator-did-not-sign-is-replaced-with-a-warning",
         trainjob(),
-        before=[first_pass, user_patches({"metadata": {"annotations": {RUNTIME_SNAPSHOT_ANNOTATION: json.dumps(
-            {"kind": "ClusterTrainingRuntime", "name": "torch-distributed",
-             "spec": {"template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
-                 "spec": {"hostPID": True, "containers": [{"name": "node", "image": "mine"}]}}}}}]}}}})}}})],
-        later=5,
-        requests=[GET_JOB, GET_RUNTIME, PATCH_JOB, EVENT, GET_JOBSET],
+        before=[user_patches({"metadata": {"annotations": {RUNTIME_SNAPSHOT_ANNOTATION: json.dumps(FORGED)}}})],
+        requests=[PATCH_JOB, EVENT, create("jobsets"), EVENT],
         events=[("Warning", "RuntimeSnapshotReplaced",
                  "the runtime-snapshot annotation was not written by the operator (it is signed) and was replaced by "
-                 "a snapshot of ClusterTrainingRuntime 'torch-distributed'")],
+                 "a snapshot of ClusterTrainingRuntime 'torch-distributed'"),
+                ("Normal", "JobSetCreated", "created JobSet mnist")],
+        again_in=10.0,
+        then=all_of(the_snapshot_is_the_runtime_signed("torch-distributed"),
+                    the_snapshot_is_the_runtime_signed("torch-distributed", on="TrainJob"),
+                    the_jobset_runs_the_runtimes_pods),
+    ),
+    Case(
+        "a-snapshot-written-once-the-jobset-exists-changes-nothing",
+        trainjob(),
+        before=[first_pass, user_patches({"metadata": {"annotations": {RUNTIME_SNAPSHOT_ANNOTATION: json.dumps(
+            FORGED)}}})],
+        later=5,
+        requests=[],
         again_in=10.0,
         then=the_snapshot_is_the_runtime_signed("torch-distributed"),
+    ),
+    Case(
+        "a-jobset-deleted-after-the-runtime-changed-is-built-from-the-snapshot",
+        trainjob(),
+        before=[first_pass, RUNNING_JOBSET, at(60), another_pass, the_runtime_is_edited, someone_deletes_the_jobset],
+        later=90,
+        requests=[EVENT, create("jobsets"), EVENT],
+        status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"]},
+        events=[("Warning", "JobSetRecreated",
+                 "JobSet 'mnist' was deleted by someone else; creating it again (training restarts, from its last "
+                 "checkpoint when the script keeps one)"),
+                ("Normal", "JobSetCreated", "created JobSet mnist")],
+        again_in=10.0,
+        then=the_jobset_runs_the_runtimes_pods,
     ),
     # -- elastic jobs --
     Case(
@@ -706,7 +756,7 @@ CASES = [
         before=[first_pass, jobset_reports(**trainer_jobs(ready=1, active=1)), pod_runs(0, "Running", RESIZE_LOG),
                 pod_runs(1, "Running", RESIZE_LOG), pod_runs(2, "Failed")],
         later=90,
-        requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(0), log_of(1), EVENT, PATCH_JOB, PATCH_STATUS],
+        requests=[LIST_PODS, log_of(0), log_of(1), EVENT, PATCH_JOB, PATCH_STATUS],
         any_order=True,  # which running pod's log is read first does not matter
         status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"],
                 "trainerStatus": {"progressPercentage": 40, "estimatedRemainingSeconds": 300,
@@ -724,7 +774,7 @@ CASES = [
         before=[first_pass, jobset_reports(**trainer_jobs(ready=1, active=1)), pod_runs(0, "Running", RESIZE_LOG),
                 pod_runs(1, "Running", RESIZE_LOG), at(90), another_pass],
         later=100,
-        requests=[GET_JOB, GET_JOBSET, LIST_PODS, log_of(0), log_of(1)],
+        requests=[LIST_PODS, log_of(0), log_of(1)],
         status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"],
                 "trainerStatus": {"progressPercentage": 40, "estimatedRemainingSeconds": 300,
                                   "metrics": [{"name": "loss", "value": "1"}],
@@ -738,7 +788,7 @@ CASES = [
         trainjob(annotations={TTL_ANNOTATION: "60"}),
         before=[first_pass, COMPLETED_JOBSET, pod_runs(0, "Succeeded"), at(10), another_pass],
         later=71,
-        requests=[GET_JOB, delete("trainjobs")],
+        requests=[delete("trainjobs")],
         status=None,
         then=the_job_and_what_it_owns_are_gone,
     ),
@@ -747,7 +797,7 @@ CASES = [
         trainjob(annotations={TTL_ANNOTATION: "60"}),
         before=[first_pass, COMPLETED_JOBSET, at(10), another_pass],
         later=40,
-        requests=[GET_JOB],
+        requests=[],
         status={"jobsStatus": trainer_jobs(succeeded=1)["replicatedJobsStatus"],
                 "conditions": [cond("Complete", "True", "AllJobsCompleted", "jobset completed successfully", at=10)]},
         again_in=30.0,
@@ -757,7 +807,7 @@ CASES = [
         trainjob(annotations={TTL_ANNOTATION: "60"}),
         before=[first_pass, COMPLETED_JOBSET],
         later=10,
-        requests=[GET_JOB, GET_JOBSET, LIST_PODS, PATCH_STATUS],
+        requests=[LIST_PODS, PATCH_STATUS],
         status={"jobsStatus": trainer_jobs(succeeded=1)["replicatedJobsStatus"],
                 "conditions": [cond("Complete", "True", "AllJobsCompleted", "jobset completed successfully", at=10)]},
         again_in=60.0,
@@ -768,7 +818,7 @@ CASES = [
         trainjob(),
         before=[first_pass, RUNNING_JOBSET, at(60), another_pass, someone_deletes_the_jobset],
         later=90,
-        requests=[GET_JOB, GET_JOBSET, EVENT, create("jobsets"), EVENT],
+        requests=[EVENT, create("jobsets"), EVENT],
         status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"]},
         events=[("Warning", "JobSetRecreated",
                  "JobSet 'mnist' was deleted by someone else; creating it again (training restarts, from its last "
@@ -780,21 +830,21 @@ CASES = [
     Case(
         "a-job-managed-by-another-controller-is-left-alone",
         trainjob(managedBy="kueue.x-k8s.io/multikueue"),
-        requests=[GET_JOB],
+        requests=[],
         then=no_jobset,
     ),
     Case(
         "a-job-being-deleted-is-left-alone",
         trainjob(),
         before=[being_deleted],
-        requests=[GET_JOB],
+        requests=[],
         then=no_jobset,
     ),
     Case(
         "a-job-that-is-gone-is-left-alone",
         trainjob(),
         before=[lambda world: world.api.objects.clear()],
-        requests=[GET_JOB],
+        requests=[],
     ),
 ]
 
@@ -869,3 +919,31 @@ def test_a_refused_delete_at_the_deadline_is_retried_and_the_job_fails_only_once
     job = api.stored(TRAINJOBS, NS, NAME)
     assert job is not None
     assert [c["reason"] for c in job["status"]["conditions"] if c["type"] == "Failed"] == ["DeadlineExceeded"]
+
+
+def test_a_cache_behind_the_api_server_creates_nothing_twice() -> None:
+    """The watch has delivered the job but not yet the JobSet an earlier pass created: the create answers 409, the
+    pass reads that one JobSet and goes on; no second JobSet, no second JobSetCreated event."""
+    clock = Clock(START)
+    api = MemoryApi(clock)
+    for runtime in builtin_runtimes():
+        api.seed(runtime)
+    api.seed(trainjob())
+    Reconciler(api, SIGNER, clock=clock, cache=SyncedWatchCache(api)).reconcile(NS, NAME)
+    lagging = ObjectCache()
+    for ref, namespace in ((TRAINJOBS, NS), (CLUSTER_TRAINING_RUNTIMES, None)):
+        for obj in api.list(ref, namespace):
+            lagging.observe(ref, obj)
+    api.requests.clear()
+    api.events.clear()
+    assert Reconciler(api, SIGNER, clock=clock, cache=lagging).reconcile(NS, NAME) == 10.0
+    assert api.requests == [create("jobsets"), get("jobsets")]
+    assert api.events == []
+    assert lagging.get(JOBSETS, NS, NAME) == api.stored(JOBSETS, NS, NAME)  # what the read found is cached
+
+
+def test_a_job_the_cache_has_not_seen_is_left_for_its_own_event() -> None:
+    api = MemoryApi(Clock(START))
+    api.seed(trainjob())
+    assert Reconciler(api, SIGNER, cache=ObjectCache()).reconcile(NS, NAME) is None
+    assert api.requests == []

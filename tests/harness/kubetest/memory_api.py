@@ -28,6 +28,7 @@ import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from trainjob.backends.kubernetes.cache import ObjectCache
 from trainjob.backends.kubernetes.kubeapi import ApiError, KubeApi
 from trainjob.backends.kubernetes.resources import (
     CRDS,
@@ -84,6 +85,8 @@ class MemoryApi(KubeApi):
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.logs: dict[tuple[str, str, str], str] = {}  # (namespace, pod, container) -> lines with timestamps
         self.events: list[dict[str, Any]] = []
+        #: Objects as they were when deleted (what a watch's DELETED event carries), by key.
+        self.deleted: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         self._ids = itertools.count(1)
 
     # -- for tests: the cluster's state, set and read without recording a request -------------------------------
@@ -164,9 +167,11 @@ class MemoryApi(KubeApi):
         self._record("patch", ref.plural, _where(ref, namespace, name))
         return self._merge(ref, namespace, name, {k: v for k, v in patch.items() if k != "status"})
 
-    def patch_status(self, ref: ResourceRef, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def patch_status(
+        self, ref: ResourceRef, namespace: str, name: str, status: dict[str, Any]
+    ) -> dict[str, Any] | None:
         self._record("patch", f"{ref.plural}/status", _where(ref, namespace, name))
-        self._merge(ref, namespace, name, {"status": status})
+        return self._merge(ref, namespace, name, {"status": status})
 
     def delete(
         self, ref: ResourceRef, namespace: str | None, name: str, propagation: str = "Foreground",
@@ -175,9 +180,11 @@ class MemoryApi(KubeApi):
         self._record("delete", ref.plural, _where(ref, namespace, name))
         if ref == PODS:
             return self.pods.pop((namespace or "", name), None) is not None
-        gone = self.objects.pop(self._key(ref, namespace, name), None)
+        key = self._key(ref, namespace, name)
+        gone = self.objects.pop(key, None)
         if gone is None:
             return False
+        self.deleted[key] = gone
         self._collect_garbage(gone["metadata"]["uid"])
         return True
 
@@ -274,7 +281,7 @@ class MemoryApi(KubeApi):
             return any(r.get("uid") == owner_uid for r in obj["metadata"].get("ownerReferences") or [])
 
         for key in [k for k, obj in self.objects.items() if owned(obj)]:
-            child = self.objects.pop(key)
+            child = self.deleted[key] = self.objects.pop(key)
             self._collect_garbage(child["metadata"]["uid"])
         for pod_key in [k for k, pod in self.pods.items() if owned(pod)]:
             del self.pods[pod_key]
@@ -299,3 +306,28 @@ def _where(ref: ResourceRef, namespace: str | None, name: str) -> str:
 
 def _timestamp(now: float) -> str:
     return datetime.datetime.fromtimestamp(now, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class SyncedWatchCache(ObjectCache):
+    """The operator's watch cache as if every watch event had already arrived: it reads the :class:`MemoryApi`'s
+    store without recording a request, and remembers the objects deleted through it::
+
+        api = MemoryApi(clock)
+        Reconciler(api, signer, cache=SyncedWatchCache(api)).reconcile("ml", "mnist")   # no GETs recorded
+    """
+
+    def __init__(self, api: MemoryApi) -> None:
+        super().__init__()
+        self.api = api
+
+    def get(self, ref: ResourceRef, namespace: str | None, name: str) -> dict[str, Any] | None:
+        return self.api.stored(ref, namespace, name) if self.serves(ref) else None
+
+    def store(self, ref: ResourceRef, obj: dict[str, Any] | None) -> None:
+        """Nothing to do: the store is the truth."""
+
+    def last_deleted(self, ref: ResourceRef, namespace: str | None, name: str) -> dict[str, Any] | None:
+        if self.api.stored(ref, namespace, name) is not None:
+            return None
+        return copy.deepcopy(self.api.deleted.get(self.api._key(ref, namespace, name)))
+

@@ -28,12 +28,14 @@ from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_ap
 from trainjob.backends.kubernetes.kubeapi import KubeApi
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
+    JOB_NAME_LABEL,
+    JOBSETS,
     RUNTIME_KINDS,
     TRAINING_RUNTIMES,
     TRAINJOBS,
 )
 from trainjob.constants import LAUNCH_ANNOTATION, TRAINING_RUNTIME_KIND, TRAINJOB_NAME_LABEL
-from trainjob.errors import AlreadyExistsError, NotFoundError
+from trainjob.errors import AlreadyExistsError, NotFoundError, TrainJobError
 from trainjob.sdk import types
 
 if TYPE_CHECKING:
@@ -147,9 +149,9 @@ class KubernetesBackend(Backend):
     # -- reading ----------------------------------------------------------------------------------------------------
 
     def get_job(self, name: str) -> types.TrainJob:
-        return views.trainjob_view(
-            self._job(name), self.api.list_pods(self.namespace, f"{TRAINJOB_NAME_LABEL}={name}")
-        )
+        job = self._job(name)
+        pods = self.api.list_pods(self.namespace, f"{TRAINJOB_NAME_LABEL}={name}")
+        return views.trainjob_view(job, pods, self._jobsets(name).get(name))
 
     def list_jobs(self, runtime: types.Runtime | None = None) -> list[types.TrainJob]:
         jobs = self.api.list(TRAINJOBS, self.namespace)
@@ -157,10 +159,23 @@ class KubernetesBackend(Backend):
         by_job: dict[str, list[dict[str, Any]]] = {}
         for pod in pods:
             by_job.setdefault(pod["metadata"]["labels"][TRAINJOB_NAME_LABEL], []).append(pod)
-        views_ = [views.trainjob_view(j, by_job.get(j["metadata"]["name"], [])) for j in jobs]
+        jobsets = self._jobsets()
+        views_ = [views.trainjob_view(j, by_job.get(j["metadata"]["name"], []), jobsets.get(j["metadata"]["name"]))
+                  for j in jobs]
         if runtime is not None:
             views_ = [v for v in views_ if v.runtime_name == runtime.name]
         return sorted(views_, key=lambda v: v.creation_timestamp)
+
+    def _jobsets(self, name: str | None = None) -> dict[str, dict[str, Any]]:
+        """The jobs' JobSets by job name (where the operator records the runtime snapshot and launch values);
+        none when this user may not read JobSets (the view then comes from the job and its pods)."""
+        selector = f"{JOB_NAME_LABEL}={name}" if name else JOB_NAME_LABEL
+        try:
+            found = self.api.list(JOBSETS, self.namespace, label_selector=selector)
+        except TrainJobError:
+            return {}
+        return {js["metadata"]["name"]: js for js in found if (js["metadata"].get("labels") or {}).get(JOB_NAME_LABEL)
+                == js["metadata"]["name"]}
 
     def get_job_events(self, name: str) -> list[types.Event]:
         """Events of the TrainJob, its JobSet, Jobs and pods (all named after the job), oldest first."""

@@ -98,15 +98,19 @@ class KubeApi:
                 return None
             raise _backend_error(exc, f"patch {ref.kind} {name}") from exc
 
-    def patch_status(self, ref: ResourceRef, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge-patch ``status`` through the status subresource (a no-op when the object is gone)."""
+    def patch_status(
+        self, ref: ResourceRef, namespace: str, name: str, status: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Merge-patch ``status`` through the status subresource; the object as it now is, ``None`` when it is
+        gone."""
         try:
-            self.custom.patch_namespaced_custom_object_status(
+            return self.custom.patch_namespaced_custom_object_status(
                 ref.group, ref.version, namespace, ref.plural, name, {"status": status}
             )
         except Exception as exc:
             if _status(exc) != 404:
                 raise _backend_error(exc, f"update the status of {ref.kind} {name}") from exc
+            return None
 
     def delete(
         self, ref: ResourceRef, namespace: str | None, name: str, propagation: str = "Foreground",

@@ -32,6 +32,8 @@ from trainjob.constants import KUBEFLOW_TRAINER_VERSION
 
 NAMESPACE = "trainjob-system"
 NAME = "trainjob-operator"
+#: The ``coordination.k8s.io`` Lease the operator's replicas elect their leader on (in :data:`NAMESPACE`).
+LEASE_NAME = NAME
 DEFAULT_IMAGE = f"ghcr.io/trainjob/trainjob-operator:{__version__}"
 LIVENESS_PORT = 8080
 _LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "trainjob"}
@@ -48,23 +50,27 @@ def namespace() -> dict[str, Any]:
 
 def rbac() -> list[dict[str, Any]]:
     """A ServiceAccount, a ClusterRole with exactly what the operator calls (jobs live in every namespace), and a
-    Role in the operator's namespace for the one Secret that holds its snapshot-signing key."""
+    Role in the operator's namespace for the one Secret that holds its snapshot-signing key and the Lease its
+    replicas elect a leader on."""
     rules = [
         {
             "apiGroups": [TRAINER_GROUP],
             "resources": [TRAINJOBS.plural],
-            # delete: finished jobs past their trainjob/ttl-seconds-after-finished annotation
-            "verbs": ["get", "list", "watch", "patch", "delete"],
+            # read from the watch (list, watch), never one by one; delete: finished jobs past their
+            # trainjob/ttl-seconds-after-finished annotation
+            "verbs": ["list", "watch", "patch", "delete"],
         },
         {"apiGroups": [TRAINER_GROUP], "resources": [f"{TRAINJOBS.plural}/status"], "verbs": ["patch"]},
         {
             "apiGroups": [TRAINER_GROUP],
             "resources": [TRAINING_RUNTIMES.plural, CLUSTER_TRAINING_RUNTIMES.plural],
-            "verbs": ["get", "list"],
+            # watched; get: a runtime created a moment before its job, not yet delivered by the watch
+            "verbs": ["get", "list", "watch"],
         },
         {
             "apiGroups": [JOBSETS.group],
             "resources": [JOBSETS.plural],
+            # watched; get: a create that met a JobSet the watch had not delivered yet (409)
             "verbs": ["get", "list", "watch", "create", "patch", "delete"],
         },
         {
@@ -92,6 +98,10 @@ def rbac() -> list[dict[str, Any]]:
         # `create` cannot be limited to a name; the Role only covers the operator's own namespace.
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": [KEY_SECRET]},
+        # `trainjob operator --leader-elect`: the Lease the replicas elect their leader on
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update"],
+         "resourceNames": [LEASE_NAME]},
     ]
     meta = {"name": NAME, "labels": dict(_LABELS)}
     subjects = [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]

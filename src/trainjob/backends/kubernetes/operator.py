@@ -2,9 +2,10 @@
 (``kubeflow.org/v1``) and their pods feed :class:`~.pytorchjob.PyTorchJobReconciler` through a second queue, when
 their CRD is the one ``trainjob install`` put there (not the Training Operator's).
 
-Watch events only put the job's key into the queue; the reconciler reads the current state from the API server
-and converges it, so missed or repeated events do no harm, and a restarted operator picks every job up again from
-the initial listing. Failed passes are retried with backoff; jobs with a deadline are queued again for it::
+Watch events keep the operator's cache (:mod:`.cache`: TrainJobs, JobSets, runtimes) and put the job's key into
+the queue; the reconciler reads the current state from that cache and converges it, so missed or repeated events
+do no harm, a pass asks the API server only to write, and a restarted operator picks every job up again from the
+initial listing. Failed passes are retried with backoff; jobs with a deadline are queued again for it::
 
     from trainjob.backends.kubernetes import KubernetesBackendConfig
     from trainjob.backends.kubernetes.operator import run_operator
@@ -26,6 +27,7 @@ from typing import Any
 import kopf
 
 from trainjob import __version__
+from trainjob.backends.kubernetes.cache import ObjectCache
 from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_api_client
 from trainjob.backends.kubernetes.kubeapi import KubeApi
 from trainjob.backends.kubernetes.pytorchjob import (
@@ -36,9 +38,11 @@ from trainjob.backends.kubernetes.pytorchjob import (
 )
 from trainjob.backends.kubernetes.reconcile import Reconciler
 from trainjob.backends.kubernetes.resources import (
+    CLUSTER_TRAINING_RUNTIMES,
     JOB_NAME_LABEL,
     JOBSETS,
     PYTORCHJOBS,
+    TRAINING_RUNTIMES,
     TRAINJOBS,
 )
 from trainjob.backends.kubernetes.snapshot import SnapshotSigner, load_or_create_key
@@ -55,6 +59,7 @@ class OperatorState:
 
     api: KubeApi
     reconciler: Reconciler
+    cache: ObjectCache = field(default_factory=ObjectCache)
     queue: WorkQueue = field(default_factory=WorkQueue)
     workers: int = 4
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -94,13 +99,29 @@ async def stop_workers(memo: OperatorState, **_: Any) -> None:
     memo.tasks.clear()
 
 
-async def enqueue_trainjob(body: kopf.Body, memo: OperatorState, **_: Any) -> None:
-    """Any event about a TrainJob (including the initial listing after a restart) queues it."""
+def _cache(memo: OperatorState, ref: Any, event: dict[str, Any]) -> None:
+    obj = event.get("object")
+    if isinstance(obj, dict):
+        memo.cache.observe(ref, obj, deleted=event.get("type") == "DELETED")
+
+
+async def enqueue_trainjob(body: kopf.Body, event: dict[str, Any], memo: OperatorState, **_: Any) -> None:
+    """Any event about a TrainJob (including the initial listing after a restart) is cached and queues it."""
+    _cache(memo, TRAINJOBS, event)
     memo.queue.add((body.metadata.namespace, body.metadata.name))
 
 
-async def enqueue_jobset_owner(body: kopf.Body, memo: OperatorState, **_: Any) -> None:
-    """A JobSet changed (status from the JobSet controller, deletion): queue the TrainJob that owns it."""
+async def cache_cluster_runtime(event: dict[str, Any], memo: OperatorState, **_: Any) -> None:
+    _cache(memo, CLUSTER_TRAINING_RUNTIMES, event)
+
+
+async def cache_runtime(event: dict[str, Any], memo: OperatorState, **_: Any) -> None:
+    _cache(memo, TRAINING_RUNTIMES, event)
+
+
+async def enqueue_jobset_owner(body: kopf.Body, event: dict[str, Any], memo: OperatorState, **_: Any) -> None:
+    """A JobSet changed (status from the JobSet controller, deletion): cache it, queue the TrainJob that owns it."""
+    _cache(memo, JOBSETS, event)
     for ref in body.metadata.get("ownerReferences") or []:
         if ref.get("kind") == TRAINJOBS.kind and ref.get("apiVersion") == TRAINJOBS.api_version:
             memo.queue.add((body.metadata.namespace, ref["name"]))
@@ -167,6 +188,8 @@ def make_registry(pytorchjobs: bool = False) -> kopf.OperatorRegistry:
         labels={JOB_NAME_LABEL: kopf.PRESENT},
         registry=registry,
     )(enqueue_jobset_owner)
+    for runtime, handler in ((CLUSTER_TRAINING_RUNTIMES, cache_cluster_runtime), (TRAINING_RUNTIMES, cache_runtime)):
+        kopf.on.event(runtime.group, runtime.version, runtime.plural, registry=registry)(handler)
     if pytorchjobs:
         kopf.on.event(PYTORCHJOBS.group, PYTORCHJOBS.version, PYTORCHJOBS.plural, registry=registry)(
             enqueue_pytorchjob)
@@ -191,7 +214,9 @@ async def operate(
     operator's own namespace in a pod, else ``trainjob-system``."""
     api = KubeApi(load_api_client(config, user_agent=USER_AGENT))
     key = await asyncio.to_thread(load_or_create_key, api, key_namespace or operator_namespace())
-    state = OperatorState(api=api, reconciler=Reconciler(api, SnapshotSigner(key)), workers=workers)
+    cache = ObjectCache()
+    state = OperatorState(api=api, reconciler=Reconciler(api, SnapshotSigner(key), cache=cache), cache=cache,
+                          workers=workers)
     if await asyncio.to_thread(owns_crd, api, f"{PYTORCHJOBS.plural}.{PYTORCHJOBS.group}"):
         state.pytorchjobs = PyTorchJobReconciler(api)
     else:

@@ -43,6 +43,7 @@ from typing import Any
 from trainjob.api import TrainJob, resource_from_dict
 from trainjob.backends.kubernetes import progress
 from trainjob.backends.kubernetes import status as st
+from trainjob.backends.kubernetes.cache import ObjectCache
 from trainjob.backends.kubernetes.failure import root_cause
 from trainjob.backends.kubernetes.kubeapi import ApiError, KubeApi
 from trainjob.backends.kubernetes.resources import (
@@ -57,6 +58,7 @@ from trainjob.backends.kubernetes.resources import (
     TRAINER_GROUP,
     TRAINJOBS,
     VOLCANO_PODGROUPS,
+    ResourceRef,
 )
 from trainjob.backends.kubernetes.snapshot import SnapshotSigner, has_snapshot
 from trainjob.backends.kubernetes.ttl import ttl_remaining
@@ -94,14 +96,17 @@ def owner_reference(job: dict[str, Any]) -> dict[str, Any]:
 class Reconciler:
     """Converges TrainJobs through a :class:`KubeApi`; ``clock`` is injectable for deadline tests."""
 
-    def __init__(self, api: KubeApi, signer: SnapshotSigner, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, api: KubeApi, signer: SnapshotSigner, clock: Callable[[], float] = time.time,
+                 cache: ObjectCache | None = None) -> None:
         self.api = api
         self.signer = signer
         self.clock = clock
+        #: The watches' objects (TrainJobs, JobSets, runtimes): read instead of the API server when given.
+        self.cache = cache
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """One pass over TrainJob ``namespace/name``; returns seconds until the next pass is due, if any."""
-        job = self.api.get(TRAINJOBS, namespace, name)
+        job = self._read(TRAINJOBS, namespace, name)
         if job is None or job["metadata"].get("deletionTimestamp") or not is_managed_here(job):
             return None
         status: dict[str, Any] = dict(job.get("status") or {})
@@ -110,25 +115,8 @@ class Reconciler:
             return self._expire(job, now)
         spec = job.get("spec") or {}
 
-        snapshot = self.signer.verified(job)
-        if snapshot is None:
-            snapshot = self._snapshot_runtime(job, status, now)
-            if snapshot is None:
-                return None
-            annotation = {"metadata": {"annotations": self.signer.annotations(job, snapshot)}}
-            if self.api.patch(TRAINJOBS, namespace, name, annotation) is None:
-                return None  # deleted meanwhile
-            if has_snapshot(job):
-                self.api.post_event(
-                    job,
-                    "Warning",
-                    "RuntimeSnapshotReplaced",
-                    "the runtime-snapshot annotation was not written by the operator (it is signed) and was "
-                    f"replaced by a snapshot of {snapshot['kind']} {snapshot['name']!r}",
-                )
-
         suspend = bool(spec.get("suspend"))
-        jobset = self.api.get(JOBSETS, namespace, name)
+        jobset = self._read(JOBSETS, namespace, name)
         if jobset is not None and not _owned_by(jobset, job):
             if _left_by_a_namesake(jobset):
                 return 1.0  # a deleted TrainJob of the same name: the API server's GC removes its JobSet
@@ -147,11 +135,17 @@ class Reconciler:
                     f"JobSet {name!r} was deleted by someone else; creating it again (training restarts, from "
                     "its last checkpoint when the script keeps one)",
                 )
+            snapshot = self._snapshot(job, status, now)
+            if snapshot is None:
+                return None
             jobset = self._build(job, status, snapshot, now)
             if jobset is None:
                 return None
+            if not _owned_by(jobset, job):  # the create met one the cache had not shown yet
+                return 1.0 if _left_by_a_namesake(jobset) else 0.0
         elif bool((jobset.get("spec") or {}).get("suspend")) != suspend:
-            jobset = self.api.patch(JOBSETS, namespace, name, {"spec": {"suspend": suspend}}) or jobset
+            jobset = self._stored(JOBSETS, self.api.patch(JOBSETS, namespace, name, {"spec": {"suspend": suspend}})) \
+                or jobset
 
         trainer = trainer_name(jobset)
         new = st.derive_status(status, suspend, jobset, now)
@@ -172,7 +166,54 @@ class Reconciler:
             return remaining
         return progress.RESYNC_SECONDS if remaining is None else min(remaining, progress.RESYNC_SECONDS)
 
+    # -- reads and writes -----------------------------------------------------------------------------------------
+
+    def _read(self, ref: ResourceRef, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The object from the watch cache when it serves the kind, else from the API server. A runtime the cache
+        has not seen (created a moment ago) is asked for; a TrainJob or JobSet it has not seen is taken as absent
+        (the TrainJob's own watch event queues it again; a JobSet create that meets one answers 409)."""
+        if self.cache is not None and self.cache.serves(ref):
+            found = self.cache.get(ref, namespace, name)
+            if found is not None or ref.kind not in RUNTIME_KINDS:
+                return found
+        return self.api.get(ref, namespace, name)
+
+    def _stored(self, ref: ResourceRef, obj: dict[str, Any] | None) -> dict[str, Any] | None:
+        """``obj``, what a write returned, kept in the cache so the next pass sees it before its watch event."""
+        if self.cache is not None:
+            self.cache.store(ref, obj)
+        return obj
+
     # -- steps ----------------------------------------------------------------------------------------------------
+
+    def _snapshot(self, job: dict[str, Any], status: dict[str, Any], now: float) -> dict[str, Any] | None:
+        """The runtime snapshot to build the job's JobSet from: the signed one the job's deleted JobSet carried (or
+        that an earlier operator version wrote on the job), else a fresh copy of the referenced runtime. An
+        unsigned snapshot annotation on the job is replaced by the signed fresh one, with a Warning."""
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        snapshot = self.signer.verified(job)
+        if snapshot is not None:
+            return snapshot
+        gone = self.cache.last_deleted(JOBSETS, namespace, name) if self.cache is not None else None
+        if gone is not None and _owned_by(gone, job):
+            snapshot = self.signer.verified(job, gone)
+            if snapshot is not None:
+                return snapshot
+        snapshot = self._snapshot_runtime(job, status, now)
+        if snapshot is None or not has_snapshot(job):
+            return snapshot
+        annotation = {"metadata": {"annotations": self.signer.annotations(job, snapshot)}}
+        if self._stored(TRAINJOBS, self.api.patch(TRAINJOBS, namespace, name, annotation)) is None:
+            return None  # deleted meanwhile
+        self.api.post_event(
+            job,
+            "Warning",
+            "RuntimeSnapshotReplaced",
+            "the runtime-snapshot annotation was not written by the operator (it is signed) and was "
+            f"replaced by a snapshot of {snapshot['kind']} {snapshot['name']!r}",
+        )
+        return snapshot
+
 
     def _snapshot_runtime(
         self, job: dict[str, Any], status: dict[str, Any], now: float
@@ -192,9 +233,7 @@ class Reconciler:
                 now,
             )
             return None
-        runtime = self.api.get(
-            runtime_ref, namespace if runtime_ref.namespaced else None, ref.get("name", "")
-        )
+        runtime = self._read(runtime_ref, namespace if runtime_ref.namespaced else None, ref.get("name", ""))
         if runtime is None:
             where = f" in namespace {namespace!r}" if runtime_ref.namespaced else ""
             known = sorted(
@@ -276,11 +315,18 @@ class Reconciler:
         created: dict[str, Any] = {}
         made_jobset = False
         for obj in objects:
+            if obj["kind"] == JOBSETS.kind:  # the snapshot and launch values travel with the JobSet's create
+                obj["metadata"].setdefault("annotations", {}).update(self.signer.annotations(job, snapshot))
+                obj["metadata"]["annotations"][LAUNCH_ANNOTATION] = json.dumps(launch.to_dict(), sort_keys=True)
             try:
                 created = self.api.create(obj)
                 made_jobset = made_jobset or obj["kind"] == JOBSETS.kind
-            except AlreadyExistsError:  # a previous pass got this far
-                created = obj
+                if obj["kind"] == JOBSETS.kind:
+                    self._stored(JOBSETS, created)
+            except AlreadyExistsError:  # a previous pass got this far, or the cache had not shown it yet
+                existing = self.api.get(JOBSETS, obj["metadata"]["namespace"], obj["metadata"]["name"]) \
+                    if obj["kind"] == JOBSETS.kind else None
+                created = self._stored(JOBSETS, existing) or obj
             except ApiError as exc:
                 if exc.status == 404:  # the kind is not served
                     self._fail(job, status, "CRDNotInstalled", _not_installed(obj), now)
@@ -289,22 +335,12 @@ class Reconciler:
                     self._fail(job, status, "JobSetRejected", f"{exc} (fix the runtime or the TrainJob)", now)
                     return None
                 raise
-        self._record_launch(job, launch)
         if made_jobset:
             for change in limits_set:
                 self.api.post_event(job, "Normal", "ExtendedResourceLimitsSet", change)
             self.api.post_event(job, "Normal", "JobSetCreated", f"created JobSet {job['metadata']['name']}")
             log.info("created JobSet %s/%s", job["metadata"]["namespace"], job["metadata"]["name"])
         return created
-
-    def _record_launch(self, job: dict[str, Any], launch: LaunchValues) -> None:
-        """The resolved launch values in the ``trainjob/launch`` annotation, where the CLI and SDK read nodes and
-        processes per node (``numProcPerNode: auto`` already counted) instead of resolving the runtime again."""
-        value = json.dumps(launch.to_dict(), sort_keys=True)
-        if (job["metadata"].get("annotations") or {}).get(LAUNCH_ANNOTATION) != value:
-            meta = job["metadata"]
-            self.api.patch(TRAINJOBS, meta["namespace"], meta["name"],
-                           {"metadata": {"annotations": {LAUNCH_ANNOTATION: value}}})
 
     def _observe_trainer(
         self, job: dict[str, Any], status: dict[str, Any], jobset: dict[str, Any], trainer: str
@@ -349,7 +385,8 @@ class Reconciler:
             self.api.post_event(job, "Normal" if _grew(message) else "Warning", "Resized", message)
         if resizes:
             annotation = {"metadata": {"annotations": {progress.RESIZE_ANNOTATION: resizes[-1][0]}}}
-            self.api.patch(TRAINJOBS, job["metadata"]["namespace"], job["metadata"]["name"], annotation)
+            self._stored(TRAINJOBS, self.api.patch(TRAINJOBS, job["metadata"]["namespace"], job["metadata"]["name"],
+                                                   annotation))
         return texts
 
     def _report_restarts(self, job: dict[str, Any], jobset: dict[str, Any]) -> None:
@@ -372,7 +409,8 @@ class Reconciler:
         of = f" of {int(limit) + 1}" if limit is not None else ""
         why = cause or "a Job of the node group failed"
         self.api.post_event(job, "Warning", "Restarting", f"attempt {restarts + 1}{of}: {why}")
-        self.api.patch(TRAINJOBS, namespace, name, {"metadata": {"annotations": {RESTARTS_ANNOTATION: str(restarts)}}})
+        self._stored(TRAINJOBS, self.api.patch(TRAINJOBS, namespace, name,
+                                               {"metadata": {"annotations": {RESTARTS_ANNOTATION: str(restarts)}}}))
 
     def _expire(self, job: dict[str, Any], now: float) -> float | None:
         """Delete a finished job past its TTL; else the seconds until it is due (``None``: it has none)."""
@@ -435,7 +473,7 @@ class Reconciler:
             return
         patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
         patch.update({k: None for k in old if k not in new})  # merge-patch deletes with null
-        self.api.patch_status(TRAINJOBS, namespace, name, patch)
+        self._stored(TRAINJOBS, self.api.patch_status(TRAINJOBS, namespace, name, patch))
 
 
 def _not_installed(obj: dict[str, Any]) -> str:

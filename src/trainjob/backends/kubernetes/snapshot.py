@@ -1,21 +1,24 @@
 """The runtime snapshot a TrainJob runs on, signed so that only the operator can have written it.
 
-The operator copies the referenced runtime into the job's ``trainer.kubeflow.org/runtime-snapshot`` annotation
-before building anything, so that editing the runtime later never changes a started job. Annotations are
-writable by whoever may create the TrainJob, so an unsigned snapshot would let any such user choose the pod
-template (privileged, host namespaces, host paths, another service account) and bypass the runtime the platform
-team wrote. The operator therefore signs each snapshot with HMAC-SHA256 over the job's namespace, name and uid and
-the snapshot text (``trainer.kubeflow.org/runtime-snapshot-signature``), with a key only it can read:
+The operator copies the referenced runtime into the ``trainer.kubeflow.org/runtime-snapshot`` annotation of the
+JobSet it builds from it (in the same create, so the snapshot costs no request of its own), so that editing the
+runtime later never changes a started job: a JobSet deleted by someone else is built again from the snapshot its
+deletion event carried. Annotations are writable by whoever may create the TrainJob (or edit the JobSet), so an
+unsigned snapshot would let any such user choose the pod template (privileged, host namespaces, host paths,
+another service account) and bypass the runtime the platform team wrote. The operator therefore signs each
+snapshot with HMAC-SHA256 over the TrainJob's namespace, name and uid and the snapshot text
+(``trainer.kubeflow.org/runtime-snapshot-signature``), with a key only it can read:
 
-- a snapshot without a valid signature (user-written, copied from another job, edited, unreadable) is ignored:
-  the operator takes a fresh one from the referenced runtime, overwrites both annotations and says so with a
-  ``Warning`` Event (``RuntimeSnapshotReplaced``);
+- a snapshot without a valid signature (user-written on the TrainJob, copied from another job, edited,
+  unreadable) is ignored: the operator takes a fresh one from the referenced runtime; one written on the TrainJob
+  is overwritten by the signed snapshot, with a ``Warning`` Event (``RuntimeSnapshotReplaced``);
+- a signed snapshot on the TrainJob itself (written there by earlier versions of the operator) is still honoured;
 - the key lives in the Secret ``trainjob-operator-snapshot-key`` of the operator's namespace, created by the
   operator with 32 random bytes the first time it starts, so snapshots stay valid across restarts::
 
     signer = SnapshotSigner(load_or_create_key(api, "trainjob-system"))
-    snapshot = signer.verified(job)             # dict, or None when absent or not the operator's
-    patch = {"metadata": {"annotations": signer.annotations(job, snapshot)}}
+    snapshot = signer.verified(job, jobset)     # dict, or None when absent or not the operator's
+    jobset["metadata"]["annotations"].update(signer.annotations(job, snapshot))
 """
 
 from __future__ import annotations
@@ -56,9 +59,10 @@ class SnapshotSigner:
         text = json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
         return {RUNTIME_SNAPSHOT_ANNOTATION: text, SIGNATURE_ANNOTATION: self._signature(job, text)}
 
-    def verified(self, job: dict[str, Any]) -> dict[str, Any] | None:
-        """The job's snapshot if this operator wrote it; ``None`` when absent, unsigned, forged or unreadable."""
-        annotations = (job.get("metadata") or {}).get("annotations") or {}
+    def verified(self, job: dict[str, Any], carrier: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """The job's snapshot if this operator wrote it; ``None`` when absent, unsigned, forged or unreadable.
+        ``carrier``: the object whose annotations hold it (the job's JobSet), else the job itself."""
+        annotations = ((carrier if carrier is not None else job).get("metadata") or {}).get("annotations") or {}
         text, signature = annotations.get(RUNTIME_SNAPSHOT_ANNOTATION), annotations.get(SIGNATURE_ANNOTATION)
         if not isinstance(text, str) or not isinstance(signature, str):
             return None

@@ -84,11 +84,22 @@ def trainer_pods(pods: list[dict[str, Any]], trainer: str = TRAINER_JOB) -> dict
     return out
 
 
-def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]]) -> types.TrainJob:
-    """A TrainJob object (and its pods) as the SDK's ``TrainJob``."""
+def _recorded(job: dict[str, Any], jobset: dict[str, Any] | None) -> dict[str, str]:
+    """What the operator recorded about the job (runtime snapshot, launch values): on its JobSet, where the
+    JobSet's create wrote them, or on the job itself (earlier operators, and the client's own launch values)."""
+    keys = (RUNTIME_SNAPSHOT_ANNOTATION, LAUNCH_ANNOTATION)
+    out = {k: v for k, v in (((jobset or {}).get("metadata") or {}).get("annotations") or {}).items() if k in keys}
+    out.update({k: v for k, v in ((job.get("metadata") or {}).get("annotations") or {}).items() if k in keys})
+    return out
+
+
+def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]],
+                  jobset: dict[str, Any] | None = None) -> types.TrainJob:
+    """A TrainJob object (and its pods, and its JobSet when readable) as the SDK's ``TrainJob``."""
     meta, spec = job["metadata"], job.get("spec") or {}
     trainer = spec.get("trainer") or {}
-    snapshot_text = (meta.get("annotations") or {}).get(RUNTIME_SNAPSHOT_ANNOTATION)
+    recorded = _recorded(job, jobset)
+    snapshot_text = recorded.get(RUNTIME_SNAPSHOT_ANNOTATION)
     snapshot = json.loads(snapshot_text) if snapshot_text else None
     ref_name = (spec.get("runtimeRef") or {}).get("name", types.UNKNOWN)
     runtime = runtime_view({"metadata": {"name": ref_name, "labels": (snapshot or {}).get("labels") or {}},
@@ -96,7 +107,7 @@ def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]]) -> types.Trai
     status, cond = job_status(job)
     nodes = trainer.get("numNodes") or runtime.trainer.num_nodes
     nproc = trainer.get("numProcPerNode")
-    launch = launch_values(job, pods)
+    launch = launch_values(job, pods, jobset)
     if launch is not None:  # numProcPerNode auto|cpu|gpu, or taken from the runtime: the numbers the pods run
         nodes, nproc = launch.num_nodes, launch.num_proc_per_node
     finished = _condition(job, COMPLETE) or _condition(job, FAILED)
@@ -125,11 +136,12 @@ def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]]) -> types.Trai
     )
 
 
-def launch_values(job: dict[str, Any], pods: list[dict[str, Any]]) -> LaunchValues | None:
+def launch_values(job: dict[str, Any], pods: list[dict[str, Any]],
+                  jobset: dict[str, Any] | None = None) -> LaunchValues | None:
     """The launch values the job runs with: the ``trainjob/launch`` annotation written when the job was resolved
-    (:data:`~trainjob.constants.LAUNCH_ANNOTATION`), else a trainer pod's ``PET_NNODES`` /
+    (:data:`~trainjob.constants.LAUNCH_ANNOTATION`, on the job or its JobSet), else a trainer pod's ``PET_NNODES`` /
     ``PET_NPROC_PER_NODE``; ``None`` when neither is there (a job written by an older client, before its pods)."""
-    text = ((job.get("metadata") or {}).get("annotations") or {}).get(LAUNCH_ANNOTATION)
+    text = _recorded(job, jobset).get(LAUNCH_ANNOTATION)
     if text:
         try:
             return LaunchValues.from_dict(json.loads(text))

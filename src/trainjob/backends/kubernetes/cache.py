@@ -1,0 +1,123 @@
+"""The operator's watch cache: the last state of every TrainJob, JobSet and runtime its watches delivered.
+
+The reconciler reads from here instead of asking the API server, as controllers built on informers do; the only
+requests a pass makes are its writes. The watches (kopf's event handlers, :mod:`.operator`) feed it with
+:meth:`ObjectCache.observe`; the reconciler stores what its own writes returned with :meth:`ObjectCache.store`, so
+the next pass sees them even before their watch event arrives::
+
+    cache = ObjectCache()                                      # TrainJobs, JobSets and runtimes (WATCHED)
+    cache.observe(TRAINJOBS, event["object"])                 # ADDED / MODIFIED / the initial listing
+    cache.observe(JOBSETS, event["object"], deleted=True)     # DELETED
+    job = cache.get(TRAINJOBS, "ml", "mnist")                 # dict, or None when not seen (or deleted)
+    gone = cache.last_deleted(JOBSETS, "ml", "mnist")         # the object as it was when it was deleted
+
+Events and stored writes may arrive out of order (a watch event older than the response of a write made since):
+the newer ``resourceVersion`` wins. Resource versions are etcd revisions, the same counter for every object, so
+they compare as integers; one that is not an integer is taken as newer.
+
+A cache can be behind the API server (the watch has not delivered a change yet): callers treat a miss as "maybe"
+where it matters: the reconciler creates a JobSet it did not see and takes ``409 AlreadyExists`` as "it exists",
+then reads that one object.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+from trainjob.backends.kubernetes.resources import (
+    CLUSTER_TRAINING_RUNTIMES,
+    JOBSETS,
+    TRAINING_RUNTIMES,
+    TRAINJOBS,
+    ResourceRef,
+)
+
+Key = tuple[str, str, str]  # (plural.group, namespace or "", name)
+#: The kinds the operator watches and reads from its cache.
+WATCHED = (TRAINJOBS, JOBSETS, CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES)
+#: How many deleted objects are remembered (for a JobSet's snapshot, and to drop late events about them).
+DELETED_KEPT = 10_000
+
+
+def _key(ref: ResourceRef, namespace: str | None, name: str) -> Key:
+    return (f"{ref.plural}.{ref.group}", (namespace or "") if ref.namespaced else "", name)
+
+
+def _version(obj: dict[str, Any]) -> int | None:
+    value = (obj.get("metadata") or {}).get("resourceVersion")
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def _newer(candidate: dict[str, Any], current: dict[str, Any] | None) -> bool:
+    if current is None:
+        return True
+    new, old = _version(candidate), _version(current)
+    return new is None or old is None or new >= old
+
+
+class ObjectCache:
+    """Objects of the ``kinds`` the operator watches, by kind, namespace and name (thread-safe: the watches run
+    on the event loop, reconciles in worker threads)."""
+
+    def __init__(self, kinds: Iterable[ResourceRef] = WATCHED) -> None:
+        self._kinds = {f"{ref.plural}.{ref.group}" for ref in kinds}
+        self._objects: dict[Key, dict[str, Any]] = {}
+        self._deleted: OrderedDict[Key, dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def serves(self, ref: ResourceRef) -> bool:
+        """Whether a watch feeds this kind (reads of other kinds go to the API server)."""
+        return f"{ref.plural}.{ref.group}" in self._kinds
+
+    def observe(self, ref: ResourceRef, obj: dict[str, Any], deleted: bool = False) -> None:
+        """What a watch delivered: the object as it now is, or as it was when deleted."""
+        meta = obj.get("metadata") or {}
+        key = _key(ref, meta.get("namespace"), str(meta.get("name")))
+        with self._lock:
+            if deleted:
+                self._objects.pop(key, None)
+                self._deleted[key] = obj
+                self._deleted.move_to_end(key)
+                while len(self._deleted) > DELETED_KEPT:
+                    self._deleted.popitem(last=False)
+                return
+            tombstone = self._deleted.get(key)
+            if tombstone is not None:
+                if meta.get("uid") == (tombstone.get("metadata") or {}).get("uid"):
+                    return  # a late event about the object that was deleted
+                del self._deleted[key]  # a new object of the same name
+            if _newer(obj, self._objects.get(key)):
+                self._objects[key] = obj
+
+    def store(self, ref: ResourceRef, obj: dict[str, Any] | None) -> None:
+        """What one of our writes returned (``None``: the object was gone), unless the cache has newer."""
+        if obj is not None and obj.get("metadata"):
+            self.observe(ref, obj)
+
+    def get(self, ref: ResourceRef, namespace: str | None, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._objects.get(_key(ref, namespace, name))
+
+    def list(self, ref: ResourceRef, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Every object of the kind (in ``namespace`` when given)."""
+        plural = f"{ref.plural}.{ref.group}"
+        with self._lock:
+            return [obj for (kind, ns, _), obj in self._objects.items()
+                    if kind == plural and (namespace is None or not ref.namespaced or ns == namespace)]
+
+    def last_deleted(self, ref: ResourceRef, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The object as its deletion event showed it (its last state), while no new one of that name exists."""
+        with self._lock:
+            return self._deleted.get(_key(ref, namespace, name))
+
+    def forget_deleted(self, ref: ResourceRef, namespace: str | None, name: str) -> None:
+        with self._lock:
+            self._deleted.pop(_key(ref, namespace, name), None)
+
+    def count(self, ref: ResourceRef) -> int:
+        plural = f"{ref.plural}.{ref.group}"
+        with self._lock:
+            return sum(1 for kind, _, _ in self._objects if kind == plural)
