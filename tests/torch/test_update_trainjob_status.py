@@ -71,12 +71,17 @@ def test_under_kubeflow_trainer_the_update_is_posted_to_its_status_server(metric
     monkeypatch.setattr(kubeflow_status, "_last_sent", -1e9)
     try:
         update_trainjob_status(progress_percent=10, metrics={"loss": 1.25})
-        update_trainjob_status(progress_percent=11)  # within 5 s of the last: not sent again
+        update_trainjob_status(progress_percent=11)  # within 5 s of the last: waits
+        update_trainjob_status(progress_percent=12)  # replaces the waiting one
+        assert len(received) == 1
+        assert kubeflow_status.flush()  # what exit does: the newest waiting update goes
+        assert not kubeflow_status.flush()  # nothing waits any more
     finally:
         server.shutdown()
 
-    ((auth, body),) = received
+    (auth, body), (_, last) = received
     status = body["trainerStatus"]
     assert auth == "Bearer t0ken"
     assert (status["progressPercentage"], status["metrics"]) == (10, [{"name": "loss", "value": "1.25"}])
     assert "lastUpdatedTime" in status
+    assert last["trainerStatus"]["progressPercentage"] == 12

@@ -32,10 +32,11 @@ _context = click.option("--context", help="kubeconfig context (default: the curr
 )
 @click.option(
     "--operator-replicas",
-    default=1,
+    default=2,
     show_default=True,
-    type=click.IntRange(0, 1),
-    help="0 installs everything but runs no operator in the cluster (run `trainjob operator` yourself).",
+    type=click.IntRange(0, 10),
+    help="Operator replicas (they elect a leader); 0 installs everything but runs no operator in the cluster "
+    "(run `trainjob operator` yourself).",
 )
 @_kubeconfig
 @_context
@@ -83,6 +84,24 @@ def install(
     "--workers", default=4, show_default=True, type=click.IntRange(1, 64), help="Concurrent reconciles."
 )
 @click.option("--liveness", default=None, help="Serve health probes here, e.g. http://0.0.0.0:8080/healthz.")
+@click.option(
+    "--status-url",
+    default=None,
+    help="Serve Kubeflow's status endpoint; the URL the jobs' pods reach it at, e.g. "
+    "https://trainjob-operator.trainjob-system.svc:8443 (without it, progress is read from node 0's log).",
+)
+@click.option("--status-port", default=8443, show_default=True, type=click.IntRange(0, 65535),
+              help="Port of the status endpoint (with --status-url).")
+@click.option("--leader-elect", is_flag=True,
+              help="Reconcile only while holding the trainjob-operator Lease (run several replicas; one leads).")
+@click.option("--lease-duration", default=15.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds followers wait, after the last renewal they saw, before taking over.")
+@click.option("--renew-deadline", default=10.0, show_default=True, type=click.FloatRange(min=0.5),
+              help="Seconds the leader keeps trying to renew before it gives up and exits.")
+@click.option("--retry-period", default=2.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds between renewals (and between a follower's tries).")
+@click.option("--metrics-port", default=None, type=click.IntRange(0, 65535),
+              help="Serve Prometheus metrics on /metrics at this port.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every reconcile.")
 def operator(
     config_file: str | None,
@@ -90,6 +109,13 @@ def operator(
     namespaces: tuple[str, ...],
     workers: int,
     liveness: str | None,
+    status_url: str | None,
+    status_port: int,
+    leader_elect: bool,
+    lease_duration: float,
+    renew_deadline: float,
+    retry_period: float,
+    metrics_port: int | None,
     verbose: bool,
 ) -> None:
     """Run the operator: reconcile TrainJobs into JobSets until interrupted."""
@@ -110,7 +136,16 @@ def operator(
             workers=workers,
             namespaces=namespaces,
             liveness=liveness,
+            status_url=status_url,
+            status_port=status_port,
+            leader_elect=leader_elect,
+            lease_duration=lease_duration,
+            renew_deadline=renew_deadline,
+            retry_period=retry_period,
+            metrics_port=metrics_port,
         )
+    except ValueError as exc:  # settings the operator refuses (lease durations, the status URL)
+        fail(str(exc), EXIT_FAILED)
     except TrainJobError as exc:
         fail(str(exc), EXIT_FAILED)
 

@@ -1,17 +1,19 @@
-"""Progress updates to Kubeflow Trainer's own controller, for jobs that run under it (its TrainJobStatus feature).
+"""Progress updates to the status endpoint of the job's controller: Kubeflow Trainer's (its TrainJobStatus feature)
+or trainjob's operator, which serves the same endpoint.
 
-Kubeflow Trainer v2.2+ gives a job's pods ``KUBEFLOW_TRAINER_SERVER_URL``, ``KUBEFLOW_TRAINER_SERVER_CA_CERT`` and
+The controller gives a job's pods ``KUBEFLOW_TRAINER_SERVER_URL``, ``KUBEFLOW_TRAINER_SERVER_CA_CERT`` and
 ``KUBEFLOW_TRAINER_SERVER_TOKEN`` (a projected service-account token); the Kubeflow SDK's
 ``update_trainjob_status`` POSTs ``{"trainerStatus": {...}}`` there, at most once every 5 s. :func:`send` does the
-same, so a script that reports progress with :func:`trainjob.torch.metrics.update_trainjob_status` shows it on a
-Kubeflow cluster too. Without the variables it does nothing (trainjob's operator reads the progress line from the
-log instead)::
+same for :func:`trainjob.torch.metrics.update_trainjob_status` and :func:`~trainjob.torch.metrics.report`; an
+update that comes sooner waits for the interval (the newest replacing older ones) and is sent at exit at the
+latest, so the job's last progress arrives. Without the variables it does nothing (the local backend reads the
+job's metrics file; an operator run without the endpoint reads node 0's log)::
 
-    send(42, 120, {"loss": 0.43})      # False: not under Kubeflow Trainer, or throttled, or refused
+    send(42, 120, {"loss": 0.43})      # False: no endpoint, or waiting for the interval, or refused
 """
-
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -35,25 +37,58 @@ TIMEOUT_SECONDS = 5.0
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _last_sent = -MIN_INTERVAL_SECONDS
+#: The newest update that came within the interval: sent when the interval has passed, or at exit.
+_pending: dict[str, object] | None = None
+_timer: threading.Timer | None = None
+_flush_at_exit = False
 
 
 def send(percent: int | None, remaining: int | None, metrics: Mapping[str, object]) -> bool:
-    """POST the update to Kubeflow Trainer's status server; whether it was accepted."""
-    global _last_sent
-    url = os.environ.get(SERVER_URL_ENV)
-    token_path = os.environ.get(TOKEN_ENV)
-    if not url or not token_path:
+    """POST the update to Kubeflow Trainer's status server; whether it was sent now and accepted. An update within
+    :data:`MIN_INTERVAL_SECONDS` of the last one waits (replacing any older waiting one) and goes when the interval
+    has passed, or when the process exits, so the last progress of a run always arrives."""
+    global _last_sent, _pending, _timer, _flush_at_exit
+    if not os.environ.get(SERVER_URL_ENV) or not os.environ.get(TOKEN_ENV):
         return False
+    status = _trainer_status(percent, remaining, metrics)
     with _lock:
-        if time.monotonic() - _last_sent < MIN_INTERVAL_SECONDS:
+        wait = _last_sent + MIN_INTERVAL_SECONDS - time.monotonic()
+        if wait > 0:
+            _pending = status
+            if _timer is None:
+                _timer = threading.Timer(wait, _send_pending)
+                _timer.daemon = True
+                _timer.start()
+            if not _flush_at_exit:
+                atexit.register(flush)
+                _flush_at_exit = True
             return False
         _last_sent = time.monotonic()
-    try:
-        with open(token_path, encoding="utf-8") as f:
-            token = f.read().strip()
-    except OSError as exc:
-        _log.warning("cannot read the Kubeflow Trainer token %s: %s", token_path, exc)
-        return False
+        _pending = None
+    return _post(status)
+
+
+def flush() -> bool:
+    """Send the waiting update now, if any (at exit, and for tests); whether one was sent and accepted."""
+    global _timer
+    with _lock:
+        if _timer is not None:
+            _timer.cancel()
+            _timer = None
+    return _send_pending()
+
+
+def _send_pending() -> bool:
+    global _pending, _timer, _last_sent
+    with _lock:
+        status, _pending, _timer = _pending, None, None
+        if status is None:
+            return False
+        _last_sent = time.monotonic()
+    return _post(status)
+
+
+def _trainer_status(percent: int | None, remaining: int | None, metrics: Mapping[str, object]) -> dict[str, object]:
     status: dict[str, object] = {"lastUpdatedTime": datetime.now(UTC).isoformat()}
     if percent is not None:
         status["progressPercentage"] = percent
@@ -61,6 +96,19 @@ def send(percent: int | None, remaining: int | None, metrics: Mapping[str, objec
         status["estimatedRemainingSeconds"] = remaining
     if metrics:
         status["metrics"] = [{"name": k, "value": format_value(v)} for k, v in list(metrics.items())[:MAX_METRICS]]
+    return status
+
+
+def _post(status: dict[str, object]) -> bool:
+    url, token_path = os.environ.get(SERVER_URL_ENV), os.environ.get(TOKEN_ENV)
+    if not url or not token_path:
+        return False
+    try:
+        with open(token_path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as exc:
+        _log.warning("cannot read the Kubeflow Trainer token %s: %s", token_path, exc)
+        return False
     request = urllib.request.Request(
         url, data=json.dumps({"trainerStatus": status}).encode(), method="POST",
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},

@@ -28,7 +28,14 @@ import torch
 
 from trainjob.constants import METRICS_FILE_ENV
 from trainjob.errors import ValidationError
-from trainjob.progress import MAX_METRICS, numeric_metrics, progress_line, step_line
+from trainjob.progress import (
+    MAX_METRICS,
+    numeric_metrics,
+    progress_line,
+    progress_of_records,
+    step_line,
+    trainer_status,
+)
 from trainjob.torch import kubeflow_status, tensorboard
 from trainjob.torch.env import global_rank
 
@@ -64,7 +71,18 @@ def report(metrics: Mapping[str, object], step: int | None = None, total_steps: 
     values = {str(name): _as_float(str(name), value) for name, value in metrics.items()}
     print(step_line(step, total_steps, values), flush=True)
     tensorboard.write_scalars(values, step)  # only with TRAINJOB_TENSORBOARD=1 (trainjob.torch.tensorboard)
-    _append_record({"step": step, "total_steps": total_steps, "metrics": values})
+    record = {"step": step, "total_steps": total_steps, "metrics": values}
+    _append_record(record)
+    if os.environ.get(kubeflow_status.SERVER_URL_ENV):  # the operator's status endpoint: the same numbers
+        _reported.append({"time": time.time(), **record})
+        del _reported[1:-1]  # the first (for the rate) and the newest
+        status = trainer_status(progress_of_records(_reported))
+        if status is not None:
+            kubeflow_status.send(status.get("progressPercentage"), status.get("estimatedRemainingSeconds"), values)
+
+
+#: The first and the newest of this process's reports (for the step rate the time left is estimated from).
+_reported: list[dict[str, object]] = []
 
 
 def _append_record(record: dict[str, object]) -> bool:

@@ -23,7 +23,8 @@ from typing import Any
 
 from jobtest.waiting import wait_until
 
-from kubetest.controlplane import ControlPlane
+from kubetest.controlplane import ControlPlane, free_port
+from kubetest.node_agent import POD_GATEWAY_ANNOTATION
 from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_api_client
 from trainjob.backends.kubernetes.kubeapi import KubeApi
 from trainjob.backends.kubernetes.manifests import NAME as OPERATOR_NAME
@@ -52,17 +53,29 @@ def no_retries(spec: dict[str, Any]) -> None:
 class OperatorProcess:
     """``trainjob operator`` as a child process with the operator ServiceAccount's kubeconfig."""
 
-    def __init__(self, kubeconfig: Path, log: Path) -> None:
+    def __init__(self, kubeconfig: Path, log: Path, extra_args: tuple[str, ...] = ()) -> None:
         self.kubeconfig = kubeconfig
         self.log = log
         self.popen: subprocess.Popen[bytes] | None = None
+        #: Kubeflow's status endpoint, where the jobs' pods push progress (the same port across restarts, so the
+        #: URL running pods were given stays good).
+        self.status_port = free_port()
+        self.extra_args = extra_args
+
+        #: The address the pods reach this machine at (the node's bridge; set once the node is up).
+        self.status_host = "127.0.0.1"
+
+    @property
+    def status_url(self) -> str:
+        return f"https://{self.status_host}:{self.status_port}"
 
     def start(self) -> None:
         assert self.popen is None or self.popen.poll() is not None, "the operator runs already"
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "trainjob.cli.main", "operator",
-                 f"--kubeconfig={self.kubeconfig}", "--workers=4", "-v"],
+                 f"--kubeconfig={self.kubeconfig}", "--workers=4", "-v",
+                 f"--status-url={self.status_url}", f"--status-port={self.status_port}", *self.extra_args],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )
 
@@ -124,6 +137,17 @@ class TrainJobCluster:
     def install(self) -> None:
         self.trainjob("install", f"--kubeconfig={self.kubeconfig}", "--operator-replicas=0")
         self.cp.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_NAME, self.operator_kubeconfig)
+        self.operator.status_host = self.pod_gateway()
+
+    def pod_gateway(self) -> str:
+        """The address the pods reach this machine at (the node agent's bridge), where the operator's status
+        endpoint listens for them."""
+        nodes = self.api.core.list_node(label_selector="trainjob.dev/node-agent=true").items
+        for node in nodes:
+            address = (node.metadata.annotations or {}).get(POD_GATEWAY_ANNOTATION)
+            if address:
+                return str(address)
+        raise AssertionError("the node agent's Node has no trainjob.dev/pod-gateway annotation")
 
     # -- objects --------------------------------------------------------------------------------------------------
 

@@ -42,6 +42,8 @@ from typing import Any
 from kubetest import podspec
 from kubetest.kubelet_server import LogServer, write_cri_line
 
+#: The Node annotation with the address the pods reach the host at.
+POD_GATEWAY_ANNOTATION = "trainjob.dev/pod-gateway"
 log = logging.getLogger("node-agent")
 
 POLL_SECONDS = 0.25
@@ -148,6 +150,9 @@ class NodeAgent:
                 "name": self.node_name,
                 "labels": {"kubernetes.io/hostname": self.node_name, "kubernetes.io/os": "linux",
                            "kubernetes.io/arch": "amd64", "trainjob.dev/node-agent": "true"},
+                # where the pods reach this machine (the bridge's address): a server on the host, such as the
+                # operator's status endpoint, is at this address for them
+                "annotations": {POD_GATEWAY_ANNOTATION: str(self.subnet.network_address + 1)},
             },
         }
         with contextlib.suppress(Exception):

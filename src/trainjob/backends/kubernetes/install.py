@@ -22,6 +22,7 @@ _KINDS = {
     ("v1", "Namespace"): ("namespaces", False),
     ("v1", "ServiceAccount"): ("serviceaccounts", True),
     ("v1", "ConfigMap"): ("configmaps", True),
+    ("v1", "Service"): ("services", True),
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): ("customresourcedefinitions", False),
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): ("clusterroles", False),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): ("clusterrolebindings", False),

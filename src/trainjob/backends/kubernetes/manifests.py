@@ -28,6 +28,7 @@ from trainjob.backends.kubernetes.resources import (
     VOLCANO_PODGROUPS,
 )
 from trainjob.backends.kubernetes.snapshot import KEY_SECRET
+from trainjob.backends.kubernetes.tls import TLS_SECRET
 from trainjob.constants import KUBEFLOW_TRAINER_VERSION
 
 NAMESPACE = "trainjob-system"
@@ -36,6 +37,12 @@ NAME = "trainjob-operator"
 LEASE_NAME = NAME
 DEFAULT_IMAGE = f"ghcr.io/trainjob/trainjob-operator:{__version__}"
 LIVENESS_PORT = 8080
+STATUS_PORT = 8443
+METRICS_PORT = 8081
+#: Replicas of the operator Deployment (one leads; the other takes over within the lease duration).
+OPERATOR_REPLICAS = 2
+#: Where the jobs' pods reach the status endpoint: the operator Service.
+STATUS_URL = f"https://{NAME}.{NAMESPACE}.svc:{STATUS_PORT}"
 _LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "trainjob"}
 #: Where the Kubeflow SDK reads the control plane's version (``KUBEFLOW_SYSTEM_NAMESPACE`` overrides the namespace).
 KUBEFLOW_NAMESPACE = "kubeflow-system"
@@ -82,7 +89,10 @@ def rbac() -> list[dict[str, Any]]:
         # An MPI job's SSH key Secret and hostfile ConfigMap (owned by the job: deleted with it); never read.
         {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["create"]},
         # A failed job's message names the failing rank's exception: from its pods' status, else their logs.
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        # get: the pod a status report's token was issued to (the status endpoint)
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+        # the status endpoint checks the pods' projected tokens (audience trainer.kubeflow.org)
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
         # PyTorchJobs (kubeflow.org/v1): whether their CRD is trainjob's, the jobs (delete: their TTL), their
         # status, and the pods and headless services the operator runs them with.
@@ -97,7 +107,9 @@ def rbac() -> list[dict[str, Any]]:
     key_rules = [
         # `create` cannot be limited to a name; the Role only covers the operator's own namespace.
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
-        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": [KEY_SECRET]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": [KEY_SECRET, TLS_SECRET]},
+        # the status endpoint's certificate, issued again when it must name another host
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["update"], "resourceNames": [TLS_SECRET]},
         # `trainjob operator --leader-elect`: the Lease the replicas elect their leader on
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update"],
@@ -136,17 +148,22 @@ def rbac() -> list[dict[str, Any]]:
     ]
 
 
-def deployment(image: str = DEFAULT_IMAGE, replicas: int = 1) -> dict[str, Any]:
-    """One replica (``Recreate``: never two operators at once; 0 when the operator runs elsewhere), health probes
-    on kopf's liveness endpoint."""
+def deployment(image: str = DEFAULT_IMAGE, replicas: int = OPERATOR_REPLICAS) -> dict[str, Any]:
+    """The operator's replicas (0 when the operator runs elsewhere): they elect a leader on a Lease, and only the
+    leader reconciles and serves the status endpoint (so only the leader is ready: the Service sends the pods'
+    reports there); followers answer the liveness probe while they wait. Prometheus metrics on ``metrics``."""
     probe = {"httpGet": {"path": "/healthz", "port": LIVENESS_PORT}, "periodSeconds": 10, "timeoutSeconds": 5}
     container = {
         "name": "operator",
         "image": image,
-        "command": ["trainjob", "operator", "--liveness", f"http://0.0.0.0:{LIVENESS_PORT}/healthz"],
-        "ports": [{"name": "health", "containerPort": LIVENESS_PORT}],
+        "command": ["trainjob", "operator", "--liveness", f"http://0.0.0.0:{LIVENESS_PORT}/healthz",
+                    "--leader-elect", "--status-url", STATUS_URL, "--status-port", str(STATUS_PORT),
+                    "--metrics-port", str(METRICS_PORT)],
+        "ports": [{"name": "health", "containerPort": LIVENESS_PORT},
+                  {"name": "status", "containerPort": STATUS_PORT},
+                  {"name": "metrics", "containerPort": METRICS_PORT}],
         "livenessProbe": {**probe, "initialDelaySeconds": 15, "failureThreshold": 3},
-        "readinessProbe": {**probe, "initialDelaySeconds": 5},
+        "readinessProbe": {"tcpSocket": {"port": STATUS_PORT}, "periodSeconds": 5, "initialDelaySeconds": 5},
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -155,16 +172,16 @@ def deployment(image: str = DEFAULT_IMAGE, replicas: int = 1) -> dict[str, Any]:
             "capabilities": {"drop": ["ALL"]},
         },
     }
+    scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": "/metrics"}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": dict(_LABELS)},
         "spec": {
             "replicas": replicas,
-            "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
             "template": {
-                "metadata": {"labels": dict(_LABELS)},
+                "metadata": {"labels": dict(_LABELS), "annotations": scrape},
                 "spec": {
                     "serviceAccountName": NAME,
                     "securityContext": {
@@ -175,6 +192,21 @@ def deployment(image: str = DEFAULT_IMAGE, replicas: int = 1) -> dict[str, Any]:
                     "containers": [container],
                 },
             },
+        },
+    }
+
+
+def service() -> dict[str, Any]:
+    """The operator's Service: the status endpoint the jobs' pods report to (ready replica: the leader) and the
+    metrics port."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": dict(_LABELS)},
+        "spec": {
+            "selector": {"app.kubernetes.io/name": NAME},
+            "ports": [{"name": "status", "port": STATUS_PORT, "targetPort": "status"},
+                      {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}],
         },
     }
 
@@ -207,7 +239,7 @@ def kubeflow_version() -> list[dict[str, Any]]:
     ]
 
 
-def install_manifests(image: str = DEFAULT_IMAGE, operator_replicas: int = 1) -> list[dict[str, Any]]:
+def install_manifests(image: str = DEFAULT_IMAGE, operator_replicas: int = OPERATOR_REPLICAS) -> list[dict[str, Any]]:
     """Everything to install, in apply order (CRDs before the runtimes that need them)."""
     return [
         namespace(),
@@ -215,6 +247,7 @@ def install_manifests(image: str = DEFAULT_IMAGE, operator_replicas: int = 1) ->
         pytorchjob_crd(),
         *rbac(),
         deployment(image, operator_replicas),
+        service(),
         *builtin_runtimes(),
         *kubeflow_version(),
     ]
@@ -232,7 +265,7 @@ def deploy_files(image: str = DEFAULT_IMAGE) -> dict[str, str]:
         "namespace.yaml": manifests_yaml([namespace()]),
         **{f"crds/{crd['metadata']['name']}.yaml": manifests_yaml([crd]) for crd in crds},
         "rbac.yaml": manifests_yaml(rbac()),
-        "operator.yaml": manifests_yaml([deployment(image)]),
+        "operator.yaml": manifests_yaml([deployment(image), service()]),
         "runtimes.yaml": manifests_yaml(builtin_runtimes()),
         "kubeflow-version.yaml": manifests_yaml(kubeflow_version()),
     }

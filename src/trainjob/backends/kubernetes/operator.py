@@ -18,9 +18,11 @@ initial listing. Failed passes are retried with backoff; jobs with a deadline ar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Collection
+import time
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,9 @@ from trainjob import __version__
 from trainjob.backends.kubernetes.cache import ObjectCache
 from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_api_client
 from trainjob.backends.kubernetes.kubeapi import KubeApi
+from trainjob.backends.kubernetes.leader import LeaderElector, LeadershipLost
+from trainjob.backends.kubernetes.manifests import LEASE_NAME
+from trainjob.backends.kubernetes.metrics import OperatorMetrics
 from trainjob.backends.kubernetes.pytorchjob import (
     OPERATOR_NAME,
     OPERATOR_NAME_LABEL,
@@ -46,6 +51,8 @@ from trainjob.backends.kubernetes.resources import (
     TRAINJOBS,
 )
 from trainjob.backends.kubernetes.snapshot import SnapshotSigner, load_or_create_key
+from trainjob.backends.kubernetes.status_server import StatusEndpoint, StatusServer
+from trainjob.backends.kubernetes.tls import load_or_create_serving_tls
 from trainjob.backends.kubernetes.workqueue import WorkQueue
 
 log = logging.getLogger("trainjob.operator")
@@ -66,6 +73,9 @@ class OperatorState:
     #: ``None`` when PyTorchJobs are another controller's (their CRD was not installed by trainjob).
     pytorchjobs: PyTorchJobReconciler | None = None
     pytorchjob_queue: WorkQueue = field(default_factory=WorkQueue)
+    #: Kubeflow's status endpoint, where the jobs' pods push their progress (``None``: read from their logs).
+    status_server: StatusServer | None = None
+    metrics: OperatorMetrics | None = None
 
 
 # -- handlers: plain functions, registered in make_registry() --------------------------------------------------------
@@ -76,7 +86,7 @@ async def start_workers(memo: OperatorState, **_: Any) -> None:
 
     async def handle(key: Any) -> float | None:
         namespace, name = key
-        return await asyncio.to_thread(memo.reconciler.reconcile, namespace, name)
+        return await _measured(memo, TRAINJOBS.kind, memo.queue, memo.reconciler.reconcile, namespace, name)
 
     memo.tasks.append(
         asyncio.create_task(memo.queue.run_workers(handle, memo.workers), name="trainjob-workers")
@@ -86,10 +96,38 @@ async def start_workers(memo: OperatorState, **_: Any) -> None:
 
         async def handle_pytorchjob(key: Any) -> float | None:
             namespace, name = key
-            return await asyncio.to_thread(pytorchjobs.reconcile, namespace, name)
+            return await _measured(memo, PYTORCHJOBS.kind, memo.pytorchjob_queue, pytorchjobs.reconcile,
+                                   namespace, name)
 
         memo.tasks.append(asyncio.create_task(
             memo.pytorchjob_queue.run_workers(handle_pytorchjob, memo.workers), name="pytorchjob-workers"))
+
+
+async def _measured(memo: OperatorState, kind: str, queue: WorkQueue,
+                    reconcile: Callable[[str, str], float | None], namespace: str, name: str) -> float | None:
+    """One reconcile in a worker thread, its duration and result counted in the metrics."""
+    metrics = memo.metrics
+    if metrics is None:
+        return await asyncio.to_thread(reconcile, namespace, name)
+    metrics.set_queue_depth(kind, len(queue))
+    start = time.perf_counter()
+    try:
+        again = await asyncio.to_thread(reconcile, namespace, name)
+    except Exception:
+        metrics.observe_reconcile(kind, time.perf_counter() - start, "error")
+        raise
+    metrics.observe_reconcile(kind, time.perf_counter() - start, "success" if again is None else "requeue_after")
+    return again
+
+
+async def start_status_server(memo: OperatorState, **_: Any) -> None:
+    if memo.status_server is not None:
+        await memo.status_server.start()
+
+
+async def stop_status_server(memo: OperatorState, **_: Any) -> None:
+    if memo.status_server is not None:
+        await memo.status_server.stop()
 
 
 async def stop_workers(memo: OperatorState, **_: Any) -> None:
@@ -109,6 +147,8 @@ async def enqueue_trainjob(body: kopf.Body, event: dict[str, Any], memo: Operato
     """Any event about a TrainJob (including the initial listing after a restart) is cached and queues it."""
     _cache(memo, TRAINJOBS, event)
     memo.queue.add((body.metadata.namespace, body.metadata.name))
+    if memo.metrics is not None:
+        memo.metrics.set_queue_depth(TRAINJOBS.kind, len(memo.queue))
 
 
 async def cache_cluster_runtime(event: dict[str, Any], memo: OperatorState, **_: Any) -> None:
@@ -177,7 +217,9 @@ def make_registry(pytorchjobs: bool = False) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     kopf.on.startup(registry=registry)(configure)
     kopf.on.startup(registry=registry)(start_workers)
+    kopf.on.startup(registry=registry)(start_status_server)
     kopf.on.cleanup(registry=registry)(stop_workers)
+    kopf.on.cleanup(registry=registry)(stop_status_server)
     kopf.on.login(registry=registry)(login)
     kopf.on.probe(id="queue", registry=registry)(queue_depth)
     kopf.on.event(TRAINJOBS.group, TRAINJOBS.version, TRAINJOBS.plural, registry=registry)(enqueue_trainjob)
@@ -207,22 +249,58 @@ async def operate(
     stop_flag: threading.Event | asyncio.Event | None = None,
     ready_flag: threading.Event | asyncio.Event | None = None,
     key_namespace: str | None = None,
+    status_url: str | None = None,
+    status_port: int = 8443,
+    status_host: str = "0.0.0.0",
+    leader_elect: bool = False,
+    lease_duration: float = 15.0,
+    renew_deadline: float = 10.0,
+    retry_period: float = 2.0,
+    metrics_port: int | None = None,
+    metrics_host: str = "0.0.0.0",
 ) -> None:
     """Run the operator until ``stop_flag`` is set (or the task is cancelled).
 
-    ``key_namespace`` holds the Secret with the key that signs runtime snapshots (:mod:`.snapshot`): the
-    operator's own namespace in a pod, else ``trainjob-system``."""
-    api = KubeApi(load_api_client(config, user_agent=USER_AGENT))
-    key = await asyncio.to_thread(load_or_create_key, api, key_namespace or operator_namespace())
+    ``key_namespace`` holds the Secret with the key that signs runtime snapshots (:mod:`.snapshot`), the status
+    endpoint's TLS (:mod:`.tls`) and the leader Lease: the operator's own namespace in a pod, else
+    ``trainjob-system``. ``status_url``: where the jobs' pods reach this operator's status endpoint
+    (``https://host:port``), served on ``status_host:status_port``; without it the operator reads progress from node
+    0's log instead. ``leader_elect``: reconcile only while holding the Lease (:mod:`.leader`); a replica that loses
+    it raises :class:`~.leader.LeadershipLost` (so its process exits and restarts as a follower).
+    ``metrics_port``: serve Prometheus metrics (:mod:`.metrics`) on ``/metrics`` there."""
+    metrics = OperatorMetrics()
+    if metrics_port is not None:
+        metrics.serve(metrics_host, metrics_port)
+    api = KubeApi(metrics.instrument(load_api_client(config, user_agent=USER_AGENT)))
+    home = key_namespace or operator_namespace()
+    key = await asyncio.to_thread(load_or_create_key, api, home)
     cache = ObjectCache()
-    state = OperatorState(api=api, reconciler=Reconciler(api, SnapshotSigner(key), cache=cache), cache=cache,
-                          workers=workers)
+    metrics.job_counts = lambda: jobs_by_state(cache)
+    endpoint = server = None
+    if status_url:
+        tls = await asyncio.to_thread(load_or_create_serving_tls, api, home, status_hosts(status_url, home))
+        endpoint = StatusEndpoint(status_url, tls.ca_pem)
+        server = StatusServer(api, cache, tls, host=status_host, port=status_port,
+                              on_report=lambda result: metrics.observe_status_report(result == "accepted"))
+    state = OperatorState(
+        api=api, reconciler=Reconciler(api, SnapshotSigner(key), cache=cache, status_endpoint=endpoint),
+        cache=cache, workers=workers, status_server=server, metrics=metrics,
+        queue=WorkQueue(on_take=lambda _key, waited: metrics.observe_queue_wait(TRAINJOBS.kind, waited)),
+        pytorchjob_queue=WorkQueue(on_take=lambda _key, waited: metrics.observe_queue_wait(PYTORCHJOBS.kind, waited)))
     if await asyncio.to_thread(owns_crd, api, f"{PYTORCHJOBS.plural}.{PYTORCHJOBS.group}"):
         state.pytorchjobs = PyTorchJobReconciler(api)
     else:
         log.info("not reconciling PyTorchJobs: their CRD is absent or another controller's")
+    elector = None
     try:
-        await kopf.operator(
+        if leader_elect:
+            elector = LeaderElector(api, home, LEASE_NAME, lease_duration=lease_duration,
+                                    renew_deadline=renew_deadline, retry_period=retry_period)
+            async with standby_health(liveness):
+                await elector.acquire()
+            metrics.set_leader(True)
+            log.info("leading as %s", elector.identity)
+        run = kopf.operator(
             registry=make_registry(pytorchjobs=state.pytorchjobs is not None),
             memo=state,
             standalone=True,
@@ -232,8 +310,86 @@ async def operate(
             stop_flag=stop_flag,
             ready_flag=ready_flag,
         )
+        if elector is None:
+            await run
+        else:
+            await _while_leading(elector, run)
     finally:
+        if elector is not None:
+            metrics.set_leader(False)
+            with contextlib.suppress(Exception):
+                await elector.release()
         api.client.close()
+        metrics.close()
+
+
+async def _while_leading(elector: LeaderElector, run: Coroutine[Any, Any, None]) -> None:
+    """Run the operator while the lease is held; stop it the moment a renewal fails (then raise)."""
+    operator = asyncio.create_task(run, name="kopf-operator")
+    hold = asyncio.create_task(elector.hold(), name="leader-lease")
+    try:
+        done, _ = await asyncio.wait({operator, hold}, return_when=asyncio.FIRST_COMPLETED)
+        if hold in done:
+            operator.cancel()
+            await asyncio.gather(operator, return_exceptions=True)
+            hold.result()  # raises LeadershipLost
+            raise LeadershipLost("the leader lease was lost")
+        operator.result()
+    finally:
+        for task in (operator, hold):
+            task.cancel()
+        await asyncio.gather(operator, hold, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def standby_health(liveness: str | None) -> AsyncIterator[None]:
+    """While a replica waits for the lease, answer its liveness probe (kopf serves it once leading), so the
+    kubelet does not restart a healthy follower."""
+    if not liveness:
+        yield
+        return
+    from urllib.parse import urlsplit
+
+    from aiohttp import web
+
+    url = urlsplit(liveness)
+
+    async def healthy(_: web.Request) -> web.Response:
+        return web.json_response({"standby": True})
+
+    app = web.Application()
+    app.router.add_get(url.path or "/", healthy)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, url.hostname or "0.0.0.0", url.port or 80).start()
+    try:
+        yield
+    finally:
+        await runner.cleanup()
+
+
+def jobs_by_state(cache: ObjectCache) -> dict[str, int]:
+    """How many TrainJobs of the cache are in each state (as ``kubectl get trainjobs`` shows it)."""
+    from trainjob.backends.kubernetes.views import job_status
+
+    counts: dict[str, int] = {}
+    for job in cache.list(TRAINJOBS):
+        state = job_status(job)[0]
+        counts[state] = counts.get(state, 0) + 1
+    return counts
+
+
+def status_hosts(status_url: str, namespace: str) -> list[str]:
+    """The names the status endpoint's certificate must carry: the URL's host, and the operator Service's."""
+    from urllib.parse import urlsplit
+
+    from trainjob.backends.kubernetes.manifests import NAME
+
+    host = urlsplit(status_url).hostname
+    if not host:
+        raise ValueError(f"--status-url: {status_url!r} has no host; expected e.g. https://{NAME}.{namespace}.svc:8443")
+    service = f"{NAME}.{namespace}.svc"
+    return list(dict.fromkeys([host, service, f"{service}.cluster.local"]))
 
 
 def operator_namespace() -> str:

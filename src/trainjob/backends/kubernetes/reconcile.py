@@ -61,6 +61,7 @@ from trainjob.backends.kubernetes.resources import (
     ResourceRef,
 )
 from trainjob.backends.kubernetes.snapshot import SnapshotSigner, has_snapshot
+from trainjob.backends.kubernetes.status_server import StatusEndpoint, inject_status_client
 from trainjob.backends.kubernetes.ttl import ttl_remaining
 from trainjob.backends.kubernetes.views import trainer_pods
 from trainjob.constants import LAUNCH_ANNOTATION, TRAINER_NODE
@@ -97,12 +98,14 @@ class Reconciler:
     """Converges TrainJobs through a :class:`KubeApi`; ``clock`` is injectable for deadline tests."""
 
     def __init__(self, api: KubeApi, signer: SnapshotSigner, clock: Callable[[], float] = time.time,
-                 cache: ObjectCache | None = None) -> None:
+                 cache: ObjectCache | None = None, status_endpoint: StatusEndpoint | None = None) -> None:
         self.api = api
         self.signer = signer
         self.clock = clock
         #: The watches' objects (TrainJobs, JobSets, runtimes): read instead of the API server when given.
         self.cache = cache
+        #: Where the pods push their progress (:mod:`.status_server`); ``None``: it is read from node 0's log.
+        self.status_endpoint = status_endpoint
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """One pass over TrainJob ``namespace/name``; returns seconds until the next pass is due, if any."""
@@ -157,12 +160,13 @@ class Reconciler:
         if remaining is not None and remaining <= 0 and st.finished_condition(new) is None:
             self._fail_past_deadline(job, status, new, now)
             return None
-        if not suspend and _trainer_started(jobset, trainer):
+        elastic = progress.is_elastic(jobset, trainer)
+        if not suspend and _trainer_started(jobset, trainer) and (self.status_endpoint is None or elastic):
             new = self._observe_trainer(job, new, jobset, trainer)
         self._write_status(namespace, name, status, new)
         if st.finished_condition(new) is not None:
             return self._expire({**job, "status": new}, now)
-        if suspend:
+        if suspend or (self.status_endpoint is not None and not elastic):  # progress is pushed: nothing to poll
             return remaining
         return progress.RESYNC_SECONDS if remaining is None else min(remaining, progress.RESYNC_SECONDS)
 
@@ -316,6 +320,8 @@ class Reconciler:
         made_jobset = False
         for obj in objects:
             if obj["kind"] == JOBSETS.kind:  # the snapshot and launch values travel with the JobSet's create
+                if self.status_endpoint is not None:
+                    inject_status_client(obj, self.status_endpoint)
                 obj["metadata"].setdefault("annotations", {}).update(self.signer.annotations(job, snapshot))
                 obj["metadata"]["annotations"][LAUNCH_ANNOTATION] = json.dumps(launch.to_dict(), sort_keys=True)
             try:
@@ -353,6 +359,8 @@ class Reconciler:
             read = self._report_resizes(job, list(pods.values())) if progress.is_elastic(jobset, trainer) else {}
             pod = pods.get(0)
             if pod is None or not progress.should_read_progress(job, pod):  # job: the status before this pass
+                return status
+            if self.status_endpoint is not None:  # pushed to the status endpoint, not read from the log
                 return status
             text = read.get(pod["metadata"]["name"]) or self._log_tail(namespace, pod)
         except NotFoundError:

@@ -27,7 +27,8 @@ Handler = Callable[[Hashable], Awaitable[float | None]]
 class WorkQueue:
     """Keys due at a time; :meth:`run_workers` processes them until cancelled."""
 
-    def __init__(self, max_backoff: float = 60.0) -> None:
+    def __init__(self, max_backoff: float = 60.0,
+                 on_take: Callable[[Hashable, float], None] | None = None) -> None:
         self._due: dict[Hashable, float] = {}
         self._heap: list[tuple[float, int, Hashable]] = []
         self._order = itertools.count()
@@ -36,6 +37,8 @@ class WorkQueue:
         self._failures: dict[Hashable, int] = {}
         self._changed = asyncio.Event()
         self.max_backoff = max_backoff
+        #: Called with the key and how long it waited past its due time, when a worker takes it (metrics).
+        self.on_take = on_take
 
     def add(self, key: Hashable, after: float = 0.0) -> None:
         """Process ``key`` in ``after`` seconds, or sooner when it is due sooner already."""
@@ -67,6 +70,8 @@ class WorkQueue:
                 heapq.heappop(self._heap)
                 del self._due[key]
                 self._busy.add(key)
+                if self.on_take is not None:
+                    self.on_take(key, now - at)
                 return key
             self._changed.clear()
             timeout = self._heap[0][0] - now if self._heap else None

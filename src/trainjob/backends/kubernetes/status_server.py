@@ -1,0 +1,329 @@
+"""Kubeflow Trainer's status endpoint, served by the operator: running jobs push their progress, nobody polls.
+
+``POST /apis/trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/trainjobs/{name}/status`` with
+``{"trainerStatus": {"progressPercentage": 42, "estimatedRemainingSeconds": 120, "metrics": [{"name": "loss",
+"value": "0.43"}], "lastUpdatedTime": "..."}}`` sets the job's ``status.trainerStatus``, as Kubeflow Trainer v2.2's
+controller does. The pods find it through the variables the operator puts in every container
+(:func:`inject_status_client`), which the Kubeflow SDK's ``update_trainjob_status`` and trainjob's own
+(:mod:`trainjob.torch.metrics`) read:
+
+- ``KUBEFLOW_TRAINER_SERVER_URL``: this endpoint for the pod's own job;
+- ``KUBEFLOW_TRAINER_SERVER_TOKEN``: a file holding a service-account token the kubelet projects for the pod with
+  the audience ``trainer.kubeflow.org`` (it opens nothing on the API server);
+- ``KUBEFLOW_TRAINER_SERVER_CA_CERT``: a file holding the CA of the endpoint's certificate (:mod:`.tls`).
+
+A request is accepted when the API server says the token is valid for that audience (a ``TokenReview``) and the pod
+it was issued to (named in the review, checked by uid) is a pod of that TrainJob's JobSet in its namespace: a
+token of one job cannot write another job's status. Reviews and pods are remembered per token until the token
+expires, so a job costs the API server one review and one pod read, then one status write per report interval at
+most (``min_interval``; a report that comes sooner waits and is replaced by any newer one)::
+
+    server = StatusServer(api, cache, tls=load_or_create_serving_tls(api, ns, hosts), port=8443)
+    await server.start()
+    ...
+    await server.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import hashlib
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from trainjob.backends.kubernetes import status as st
+from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL, TRAINJOBS
+from trainjob.progress import MAX_METRICS
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from trainjob.backends.kubernetes.cache import ObjectCache
+    from trainjob.backends.kubernetes.kubeapi import KubeApi
+    from trainjob.backends.kubernetes.tls import ServingTLS
+
+log = logging.getLogger("trainjob.operator")
+
+AUDIENCE = "trainer.kubeflow.org"
+URL_ENV, CA_CERT_ENV, TOKEN_ENV = ("KUBEFLOW_TRAINER_SERVER_URL", "KUBEFLOW_TRAINER_SERVER_CA_CERT",
+                                   "KUBEFLOW_TRAINER_SERVER_TOKEN")
+#: Where the token and the CA are mounted in every container of a job's pods.
+MOUNT_PATH = "/var/run/secrets/trainer.kubeflow.org"
+VOLUME = "trainjob-status-client"
+#: The pod-template annotation the CA reaches the pods through (a downward-API file).
+CA_ANNOTATION = "trainer.kubeflow.org/status-server-ca"
+TOKEN_SECONDS = 3600
+_PATH = re.compile(r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/([^/]+)/trainjobs/([^/]+)/status$")
+_POD_NAME, _POD_UID = "authentication.kubernetes.io/pod-name", "authentication.kubernetes.io/pod-uid"
+#: The longest a review is trusted, whatever the token's own expiry.
+REVIEW_SECONDS = 600.0
+
+
+@dataclass(frozen=True)
+class StatusEndpoint:
+    """Where pods reach the endpoint (``https://host:port``) and the CA that signed its certificate."""
+
+    base_url: str
+    ca_pem: str
+
+    def url(self, namespace: str, name: str) -> str:
+        return f"{self.base_url.rstrip('/')}/apis/trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/trainjobs/{name}/status"
+
+
+def inject_status_client(jobset: dict[str, Any], endpoint: StatusEndpoint) -> None:
+    """Give every container of ``jobset``'s pods the endpoint's URL for the job, a projected token with the
+    ``trainer.kubeflow.org`` audience and the CA, in place (variables a container sets itself are kept)."""
+    meta = jobset["metadata"]
+    env = [
+        {"name": URL_ENV, "value": endpoint.url(meta["namespace"], meta["name"])},
+        {"name": TOKEN_ENV, "value": f"{MOUNT_PATH}/token"},
+        {"name": CA_CERT_ENV, "value": f"{MOUNT_PATH}/ca.crt"},
+    ]
+    volume = {"name": VOLUME, "projected": {"sources": [
+        {"serviceAccountToken": {"audience": AUDIENCE, "expirationSeconds": TOKEN_SECONDS, "path": "token"}},
+        {"downwardAPI": {"items": [{"path": "ca.crt",
+                                    "fieldRef": {"fieldPath": f"metadata.annotations['{CA_ANNOTATION}']"}}]}},
+    ]}}
+    for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        template = rj.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
+        template.setdefault("metadata", {}).setdefault("annotations", {})[CA_ANNOTATION] = endpoint.ca_pem
+        pod = template.setdefault("spec", {})
+        volumes = pod.setdefault("volumes", [])
+        if not any(v.get("name") == VOLUME for v in volumes):
+            volumes.append(volume)
+        for container in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
+            names = {e.get("name") for e in container.get("env") or []}
+            container["env"] = [*(container.get("env") or []), *(e for e in env if e["name"] not in names)]
+            mounts = container.setdefault("volumeMounts", [])
+            if not any(m.get("name") == VOLUME for m in mounts):
+                mounts.append({"name": VOLUME, "mountPath": MOUNT_PATH, "readOnly": True})
+
+
+class Refused(Exception):
+    """A request the endpoint answers with ``status`` and ``message``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def trainer_status_of(body: Any) -> dict[str, Any]:
+    """The ``trainerStatus`` of a request body, checked field by field (``Refused(400)`` naming what is wrong)."""
+    if not isinstance(body, dict) or not isinstance(body.get("trainerStatus"), dict):
+        raise Refused(400, 'the body must be a JSON object {"trainerStatus": {...}}')
+    given = body["trainerStatus"]
+    unknown = set(given) - {"progressPercentage", "estimatedRemainingSeconds", "metrics", "lastUpdatedTime"}
+    if unknown:
+        raise Refused(400, f"trainerStatus: unknown field(s) {sorted(unknown)}; accepted: progressPercentage, "
+                           "estimatedRemainingSeconds, metrics, lastUpdatedTime")
+    out: dict[str, Any] = {}
+    for key, low, high in (("progressPercentage", 0, 100), ("estimatedRemainingSeconds", 0, None)):
+        value = given.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                or value < low or (high is not None and value > high):
+            bound = f"{low}..{high}" if high is not None else f">= {low}"
+            raise Refused(400, f"trainerStatus.{key}: must be an integer {bound}, got {value!r}")
+        out[key] = int(value)
+    metrics = given.get("metrics")
+    if metrics is not None:
+        if not isinstance(metrics, list) or len(metrics) > MAX_METRICS or not all(
+                isinstance(m, dict) and isinstance(m.get("name"), str) and m["name"]
+                and isinstance(m.get("value"), str) and set(m) <= {"name", "value"} for m in metrics):
+            raise Refused(400, f"trainerStatus.metrics: must be a list of at most {MAX_METRICS} "
+                               '{"name": str, "value": str}')
+        out["metrics"] = [{"name": m["name"], "value": m["value"][:256]} for m in metrics]
+    stamp = given.get("lastUpdatedTime")
+    seconds = _seconds_of(stamp) if stamp is not None else time.time()
+    if seconds is None:
+        raise Refused(400, f"trainerStatus.lastUpdatedTime: must be an RFC 3339 time with a zone, got {stamp!r}")
+    out["lastUpdatedTime"] = st.timestamp(seconds)
+    return out
+
+
+def _seconds_of(stamp: object) -> float | None:
+    if not isinstance(stamp, str):
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(stamp)
+    except ValueError:
+        return None
+    return parsed.timestamp() if parsed.tzinfo is not None else None
+
+
+def _token_expiry(token: str) -> float | None:
+    """The ``exp`` claim of a JWT, unverified (only to know how long its review may be remembered)."""
+    try:
+        payload = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        return float(claims["exp"])
+    except (IndexError, ValueError, KeyError, TypeError):
+        return None
+
+
+class StatusServer:
+    """The HTTPS endpoint; ``api`` reviews tokens, reads pods and writes statuses; ``cache`` knows the jobs."""
+
+    def __init__(self, api: KubeApi, cache: ObjectCache, tls: ServingTLS | None, host: str = "0.0.0.0",
+                 port: int = 8443, min_interval: float = 5.0, clock: Callable[[], float] = time.time,
+                 on_report: Callable[[str], None] | None = None) -> None:
+        self.api, self.cache, self.tls = api, cache, tls
+        self.host, self.port, self.min_interval, self.clock = host, port, min_interval, clock
+        self.on_report = on_report or (lambda result: None)
+        #: sha256(token) -> (trusted until, namespace, job name) of the reviewed pod
+        self._reviewed: dict[str, tuple[float, str, str]] = {}
+        self._last_write: dict[tuple[str, str], float] = {}
+        self._pending: dict[tuple[str, str], dict[str, Any]] = {}
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> int:
+        """Listen; returns the port (the one chosen when ``port`` is 0)."""
+        from aiohttp import web
+
+        app = web.Application(client_max_size=64 * 1024)
+        app.router.add_post("/apis/trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/trainjobs/{name}/status",
+                            self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        context = self.tls.server_context() if self.tls is not None else None
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=context)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None) or []  # the bound port when 0 was asked for
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+        log.info("status endpoint listening on %s:%d (%s)", self.host, self.port, "https" if context else "http")
+        return self.port
+
+    async def stop(self) -> None:
+        for key in list(self._pending):
+            await self._flush(key)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        try:
+            token = self._bearer(request.headers.get("Authorization", ""))
+            await self._authorize(token, namespace, name)
+            try:
+                body = await request.json()
+            except ValueError as exc:
+                raise Refused(400, f"the body is not JSON: {exc}") from exc
+            trainer_status = trainer_status_of(body)
+            job = self.cache.get(TRAINJOBS, namespace, name)
+            if job is None:
+                raise Refused(404, f"TrainJob {namespace}/{name} not found")
+            if st.finished_condition(job.get("status") or {}) is not None:
+                raise Refused(409, f"TrainJob {namespace}/{name} has finished; its status no longer changes")
+            await self._accept((namespace, name), trainer_status)
+        except Refused as refused:
+            self.on_report("rejected")
+            log.info("status report for %s/%s refused (%d): %s", namespace, name, refused.status, refused)
+            return web.json_response({"message": str(refused)}, status=refused.status)
+        self.on_report("accepted")
+        return web.json_response({"message": "accepted"})
+
+    @staticmethod
+    def _bearer(header: str) -> str:
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Refused(401, "an Authorization: Bearer <token> header is required (the projected token in "
+                               f"${TOKEN_ENV})")
+        return token.strip()
+
+    async def _authorize(self, token: str, namespace: str, name: str) -> None:
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        now = self.clock()
+        known = self._reviewed.get(digest)
+        if known is None or known[0] <= now:
+            known = await asyncio.to_thread(self._review, token, now)
+            self._reviewed = {k: v for k, v in self._reviewed.items() if v[0] > now}
+            self._reviewed[digest] = known
+        _, pod_namespace, pod_job = known
+        if (pod_namespace, pod_job) != (namespace, name):
+            raise Refused(403, f"the token belongs to a pod of TrainJob {pod_namespace}/{pod_job}, not "
+                               f"{namespace}/{name}")
+
+    def _review(self, token: str, now: float) -> tuple[float, str, str]:
+        """Ask the API server about the token, then read the pod it was issued to; (until, namespace, job)."""
+        import kubernetes.client
+
+        review = kubernetes.client.AuthenticationV1Api(self.api.client).create_token_review(
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+             "spec": {"token": token, "audiences": [AUDIENCE]}})
+        status = review.status
+        if not status or not status.authenticated or AUDIENCE not in (status.audiences or []):
+            raise Refused(401, f"the token is not valid for the audience {AUDIENCE!r}"
+                               + (f": {status.error}" if status and status.error else ""))
+        extra = (status.user.extra or {}) if status.user else {}
+        username = (status.user.username or "") if status.user else ""
+        pod_name, pod_uid = (extra.get(_POD_NAME) or [None])[0], (extra.get(_POD_UID) or [None])[0]
+        parts = username.split(":")
+        if not pod_name or len(parts) != 4 or parts[:2] != ["system", "serviceaccount"]:
+            raise Refused(403, "the token was not issued to a pod (use the token projected into the job's pods)")
+        pod_namespace = parts[2]
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            pod = self.api.core.read_namespaced_pod(pod_name, pod_namespace)
+        except ApiException as exc:
+            raise Refused(403, f"the token's pod {pod_namespace}/{pod_name} is gone") from exc
+        if pod.metadata.uid != pod_uid:
+            raise Refused(403, f"the token's pod {pod_namespace}/{pod_name} is gone (another has its name)")
+        job = (pod.metadata.labels or {}).get(JOBSET_NAME_LABEL)
+        if not job:
+            raise Refused(403, f"pod {pod_namespace}/{pod_name} belongs to no TrainJob")
+        expiry = _token_expiry(token)
+        until = min(now + REVIEW_SECONDS, expiry if expiry is not None else now + REVIEW_SECONDS)
+        return until, pod_namespace, job
+
+    async def _accept(self, key: tuple[str, str], trainer_status: dict[str, Any]) -> None:
+        """Write now, or when ``min_interval`` has passed since the last write (the newest report wins)."""
+        waiting = key in self._pending
+        self._pending[key] = trainer_status
+        if waiting:
+            return
+        due = self._last_write.get(key, -math.inf) + self.min_interval - self.clock()
+        if due <= 0:
+            await self._flush(key)
+            return
+
+        async def later() -> None:
+            await asyncio.sleep(due)
+            await self._flush(key)
+
+        asyncio.get_running_loop().create_task(later())
+
+    async def _flush(self, key: tuple[str, str]) -> None:
+        trainer_status = self._pending.pop(key, None)
+        if trainer_status is None:
+            return
+        namespace, name = key
+        self._last_write[key] = self.clock()
+        job = self.cache.get(TRAINJOBS, namespace, name) or {}
+        old = (job.get("status") or {}).get("trainerStatus") or {}
+        if old == trainer_status:
+            return
+        patch = {**{k: None for k in old if k not in trainer_status}, **trainer_status}
+        try:
+            written = await asyncio.to_thread(self.api.patch_status, TRAINJOBS, namespace, name,
+                                              {"trainerStatus": patch})
+        except Exception as exc:  # progress is best effort: the next report tries again
+            log.warning("cannot write the progress of TrainJob %s/%s: %s", namespace, name, exc)
+            return
+        self.cache.store(TRAINJOBS, written)
+        if len(self._last_write) > 10_000:  # forget jobs not heard from for a while
+            cutoff = self.clock() - 10 * self.min_interval
+            self._last_write = {k: t for k, t in self._last_write.items() if t > cutoff}

@@ -1,0 +1,173 @@
+"""The serving certificate of the operator's status endpoint (:mod:`.status_server`), and the CA pods trust it by.
+
+The operator keeps a self-signed CA and a serving certificate for its status endpoint's host names in the Secret
+``trainjob-operator-status-tls`` of its namespace (``ca.crt``, ``tls.crt``, ``tls.key``), created by the first
+replica that starts, so every replica serves the same certificate and a restart changes nothing the running pods
+hold. The pods receive ``ca.crt`` through a downward-API file (:mod:`.reconcile` puts it in their template)::
+
+    tls = load_or_create_serving_tls(api, "trainjob-system", ["trainjob-operator.trainjob-system.svc"])
+    context = tls.server_context()     # ssl.SSLContext for the HTTPS server
+    tls.ca_pem                         # what the pods verify the server with
+
+A Secret whose certificate does not name every host asked for is issued again from the same CA (the pods' CA
+stays valid).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import ipaddress
+import os
+import ssl
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from trainjob.errors import BackendError
+
+if TYPE_CHECKING:
+    from trainjob.backends.kubernetes.kubeapi import KubeApi
+
+TLS_SECRET = "trainjob-operator-status-tls"
+_VALID_DAYS = 3650
+
+
+@dataclass(frozen=True)
+class ServingTLS:
+    """PEM texts of the CA, the serving certificate and its key."""
+
+    ca_pem: str
+    cert_pem: str
+    key_pem: str
+
+    def server_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        with tempfile.TemporaryDirectory() as tmp:  # ssl loads a chain from files only
+            cert, key = os.path.join(tmp, "tls.crt"), os.path.join(tmp, "tls.key")
+            with open(cert, "w") as f:
+                f.write(self.cert_pem)
+            with open(key, "w") as f:
+                f.write(self.key_pem)
+            os.chmod(key, 0o600)
+            context.load_cert_chain(cert, key)
+        return context
+
+    def names(self) -> set[str]:
+        """The DNS names and IP addresses the serving certificate is valid for."""
+        from cryptography import x509
+
+        cert = x509.load_pem_x509_certificate(self.cert_pem.encode())
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        return {*san.get_values_for_type(x509.DNSName), *(str(ip) for ip in san.get_values_for_type(x509.IPAddress))}
+
+
+def _name(common_name: str):  # type: ignore[no-untyped-def]
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _san(hosts: Sequence[str]):  # type: ignore[no-untyped-def]
+    from cryptography import x509
+
+    entries: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            entries.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            entries.append(x509.DNSName(host))
+    return x509.SubjectAlternativeName(entries)
+
+
+def _pem_key(key) -> str:  # type: ignore[no-untyped-def]
+    from cryptography.hazmat.primitives import serialization
+
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption()).decode()
+
+
+def issue(hosts: Sequence[str], ca_pem: str | None = None, ca_key_pem: str | None = None) -> tuple[ServingTLS, str]:
+    """A serving certificate for ``hosts`` signed by the given CA (a new one when ``None``); the TLS texts and the
+    CA's key."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    now = datetime.datetime.now(datetime.UTC)
+    if ca_pem is None or ca_key_pem is None:
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca = (x509.CertificateBuilder().subject_name(_name("trainjob-operator-ca")).issuer_name(_name(
+            "trainjob-operator-ca")).public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(
+                days=_VALID_DAYS)).add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+            .sign(ca_key, hashes.SHA256()))
+        ca_pem, ca_key_pem = ca.public_bytes(serialization.Encoding.PEM).decode(), _pem_key(ca_key)
+    ca_cert = x509.load_pem_x509_certificate(ca_pem.encode())
+    ca_key = serialization.load_pem_private_key(ca_key_pem.encode(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder().subject_name(_name(hosts[0])).issuer_name(ca_cert.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(
+                days=_VALID_DAYS)).add_extension(_san(hosts), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
+    tls = ServingTLS(ca_pem, cert.public_bytes(serialization.Encoding.PEM).decode(), _pem_key(key))
+    return tls, ca_key_pem
+
+
+def load_or_create_serving_tls(api: KubeApi, namespace: str, hosts: Sequence[str]) -> ServingTLS:
+    """The status endpoint's TLS from Secret ``namespace/trainjob-operator-status-tls``: created when missing,
+    its serving certificate issued again (same CA) when it does not name every one of ``hosts``."""
+    from kubernetes.client.exceptions import ApiException
+
+    def decoded(data: dict[str, str], key: str) -> str:
+        return base64.b64decode(data[key]).decode()
+
+    def body(tls: ServingTLS, ca_key_pem: str, resource_version: str | None = None) -> dict[str, object]:
+        meta: dict[str, object] = {"name": TLS_SECRET, "namespace": namespace}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        texts = {"ca.crt": tls.ca_pem, "ca.key": ca_key_pem, "tls.crt": tls.cert_pem, "tls.key": tls.key_pem}
+        return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
+                "data": {k: base64.b64encode(v.encode()).decode() for k, v in texts.items()}}
+
+    for _ in range(3):
+        try:
+            secret = api.core.read_namespaced_secret(TLS_SECRET, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise BackendError(f"cannot read Secret {namespace}/{TLS_SECRET} (the status endpoint's TLS): "
+                                   f"{exc.status} {exc.reason}") from exc
+            tls, ca_key_pem = issue(hosts)
+            try:
+                api.core.create_namespaced_secret(namespace, body(tls, ca_key_pem))
+                return tls
+            except ApiException as exc:
+                if exc.status != 409:  # 409: another replica made it first; use that one
+                    raise BackendError(f"cannot create Secret {namespace}/{TLS_SECRET}: {exc.status} "
+                                       f"{exc.reason}") from exc
+                continue
+        data = secret.data or {}
+        try:
+            tls = ServingTLS(decoded(data, "ca.crt"), decoded(data, "tls.crt"), decoded(data, "tls.key"))
+            ca_key_pem = decoded(data, "ca.key")
+        except (KeyError, ValueError) as exc:
+            raise BackendError(f"Secret {namespace}/{TLS_SECRET} lacks {exc}; delete it to have it made again") from exc
+        if set(hosts) <= tls.names():
+            return tls
+        tls, _ = issue(sorted(set(hosts) | tls.names()), tls.ca_pem, ca_key_pem)
+        try:
+            api.core.replace_namespaced_secret(TLS_SECRET, namespace,
+                                               body(tls, ca_key_pem, secret.metadata.resource_version))
+            return tls
+        except ApiException as exc:
+            if exc.status != 409:
+                raise BackendError(f"cannot update Secret {namespace}/{TLS_SECRET}: {exc.status} {exc.reason}") from exc
+    raise BackendError(f"cannot read or create Secret {namespace}/{TLS_SECRET}")
