@@ -1,0 +1,134 @@
+"""Kubeflow's status endpoint, served by the operator, against the pods' own projected tokens on the test cluster.
+
+Two jobs run a script that keeps a copy of its pod's token and CA (``KUBEFLOW_TRAINER_SERVER_TOKEN`` /
+``_CA_CERT``) and waits. The test then posts as the pods would: each job's token writes its own job's
+``status.trainerStatus`` and nothing else (another job's status, no token, a forged token, a malformed body are
+refused with the status code and a message that says why), and while the jobs run and report the operator reads
+no pod log and lists no pod of theirs.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubetest.cluster import TrainJobCluster, wait_for
+
+from trainjob.backends.kubernetes.resources import TRAINJOBS
+from trainjob.backends.kubernetes.status_server import StatusEndpoint
+
+#: Copies the pod's token and CA next to the test, then waits for the test to say it is done.
+KEEPER = """
+import os, pathlib, shutil, sys, time
+out = pathlib.Path(sys.argv[1])
+shutil.copy(os.environ["KUBEFLOW_TRAINER_SERVER_TOKEN"], out / "token.part")
+shutil.copy(os.environ["KUBEFLOW_TRAINER_SERVER_CA_CERT"], out / "ca.crt")
+(out / "url").write_text(os.environ["KUBEFLOW_TRAINER_SERVER_URL"])
+os.rename(out / "token.part", out / "token")
+deadline = time.time() + 240
+while not (out / "done").exists() and time.time() < deadline:
+    time.sleep(0.2)
+"""
+
+
+def start(k8s: TrainJobCluster, namespace: str, name: str, tmp_path: Path) -> Path:
+    out = tmp_path / name
+    out.mkdir()
+    k8s.create_job(name, namespace, trainer={"numNodes": 1, "command": [sys.executable, "-c", KEEPER, str(out)],
+                                             "resourcesPerNode": {"requests": {"cpu": "100m"}}})
+    return out
+
+
+def post(url: str, ca: Path, body: Any, token: str | None) -> tuple[int, dict[str, Any]]:
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    context = ssl.create_default_context(cafile=str(ca))
+    try:
+        with urllib.request.urlopen(request, timeout=20, context=context) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
+def report(percent: int, loss: str) -> dict[str, Any]:
+    return {"trainerStatus": {"progressPercentage": percent, "estimatedRemainingSeconds": 30,
+                              "metrics": [{"name": "loss", "value": loss}],
+                              "lastUpdatedTime": "2026-11-24T10:00:00Z"}}
+
+
+@pytest.fixture
+def two_jobs(k8s: TrainJobCluster, namespace: str, tmp_path: Path) -> tuple[Path, Path]:
+    a, b = start(k8s, namespace, "job-a", tmp_path), start(k8s, namespace, "job-b", tmp_path)
+    try:
+        wait_for(lambda: (a / "token").exists() and (b / "token").exists(), 120, "both pods to copy their token")
+        yield a, b
+    finally:
+        for out in (a, b):
+            (out / "done").touch()
+
+
+def test_each_pods_token_writes_its_own_jobs_status_and_nothing_else(
+    k8s: TrainJobCluster, namespace: str, two_jobs: tuple[Path, Path]
+) -> None:
+    a, b = two_jobs
+    endpoint = StatusEndpoint(k8s.operator.status_url, "")
+    url_a, url_b = endpoint.url(namespace, "job-a"), endpoint.url(namespace, "job-b")
+    assert (a / "url").read_text() == url_a  # what the operator told the pod
+    token_a, token_b, ca = (a / "token").read_text().strip(), (b / "token").read_text().strip(), a / "ca.crt"
+
+    def running(name: str) -> bool:
+        jobs = ((k8s.api.get(TRAINJOBS, namespace, name) or {}).get("status") or {}).get("jobsStatus") or []
+        return any(j.get("ready") for j in jobs)
+
+    wait_for(lambda: running("job-a") and running("job-b"), 60, "both jobs' status to say their pod is ready")
+    audit_from = len(k8s.cp.audit_requests())  # from here on, only the reports change the jobs' status
+
+    assert post(url_a, ca, report(10, "2.5"), token_a)[0] == 200
+    job = wait_for(lambda: (j := k8s.api.get(TRAINJOBS, namespace, "job-a")) and
+                   (j.get("status") or {}).get("trainerStatus") and j, 30, "job-a's trainerStatus")
+    assert job["status"]["trainerStatus"] == {"progressPercentage": 10, "estimatedRemainingSeconds": 30,
+                                              "metrics": [{"name": "loss", "value": "2.5"}],
+                                              "lastUpdatedTime": "2026-11-24T10:00:00Z"}
+
+    code, answer = post(url_b, ca, report(99, "0.1"), token_a)  # job-a's pod writing job-b's status
+    assert code == 403 and f"TrainJob {namespace}/job-a, not {namespace}/job-b" in answer["message"], answer
+    assert post(url_b, ca, report(20, "1.5"), token_b)[0] == 200  # job-b's own pod may
+    code, answer = post(url_a, ca, report(50, "1"), None)
+    assert code == 401 and "Bearer" in answer["message"], answer
+    code, answer = post(url_a, ca, report(50, "1"), token_a[:-4] + "AAAA")  # a signature that does not verify
+    assert code == 401 and "trainer.kubeflow.org" in answer["message"], answer
+    code, answer = post(url_a, ca, {"trainerStatus": {"progressPercentage": 140}}, token_a)
+    assert code == 400 and "trainerStatus.progressPercentage: must be an integer 0..100, got 140" in answer["message"]
+    code, answer = post(url_a, ca, {"progress": 1}, token_a)
+    assert code == 400 and '{"trainerStatus": {...}}' in answer["message"], answer
+    code, answer = post(endpoint.url(namespace, "no-such-job"), ca, report(1, "1"), token_a)
+    assert code == 403, answer  # the token says which job it may write; no other name, existing or not
+
+    wait_for(lambda: ((k8s.api.get(TRAINJOBS, namespace, "job-b") or {}).get("status") or {}).get(
+        "trainerStatus", {}).get("progressPercentage") == 20, 30, "job-b's trainerStatus")
+    assert k8s.api.get(TRAINJOBS, namespace, "job-a")["status"]["trainerStatus"]["progressPercentage"] == 10
+
+    # Two more reports from job-a within the interval: they wait, and the newest is written once.
+    assert post(url_a, ca, report(30, "1.2"), token_a)[0] == 200
+    assert post(url_a, ca, report(40, "1.1"), token_a)[0] == 200
+    wait_for(lambda: k8s.api.get(TRAINJOBS, namespace, "job-a")["status"]["trainerStatus"]["progressPercentage"]
+             == 40, 30, "job-a's newest report")
+
+    requests = k8s.cp.audit_requests()[audit_from:]
+    mine = [r for r in requests if (r.get("objectRef") or {}).get("namespace") == namespace]
+    status_writes = [r for r in mine if r["objectRef"].get("resource") == "trainjobs"
+                     and r["objectRef"].get("subresource") == "status"]
+    progress_writes = [r for r in status_writes if r["objectRef"].get("name") == "job-a"]
+    assert len(progress_writes) == 2, [r["requestURI"] for r in status_writes]  # 10%, then 40% (30% replaced)
+    assert not [r for r in mine if r["objectRef"].get("resource") == "pods" and r["verb"] == "list"]
+    assert not [r for r in mine if r["objectRef"].get("subresource") == "log"]
+    reviews = [r for r in requests if (r.get("objectRef") or {}).get("resource") == "tokenreviews"]
+    assert len(reviews) == 3, len(reviews)  # one per token (a, b, the forged one); the answers are remembered
