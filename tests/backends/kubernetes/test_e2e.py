@@ -396,6 +396,9 @@ def test_the_operator_role_grants_exactly_what_the_operator_used(k8s: TrainJobCl
     if not any(r.get("objectRef", {}).get("resource") == "pytorchjobs" and r["verb"] == "delete" for r in requests):
         pytest.skip("run test_pytorchjob_v1.py in the same session: the operator's PyTorchJob rights are checked "
                     "against what it did there")
+    if not any(r.get("objectRef", {}).get("resource") == "leases" for r in requests):
+        pytest.skip("run test_operator_replicas.py in the same session: the operator's Lease rights are checked "
+                    "against what its replicas did there")
     used = {
         (r["objectRef"].get("apiGroup", ""), "/".join(filter(None, [r["objectRef"]["resource"],
                                                                    r["objectRef"].get("subresource")])), r["verb"])
@@ -412,4 +415,13 @@ def test_the_operator_role_grants_exactly_what_the_operator_used(k8s: TrainJobCl
     print("verbs the operator exercised:", *sorted(used), sep="\n  ")
     assert not forbidden, f"the API server refused the operator: {forbidden}"
     assert used <= granted, f"used but not granted: {sorted(used - granted)}"
-    assert granted == used, f"granted but never used: {sorted(granted - used)}"
+    assert granted - RARELY_USED == used - RARELY_USED, f"granted but never used: {sorted(granted - used - RARELY_USED)}"
+
+
+#: Rights for paths no test here is sure to take, each one the operator's code does take when it happens.
+RARELY_USED = {
+    ("jobset.x-k8s.io", "jobsets", "get"),  # a JobSet create that met one its watch had not delivered yet (409)
+    ("trainer.kubeflow.org", "clustertrainingruntimes", "get"),  # a runtime created a moment before its job,
+    ("trainer.kubeflow.org", "trainingruntimes", "get"),  # not yet delivered by the watch
+    ("", "secrets", "update"),  # the status endpoint's certificate issued again for a new host name
+}
