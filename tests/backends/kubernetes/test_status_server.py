@@ -1,0 +1,123 @@
+"""The status endpoint's parts that need no cluster: what a report may say, what the pods are given, and the
+certificate they verify the endpoint by (a real TLS handshake on loopback)."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import threading
+from typing import Any
+
+import pytest
+
+from trainjob.backends.kubernetes.status_server import (
+    CA_ANNOTATION,
+    VOLUME,
+    Refused,
+    StatusEndpoint,
+    inject_status_client,
+    trainer_status_of,
+)
+from trainjob.backends.kubernetes.tls import issue
+
+
+def test_a_full_report_is_kept_and_its_time_normalised() -> None:
+    body = {"trainerStatus": {"progressPercentage": 42.7, "estimatedRemainingSeconds": 120,
+                              "metrics": [{"name": "loss", "value": "0.43"}],
+                              "lastUpdatedTime": "2026-11-24T10:30:45.123456+00:00"}}
+    assert trainer_status_of(body) == {"progressPercentage": 42, "estimatedRemainingSeconds": 120,
+                                       "metrics": [{"name": "loss", "value": "0.43"}],
+                                       "lastUpdatedTime": "2026-11-24T10:30:45Z"}
+
+
+def test_a_report_without_a_time_is_stamped_now() -> None:
+    status = trainer_status_of({"trainerStatus": {"progressPercentage": 5}})
+    assert set(status) == {"progressPercentage", "lastUpdatedTime"} and status["lastUpdatedTime"].endswith("Z")
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ([], '{"trainerStatus": {...}}'),
+    ({"trainerStatus": "50%"}, '{"trainerStatus": {...}}'),
+    ({"trainerStatus": {"progress": 5}}, "unknown field(s) ['progress']"),
+    ({"trainerStatus": {"progressPercentage": 101}}, "progressPercentage: must be an integer 0..100, got 101"),
+    ({"trainerStatus": {"progressPercentage": True}}, "progressPercentage: must be an integer 0..100, got True"),
+    ({"trainerStatus": {"estimatedRemainingSeconds": -1}}, "estimatedRemainingSeconds: must be an integer >= 0"),
+    ({"trainerStatus": {"estimatedRemainingSeconds": float("inf")}}, "estimatedRemainingSeconds: must be"),
+    ({"trainerStatus": {"metrics": [{"name": "loss", "value": 0.4}]}}, 'metrics: must be a list of at most'),
+    ({"trainerStatus": {"metrics": {"loss": "0.4"}}}, 'metrics: must be a list of at most'),
+    ({"trainerStatus": {"lastUpdatedTime": "yesterday"}}, "lastUpdatedTime: must be an RFC 3339 time"),
+    ({"trainerStatus": {"lastUpdatedTime": "2026-11-24T10:30:45"}}, "lastUpdatedTime: must be an RFC 3339 time"),
+])
+def test_a_malformed_report_is_refused_naming_the_field(body: Any, words: str) -> None:
+    with pytest.raises(Refused) as refused:
+        trainer_status_of(body)
+    assert refused.value.status == 400 and words in str(refused.value)
+
+
+def jobset(env: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "node", "image": "x"}
+    if env is not None:
+        container["env"] = env
+    return {"metadata": {"name": "mnist", "namespace": "ml"}, "spec": {"replicatedJobs": [
+        {"name": "node", "template": {"spec": {"template": {"spec": {"containers": [container]}}}}}]}}
+
+
+def test_every_container_gets_the_endpoint_the_token_and_the_ca_and_keeps_its_own_values() -> None:
+    endpoint = StatusEndpoint("https://10.0.0.1:8443/", "CA PEM")
+    obj = jobset([{"name": "KUBEFLOW_TRAINER_SERVER_URL", "value": "mine"}, {"name": "A", "value": "1"}])
+    inject_status_client(obj, endpoint)
+    inject_status_client(obj, endpoint)  # twice changes nothing more
+    template = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    env = {e["name"]: e["value"] for e in template["spec"]["containers"][0]["env"]}
+    assert env == {"KUBEFLOW_TRAINER_SERVER_URL": "mine", "A": "1",
+                   "KUBEFLOW_TRAINER_SERVER_TOKEN": "/var/run/secrets/trainer.kubeflow.org/token",
+                   "KUBEFLOW_TRAINER_SERVER_CA_CERT": "/var/run/secrets/trainer.kubeflow.org/ca.crt"}
+    assert template["metadata"]["annotations"] == {CA_ANNOTATION: "CA PEM"}
+    (volume,) = template["spec"]["volumes"]
+    token, ca = volume["projected"]["sources"]
+    assert volume["name"] == VOLUME and token["serviceAccountToken"]["audience"] == "trainer.kubeflow.org"
+    assert ca["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"] == f"metadata.annotations['{CA_ANNOTATION}']"
+    assert template["spec"]["containers"][0]["volumeMounts"] == [
+        {"name": VOLUME, "mountPath": "/var/run/secrets/trainer.kubeflow.org", "readOnly": True}]
+    fresh = jobset()
+    inject_status_client(fresh, endpoint)
+    url = fresh["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["env"][0]
+    assert url["value"] == "https://10.0.0.1:8443/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs/mnist/status"
+
+
+def handshake(server: ssl.SSLContext, client: ssl.SSLContext, host: str) -> str:
+    """Serve one TLS connection on loopback; what the client read."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        try:
+            with server.wrap_socket(conn, server_side=True) as tls:
+                tls.sendall(b"hello")
+        except (ssl.SSLError, OSError):
+            pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as raw, \
+                client.wrap_socket(raw, server_hostname=host) as tls:
+            return tls.recv(5).decode()
+    finally:
+        thread.join(5)
+        listener.close()
+
+
+def test_the_serving_certificate_verifies_for_its_names_against_the_ca_only() -> None:
+    tls, ca_key = issue(["trainjob-operator.trainjob-system.svc", "127.0.0.1"])
+    assert tls.names() == {"trainjob-operator.trainjob-system.svc", "127.0.0.1"}
+    client = ssl.create_default_context(cadata=tls.ca_pem)
+    assert handshake(tls.server_context(), client, "127.0.0.1") == "hello"
+    with pytest.raises(ssl.SSLCertVerificationError):  # a name the certificate does not carry
+        handshake(tls.server_context(), client, "elsewhere.example")
+    again, _ = issue(["10.1.2.3"], tls.ca_pem, ca_key)  # issued again from the same CA: the pods' CA stays good
+    assert again.ca_pem == tls.ca_pem and handshake(again.server_context(), client, "10.1.2.3") == "hello"
+    stranger, _ = issue(["127.0.0.1"])  # another CA
+    with pytest.raises(ssl.SSLCertVerificationError):
+        handshake(stranger.server_context(), client, "127.0.0.1")
