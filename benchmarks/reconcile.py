@@ -19,12 +19,22 @@ Jobs are created suspended, so the JobSet and Job controllers work but no pod st
 Kubernetes tests do.
 
     python benchmarks/reconcile.py --jobs 1000 --compare-kubeflow
+
+4. With ``--kwok``: TrainJobs run to Complete on simulated nodes (KWOK), 1,000 TrainJobs x 8 nodes and one
+   TrainJob x 1,000 nodes, under trainjob's operator and under Kubeflow's controller; see
+   ``benchmarks/reconcile_kwok.py`` for what is measured and how.
+
+    python benchmarks/reconcile.py --kwok --json kwok.json
+    python benchmarks/reconcile.py --kwok --fake-nodes 50 --jobs 20 --nodes-per-job 4
+
+``--json PATH`` writes the figures of any mode to PATH.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import signal
 import subprocess
 import sys
@@ -39,6 +49,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "harness"))
 
+import reconcile_kwok  # noqa: E402  (beside this file)
 from kubetest.cluster import TrainJobCluster  # noqa: E402
 from kubetest.controlplane import AUDITED_ACCOUNTS, ControlPlane  # noqa: E402
 from kubetest.kubeflow import KubeflowController  # noqa: E402
@@ -183,8 +194,18 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--compare-kubeflow", action="store_true",
                         help="also run Kubeflow Trainer's controller manager on the same backlog, same API server")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
+    reconcile_kwok.add_arguments(parser)
     args = parser.parse_args()
+    figures = reconcile_kwok.main(args) if args.kwok else backlog(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+
+
+def backlog(args: argparse.Namespace) -> dict[str, Any]:
+    """Modes 1-3: the suspended backlog, turned into JobSets."""
     operator_user, kubeflow_user = AUDITED_ACCOUNTS
+    figures: dict[str, Any] = {"jobs": args.jobs, "workers": args.workers}
 
     with tempfile.TemporaryDirectory() as tmp, ControlPlane.start(Path(tmp) / "cluster") as cp:
         cluster = TrainJobCluster(cp, Path(tmp))
@@ -195,6 +216,7 @@ def main() -> None:
         base = baseline(api, args.jobs)
         print(f"jobs: {args.jobs}, operator workers: {args.workers}; control plane: {cp.components['versions']}")
         print(f"baseline (render + create, one client): {base:6.2f} s, {args.jobs / base:6.1f} jobs/s, 1 request per job")
+        figures["baseline"] = {"elapsed": base, "jobs_per_s": args.jobs / base}
 
         for i in range(args.jobs):
             api.create(job_body(f"job-{i}", "bench"), TRAINJOBS)
@@ -202,6 +224,7 @@ def main() -> None:
         result = run_operator(cluster.operator_kubeconfig, api, args.jobs, args.workers)
         time.sleep(2)  # let the last status writes land in the audit log
         ours = report("trainjob operator", args.jobs, base, result, cp.audit_requests(operator_user)[before:])
+        figures["trainjob"] = ours
 
         if args.compare_kubeflow:
             empty(api, "bench")
@@ -212,12 +235,14 @@ def main() -> None:
             time.sleep(2)
             theirs = report("Kubeflow Trainer controller", args.jobs, base, result,
                             cp.audit_requests(kubeflow_user)[before:])
+            figures["kubeflow"] = theirs
             print(
                 f"trainjob / Kubeflow: jobs/s {ours['jobs_per_s'] / theirs['jobs_per_s']:.2f}x, "
                 f"time to all JobSets {ours['elapsed'] / theirs['elapsed']:.2f}x, "
                 f"API requests per job {ours['requests'] / theirs['requests']:.2f}x, "
                 f"peak RSS {ours['rss'] / theirs['rss']:.2f}x"
             )
+    return figures
 
 
 if __name__ == "__main__":

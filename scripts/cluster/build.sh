@@ -9,6 +9,8 @@
 #                conformance tests), its CRDs (the reference schemas), RBAC, webhooks and built-in runtimes
 #   podgroups/   sigs.k8s.io/scheduler-plugins (its coscheduling PodGroup CRD), volcano.sh/apis (Volcano's
 #                PodGroup types; controller-gen from sigs.k8s.io/controller-tools generates their CRD)
+#   kwok/        sigs.k8s.io/kwok               kwok, which simulates nodes and moves their pods through their life
+#                cycle (tests/harness/kubetest/kwok.py; the simulated-node test and `benchmarks/reconcile.py --kwok`)
 # Binaries are cached by component and by a hash of its go.mod/go.sum and the Go version, under
 # ${TRAINJOB_CLUSTER_CACHE:-~/.cache/trainjob/cluster}, so a warm run takes seconds. Manifests that the tests
 # need (CRDs, JobSet's RBAC and webhook paths) are copied from the module cache next to the binaries.
@@ -63,6 +65,7 @@ if [ "$manifests_only" = 0 ]; then
   jobset_bin="$(build jobset jobset sigs.k8s.io/jobset)"
   kubeflow_bin="$(build kubeflow-trainer kubeflow github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager)"
   kubectl_bin="$(build kubectl kubectl k8s.io/kubernetes/cmd/kubectl)"
+  kwok_bin="$(build kwok kwok sigs.k8s.io/kwok/cmd/kwok)"
 fi
 controller_gen_bin="$(build controller-gen podgroups sigs.k8s.io/controller-tools/cmd/controller-gen)"
 
@@ -104,7 +107,8 @@ cat > "$cache/manifest.json" <<EOF
     "etcd": "$(version_of go.etcd.io/etcd/server/v3 etcd)",
     "kubernetes": "$(version_of k8s.io/kubernetes kubernetes)",
     "jobset": "$(version_of sigs.k8s.io/jobset jobset)",
-    "kubeflow-trainer": "$(version_of github.com/kubeflow/trainer/v2 kubeflow)"
+    "kubeflow-trainer": "$(version_of github.com/kubeflow/trainer/v2 kubeflow)",
+    "kwok": "$(version_of sigs.k8s.io/kwok kwok)"
   },
   "binaries": {
     "etcd": "$etcd_bin/etcd",
@@ -113,7 +117,8 @@ cat > "$cache/manifest.json" <<EOF
     "kube-scheduler": "$kube_bin/kube-scheduler",
     "jobset": "$jobset_bin/jobset",
     "kubeflow-trainer": "$kubeflow_bin/trainer-controller-manager",
-    "kubectl": "$kubectl_bin/kubectl"
+    "kubectl": "$kubectl_bin/kubectl",
+    "kwok": "$kwok_bin/kwok"
   },
   "manifests": "$manifests"
 }

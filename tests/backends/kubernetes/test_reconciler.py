@@ -935,10 +935,12 @@ def test_a_cache_behind_the_api_server_creates_nothing_twice() -> None:
         for obj in api.list(ref, namespace):
             lagging.observe(ref, obj)
     api.requests.clear()
-    api.events.clear()
+    assert len(api.events) == 1
     assert Reconciler(api, SIGNER, clock=clock, cache=lagging).reconcile(NS, NAME) == 10.0
-    assert api.requests == [create("jobsets"), get("jobsets")]
-    assert api.events == []
+    # A reconciler that did not post this JobSet's JobSetCreated posts it under its fixed name: the API server
+    # answers 409 for the one the first pass posted, so nothing new appears.
+    assert api.requests == [create("jobsets"), get("jobsets"), EVENT]
+    assert [e["reason"] for e in api.events] == ["JobSetCreated"]
     assert lagging.get(JOBSETS, NS, NAME) == api.stored(JOBSETS, NS, NAME)  # what the read found is cached
 
 
@@ -947,3 +949,28 @@ def test_a_job_the_cache_has_not_seen_is_left_for_its_own_event() -> None:
     api.seed(trainjob())
     assert Reconciler(api, SIGNER, cache=ObjectCache()).reconcile(NS, NAME) is None
     assert api.requests == []
+
+
+def test_a_jobset_whose_event_was_cut_off_gets_it_from_the_next_replica_once() -> None:
+    """The leader created the JobSet and died before its JobSetCreated event; the replica that takes over posts
+    it (under a name made from the JobSet's uid, so posting it twice is a 409, never a second event)."""
+    clock = Clock(START)
+    api = MemoryApi(clock)
+    for runtime in builtin_runtimes():
+        api.seed(runtime)
+    api.seed(trainjob(suspend=True))
+    post_event = api.post_event
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise ApiError("the operator was killed before the answer", status=None)
+
+    api.post_event = killed  # type: ignore[method-assign]
+    with pytest.raises(ApiError):
+        Reconciler(api, SIGNER, clock=clock, cache=SyncedWatchCache(api)).reconcile(NS, NAME)
+    api.post_event = post_event  # type: ignore[method-assign]
+    assert api.stored(JOBSETS, NS, NAME) is not None and not api.events
+    for _ in range(2):  # the replica that took over, then a restarted one
+        Reconciler(api, SIGNER, clock=clock, cache=SyncedWatchCache(api)).reconcile(NS, NAME)
+    assert [(e["reason"], e["message"]) for e in api.events] == [("JobSetCreated", "created JobSet mnist")]
+    jobset = api.stored(JOBSETS, NS, NAME)
+    assert api.events[0]["metadata"]["name"] == f"{NAME}.{jobset['metadata']['uid']}"

@@ -58,16 +58,20 @@ AUDIT_POLICY = {
 }
 
 
-def scheduler_config(kubeconfig_path: Path) -> dict[str, Any]:
+def scheduler_config(kubeconfig_path: Path, client_qps: int | None = None) -> dict[str, Any]:
     """kube-scheduler with two profiles: the default one, and one answering to ``schedulerName: volcano``.
 
     Volcano's scheduler cannot be built here (``volcano.sh/volcano`` is not on the Go module proxy), so pods of
     Volcano runtimes (the seeds' runtimes are Volcano ones) are placed by the upstream scheduler, without gang
-    semantics; their PodGroups are still created against Volcano's real CRD."""
+    semantics; their PodGroups are still created against Volcano's real CRD. ``client_qps``: its API client's
+    rate limit (burst twice that), instead of the default 50 queries per second."""
+    connection: dict[str, Any] = {"kubeconfig": str(kubeconfig_path)}
+    if client_qps is not None:
+        connection.update(qps=client_qps, burst=2 * client_qps)
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": str(kubeconfig_path)},
+        "clientConnection": connection,
         "leaderElection": {"leaderElect": False},
         "profiles": [{"schedulerName": "default-scheduler"}, {"schedulerName": "volcano"}],
     }
@@ -137,15 +141,18 @@ class ControlPlane:
     url: str = ""
     processes: dict[str, Process] = field(default_factory=dict)
     admin_kubeconfig: Path = Path()
+    #: The rate limit of kube-controller-manager's and kube-scheduler's API clients (burst twice that); None keeps
+    #: their defaults (20 and 50 queries per second), too few for thousands of pods (``benchmarks/reconcile.py``).
+    client_qps: int | None = None
 
     # -- life cycle -------------------------------------------------------------------------------------------------
 
     @classmethod
-    def start(cls, root: Path, python_path: str | None = None) -> ControlPlane:
+    def start(cls, root: Path, python_path: str | None = None, client_qps: int | None = None) -> ControlPlane:
         components = build_components()
         root.mkdir(parents=True, exist_ok=True)
         (root / "logs").mkdir(exist_ok=True)
-        cp = cls(root, components, CertificateAuthority.create(root / "pki"))
+        cp = cls(root, components, CertificateAuthority.create(root / "pki"), client_qps=client_qps)
         try:
             cp._start_all(python_path or os.path.dirname(sys.executable))
         except BaseException:
@@ -267,12 +274,14 @@ class ControlPlane:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--controllers=*,-bootstrapsigner,-tokencleaner",
                 "--concurrent-job-syncs=10",
+                *([f"--kube-api-qps={self.client_qps}", f"--kube-api-burst={2 * self.client_qps}"]
+                  if self.client_qps is not None else []),
                 "--v=1",
             ],
         )
         sched = self._component_kubeconfig("kube-scheduler", "system:kube-scheduler")
         sched_config = self.root / "kube-scheduler.yaml"
-        sched_config.write_text(yaml.safe_dump(scheduler_config(sched)))
+        sched_config.write_text(yaml.safe_dump(scheduler_config(sched, self.client_qps)))
         self._spawn(
             "kube-scheduler",
             [

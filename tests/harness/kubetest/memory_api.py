@@ -226,12 +226,15 @@ class MemoryApi(KubeApi):
                  and wanted(e["involvedObject"]["name"])]
         return copy.deepcopy(sorted(found, key=lambda e: e["lastTimestamp"]))
 
-    def post_event(self, involved: dict[str, Any], event_type: str, reason: str, message: str) -> None:
+    def post_event(self, involved: dict[str, Any], event_type: str, reason: str, message: str,
+                   name: str | None = None) -> None:
         meta = involved["metadata"]
         self._record("create", "events", f"{meta['namespace']}/{meta['name']}")
+        if name is not None and any(e["metadata"]["name"] == name for e in self.events):
+            return  # 409: an Event of that name exists (KubeApi takes that as posted)
         # What the tests read of an Event; the body KubeApi sends is its own business.
         self.events.append({
-            "metadata": {"name": f"{meta['name']}.{next(self._ids)}", "namespace": meta["namespace"]},
+            "metadata": {"name": name or f"{meta['name']}.{next(self._ids)}", "namespace": meta["namespace"]},
             "involvedObject": {"kind": involved["kind"], "name": meta["name"], "uid": meta.get("uid")},
             "type": event_type, "reason": reason, "message": message[:1024],
             "lastTimestamp": _timestamp(self.clock()),

@@ -191,14 +191,18 @@ class KubeApi:
         items = [e for e in json.loads(listing.data).get("items", []) if wanted(e["involvedObject"]["name"])]
         return sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
-    def post_event(self, involved: dict[str, Any], event_type: str, reason: str, message: str) -> None:
-        """Record a ``Normal``/``Warning`` Event about ``involved`` (shown by ``kubectl describe``)."""
+    def post_event(self, involved: dict[str, Any], event_type: str, reason: str, message: str,
+                   name: str | None = None) -> None:
+        """Record a ``Normal``/``Warning`` Event about ``involved`` (shown by ``kubectl describe``). With ``name``
+        the Event is posted under that name, so posting it again (after a crash cut the first answer off) is a
+        409, taken as posted: never two."""
         meta = involved["metadata"]
         now = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "metadata": {**({"name": name} if name else {"generateName": f"{meta['name']}."}),
+                         "namespace": meta["namespace"]},
             "involvedObject": {
                 "apiVersion": involved["apiVersion"],
                 "kind": involved["kind"],
@@ -217,6 +221,8 @@ class KubeApi:
         try:
             self.core.create_namespaced_event(meta["namespace"], event)
         except Exception as exc:
+            if name and _status(exc) == 409:
+                return
             raise _backend_error(exc, f"post an event about {meta['name']}") from exc
 
 

@@ -106,6 +106,8 @@ class Reconciler:
         self.cache = cache
         #: Where the pods push their progress (:mod:`.status_server`); ``None``: it is read from node 0's log.
         self.status_endpoint = status_endpoint
+        #: JobSets (by uid) whose JobSetCreated event this process posted.
+        self._announced: set[str] = set()
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """One pass over TrainJob ``namespace/name``; returns seconds until the next pass is due, if any."""
@@ -146,9 +148,12 @@ class Reconciler:
                 return None
             if not _owned_by(jobset, job):  # the create met one the cache had not shown yet
                 return 1.0 if _left_by_a_namesake(jobset) else 0.0
-        elif bool((jobset.get("spec") or {}).get("suspend")) != suspend:
-            jobset = self._stored(JOBSETS, self.api.patch(JOBSETS, namespace, name, {"spec": {"suspend": suspend}})) \
-                or jobset
+        else:
+            if not status and jobset["metadata"].get("uid") not in self._announced:
+                self._announce(job, jobset)  # made by a pass (another replica's?) that ended before its event
+            if bool((jobset.get("spec") or {}).get("suspend")) != suspend:
+                jobset = self._stored(JOBSETS, self.api.patch(JOBSETS, namespace, name,
+                                                              {"spec": {"suspend": suspend}})) or jobset
 
         trainer = trainer_name(jobset)
         new = st.derive_status(status, suspend, jobset, now)
@@ -344,9 +349,20 @@ class Reconciler:
         if made_jobset:
             for change in limits_set:
                 self.api.post_event(job, "Normal", "ExtendedResourceLimitsSet", change)
-            self.api.post_event(job, "Normal", "JobSetCreated", f"created JobSet {job['metadata']['name']}")
+            self._announce(job, created)
             log.info("created JobSet %s/%s", job["metadata"]["namespace"], job["metadata"]["name"])
+        elif not status and _owned_by(created, job) and created["metadata"].get("uid") not in self._announced:
+            self._announce(job, created)  # the create met the JobSet a pass that ended before its event made
         return created
+
+    def _announce(self, job: dict[str, Any], jobset: dict[str, Any]) -> None:
+        """The ``JobSetCreated`` event, named after the JobSet's uid: posting it again after a crash (or from the
+        replica that took over) finds it there, so a job never has two, and never none."""
+        name, uid = job["metadata"]["name"], jobset["metadata"].get("uid")
+        self.api.post_event(job, "Normal", "JobSetCreated", f"created JobSet {name}",
+                            name=f"{name}.{uid}" if uid else None)
+        if uid:
+            self._announced.add(uid)
 
     def _observe_trainer(
         self, job: dict[str, Any], status: dict[str, Any], jobset: dict[str, Any], trainer: str

@@ -1,0 +1,389 @@
+"""``benchmarks/reconcile.py --kwok``: trainjob's operator and Kubeflow Trainer's controller drive the same
+TrainJobs to Complete on simulated nodes, one after the other on one control plane.
+
+    python benchmarks/reconcile.py --kwok --json kwok.json                    # 1,000 nodes, the full scale
+    python benchmarks/reconcile.py --kwok --fake-nodes 50 --jobs 20 --nodes-per-job 4   # minutes, to try it
+
+The control plane is the tests' (``tests/harness/kubetest``: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler, JobSet, built from Go modules), with the API clients of kube-controller-manager and kube-scheduler
+allowed ``--client-qps`` (their defaults, 20 and 50 queries per second, would make the Job controller's pod
+creation the only thing measured). KWOK (``tests/harness/kubetest/kwok.py``) adds ``--fake-nodes`` simulated nodes
+and plays their kubelets: a bound pod is Running at once and Succeeded ``--run-seconds`` later. Everything else is
+what a real cluster runs: the scheduler binds every pod, the Job controller creates them, JobSet and the
+controller under test turn the pods' end into the TrainJob's Complete condition. The TrainJobs name a
+TrainingRuntime, a copy of the built-in ``torch-distributed`` whose pods tolerate the simulated nodes' taint.
+
+Scenarios (``--scenarios``), each under both controllers, each controller started fresh before its run and
+stopped after it, each run in a namespace of its own that is deleted (and waited for) before the next run:
+
+- ``many``: ``--jobs`` TrainJobs of ``--nodes-per-job`` nodes (1,000 x 8: 8,000 pods);
+- ``wide``: one TrainJob of ``--big-job-nodes`` nodes (default ``--fake-nodes``: 1,000 pods).
+
+Figures per run, all from the moment the first TrainJob is created (jobs are created by 4 client threads):
+
+- ``running``: until the last pod was Running (the latest pod ``status.startTime``);
+- ``complete``: until the last TrainJob was Complete (the latest ``Complete`` condition's ``lastTransitionTime``);
+  both timestamps are whole seconds (taken as the middle of their second: +-0.5 s);
+  ``jobs/s`` = jobs / complete, ``pods/s`` = pods / running;
+- ``req/job``: API requests the controller's ServiceAccount made from the first create until all were Complete,
+  from the API server's audit log (watches and lists of its start-up are not in them), per TrainJob;
+- ``RSS``: the controller process's peak resident memory (``VmHWM``, its whole life); ``CPU s``: the CPU time
+  (user + system) it spent from the first create until all were Complete.
+
+JobSet's published throughput, 266 pods/s, is printed as the reference line. Kubeflow's controller runs as its
+project publishes it (its API client: 50 queries per second, burst 100), trainjob's operator with ``--workers``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import psutil
+from kubetest.cluster import TrainJobCluster
+from kubetest.controlplane import AUDITED_ACCOUNTS, ControlPlane, free_port
+from kubetest.kubeflow import KubeflowController
+from kubetest.kwok import SimulatedNodes, on_simulated_nodes
+
+from trainjob.backends.kubernetes.kubeapi import KubeApi
+from trainjob.backends.kubernetes.resources import TRAINJOBS
+from trainjob.backends.kubernetes.status import find_condition, parse_timestamp
+
+#: JobSet's published scale figure: pods created and running per second.
+JOBSET_PODS_PER_S = 266
+RUNTIME = "simulated"
+
+
+@dataclass
+class Scenario:
+    name: str
+    jobs: int
+    nodes_per_job: int
+
+    @property
+    def pods(self) -> int:
+        return self.jobs * self.nodes_per_job
+
+
+class Controller(Protocol):
+    name: str
+    user: str
+
+    def start(self) -> int:
+        """Start it and wait until it is ready; its process id."""
+
+    def stop(self) -> None: ...
+
+    def alive(self) -> bool: ...
+
+
+class TrainJobOperator:
+    """``trainjob operator`` with the operator ServiceAccount's token, ready once its health probe answers."""
+
+    name = "trainjob"
+    user = AUDITED_ACCOUNTS[0]
+
+    def __init__(self, cluster: TrainJobCluster, workers: int) -> None:
+        self.cluster = cluster
+        self.workers = workers
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> int:
+        port = free_port()
+        log = self.cluster.cp.root / "logs" / "operator-kwok.log"
+        with log.open("ab") as out:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "trainjob.cli.main", "operator",
+                 f"--kubeconfig={self.cluster.operator_kubeconfig}", f"--workers={self.workers}",
+                 f"--liveness=http://127.0.0.1:{port}/healthz"],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"trainjob operator exited:\n{log.read_text()[-3000:]}")
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz",
+                                                                       timeout=2) as answer:
+                if answer.status == 200:
+                    return self.popen.pid
+            time.sleep(0.2)
+        raise TimeoutError("trainjob operator not ready after 60 s")
+
+    def stop(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGINT)  # kopf's clean stop
+            try:
+                self.popen.wait(30)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+
+class Kubeflow:
+    """Kubeflow Trainer's controller manager (``kubetest.kubeflow``), with its validating webhooks."""
+
+    name = "kubeflow"
+    user = AUDITED_ACCOUNTS[1]
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.controller = KubeflowController(cp)
+
+    def start(self) -> int:
+        self.controller.start()
+        assert self.controller.process is not None
+        return self.controller.process.popen.pid
+
+    def stop(self) -> None:
+        self.controller.stop()
+
+    def alive(self) -> bool:
+        return self.controller.alive()
+
+
+def job_body(name: str, namespace: str, nodes: int) -> dict[str, Any]:
+    return {
+        "apiVersion": TRAINJOBS.api_version,
+        "kind": "TrainJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "runtimeRef": {"name": RUNTIME, "kind": "TrainingRuntime"},
+            "trainer": {"numNodes": nodes, "command": ["torchrun", "train.py"]},
+        },
+    }
+
+
+def condition_true(job: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    condition = find_condition(job.get("status") or {}, type_)
+    return condition if condition is not None and condition["status"] == "True" else None
+
+
+def seconds_after(stamp: str | dict[str, Any], start: float) -> float:
+    """Seconds from ``start`` (``time.time()``) to an API timestamp, or a condition's ``lastTransitionTime``.
+    The API keeps whole seconds: the middle of that second is the best estimate."""
+    if isinstance(stamp, dict):
+        stamp = stamp["lastTransitionTime"]
+    return parse_timestamp(stamp) + 0.5 - start
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident set (``VmHWM``), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def wait_complete(api: KubeApi, namespace: str, scenario: Scenario, controller: Controller, start: float,
+                  timeout: float) -> list[dict[str, Any]]:
+    """Poll until every TrainJob in ``namespace`` is Complete; fail at once if one fails or the controller exits."""
+    every = 1.0 if scenario.jobs <= 100 else 3.0
+    last_report = time.monotonic()
+    while True:
+        jobs = api.list(TRAINJOBS, namespace)
+        failed = [j["metadata"]["name"] for j in jobs if condition_true(j, "Failed")]
+        if failed:
+            raise RuntimeError(f"{len(failed)} TrainJobs failed, e.g. {failed[0]}: "
+                               f"{condition_true(next(j for j in jobs if j['metadata']['name'] == failed[0]), 'Failed')}")
+        complete = sum(1 for j in jobs if condition_true(j, "Complete"))
+        if complete == scenario.jobs:
+            return jobs
+        if not controller.alive():
+            raise RuntimeError(f"{controller.name}'s controller exited")
+        elapsed = time.time() - start
+        if elapsed > timeout:
+            raise TimeoutError(f"{complete}/{scenario.jobs} TrainJobs Complete after {timeout:g} s")
+        if time.monotonic() - last_report > 30:
+            print(f"  ... {complete}/{scenario.jobs} Complete after {elapsed:.0f} s", flush=True)
+            last_report = time.monotonic()
+        time.sleep(every)
+
+
+def wait_watching(cp: ControlPlane, controller: Controller, since: int, timeout: float = 60) -> int:
+    """Until the controller watches TrainJobs (its audit log shows the watch), so that the jobs created next meet a
+    controller that is up (a health probe may answer before the watches start); the audit log's length then."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        requests = cp.audit_requests(controller.user)
+        if any(r["verb"] == "watch" and (r.get("objectRef") or {}).get("resource") == "trainjobs"
+               for r in requests[since:]):
+            return len(requests)
+        time.sleep(0.5)
+    raise TimeoutError(f"{controller.name}'s controller does not watch TrainJobs after {timeout:g} s")
+
+
+def delete_namespace(api: KubeApi, namespace: str, timeout: float = 900) -> None:
+    import kubernetes.client
+
+    core = kubernetes.client.CoreV1Api(api.client)
+    with contextlib.suppress(kubernetes.client.ApiException):
+        core.delete_namespace(namespace)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            core.read_namespace(namespace)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        time.sleep(1)
+    raise TimeoutError(f"namespace {namespace} still there after {timeout:g} s")
+
+
+def run(cluster: TrainJobCluster, controller: Controller, scenario: Scenario, timeout: float) -> dict[str, Any]:
+    """One scenario under one controller; the figures in the module docstring."""
+    cp, api = cluster.cp, cluster.api
+    namespace = f"{scenario.name}-{controller.name}"
+    cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}])
+    cluster.namespaced_runtime(namespace, RUNTIME, on_simulated_nodes)
+    result: dict[str, Any] = {"scenario": scenario.name, "controller": controller.name, "jobs": scenario.jobs,
+                              "pods": scenario.pods}
+    try:
+        try:
+            measure(cluster, controller, scenario, namespace, timeout, result)
+        except Exception as exc:  # a controller that cannot do a scenario is a result, not the end of the benchmark
+            result["error"] = f"{type(exc).__name__}: {exc}"
+            print(f"  {controller.name} / {scenario.name}: {result['error']}", flush=True)
+        delete_namespace(api, namespace)  # while the controller runs, so that its finalizers (if any) go too
+    finally:
+        controller.stop()
+    return result
+
+
+def measure(cluster: TrainJobCluster, controller: Controller, scenario: Scenario, namespace: str, timeout: float,
+            result: dict[str, Any]) -> None:
+    """Start ``controller``, create the scenario's TrainJobs in ``namespace``, wait until all are Complete, and put
+    the figures into ``result``."""
+    cp, api = cluster.cp, cluster.api
+    started_at = len(cp.audit_requests(controller.user))
+    pid = controller.start()
+    process = psutil.Process(pid)
+    before = wait_watching(cp, controller, started_at)
+    cpu_before = cpu_seconds(process)
+    start = time.time()
+    bodies = [job_body(f"{scenario.name}-{i}", namespace, scenario.nodes_per_job) for i in range(scenario.jobs)]
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda body: api.create(body, TRAINJOBS), bodies))
+    result["create_s"] = time.time() - start
+    jobs = wait_complete(api, namespace, scenario, controller, start, timeout)
+    result["cpu_s"] = cpu_seconds(process) - cpu_before
+    result["peak_rss_mib"] = peak_rss(pid) / 2**20
+    time.sleep(2)  # the last requests reach the audit log
+    requests = cp.audit_requests(controller.user)[before:]
+    pods = api.list_pods(namespace, "jobset.sigs.k8s.io/jobset-name")
+    started = [seconds_after(p["status"]["startTime"], start) for p in pods
+               if (p.get("status") or {}).get("startTime")]
+    if len(started) < scenario.pods:
+        raise RuntimeError(f"only {len(started)} of {scenario.pods} pods ever ran")
+    result["running_s"] = max(started)
+    result["complete_s"] = max(seconds_after(condition_true(j, "Complete") or {}, start) for j in jobs)
+    result["jobs_per_s"] = scenario.jobs / result["complete_s"]
+    result["pods_per_s"] = scenario.pods / result["running_s"]
+    result["requests"] = len(requests)
+    result["requests_per_job"] = len(requests) / scenario.jobs
+    verbs = collections.Counter(f"{r['verb']} {r['objectRef'].get('resource')}" for r in requests
+                                if r.get("objectRef"))
+    result["verbs"] = dict(verbs.most_common())
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    header = (f"{'scenario':<9}{'controller':<11}{'jobs':>6}{'pods':>7}{'create s':>10}{'running s':>11}"
+              f"{'complete s':>12}{'jobs/s':>8}{'pods/s':>8}{'req/job':>9}{'RSS MiB':>9}{'CPU s':>8}")
+    lines = [header, "-" * len(header)]
+    for r in results:
+        head = f"{r['scenario']:<9}{r['controller']:<11}{r['jobs']:>6}{r['pods']:>7}"
+        if "error" in r:
+            lines.append(f"{head}  {r['error'][:90]}")
+            continue
+        lines.append(f"{head}{r['create_s']:>10.1f}{r['running_s']:>11.0f}{r['complete_s']:>12.0f}"
+                     f"{r['jobs_per_s']:>8.1f}{r['pods_per_s']:>8.1f}{r['requests_per_job']:>9.1f}"
+                     f"{r['peak_rss_mib']:>9.0f}{r['cpu_s']:>8.1f}")
+    lines.append(f"{'reference':<9} {'JobSet (published)':<51}{'':>12}{'':>8}{JOBSET_PODS_PER_S:>8}")
+    by_scenario: dict[str, dict[str, dict[str, Any]]] = collections.defaultdict(dict)
+    for r in results:
+        by_scenario[r["scenario"]][r["controller"]] = r
+    for name, runs in by_scenario.items():
+        ours, theirs = runs.get("trainjob"), runs.get("kubeflow")
+        if ours and theirs and "error" not in ours and "error" not in theirs:
+            lines.append(
+                f"{name}: trainjob / Kubeflow: time to Complete {ours['complete_s'] / theirs['complete_s']:.2f}x, "
+                f"requests per job {ours['requests_per_job'] / max(theirs['requests_per_job'], 1e-9):.2f}x, "
+                f"peak RSS {ours['peak_rss_mib'] / theirs['peak_rss_mib']:.2f}x, "
+                f"CPU {ours['cpu_s'] / max(theirs['cpu_s'], 1e-9):.2f}x")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("--kwok (simulated nodes)")
+    group.add_argument("--kwok", action="store_true",
+                       help="TrainJobs to Complete on KWOK's simulated nodes, trainjob's operator and Kubeflow's "
+                            "controller one after the other (the figures in benchmarks/reconcile_kwok.py)")
+    group.add_argument("--fake-nodes", type=int, default=1000, help="simulated nodes (default 1000)")
+    group.add_argument("--nodes-per-job", type=int, default=8, help="numNodes of each --jobs TrainJob (default 8)")
+    group.add_argument("--big-job-nodes", type=int, default=None,
+                       help="numNodes of the one TrainJob of the 'wide' scenario (default: --fake-nodes)")
+    group.add_argument("--scenarios", default="many,wide", help="which of many,wide to run (default both)")
+    group.add_argument("--controllers", default="trainjob,kubeflow",
+                       help="which of trainjob,kubeflow to run (default both, in that order)")
+    group.add_argument("--run-seconds", type=float, default=2.0,
+                       help="how long a simulated pod runs before it exits 0 (default 2)")
+    group.add_argument("--client-qps", type=int, default=500,
+                       help="API rate limit of kube-controller-manager and kube-scheduler (default 500)")
+    group.add_argument("--timeout", type=float, default=1800, help="seconds a run may take (default 1800)")
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the KWOK scenarios that ``args`` select; print the table; return what ``--json`` writes."""
+    import tempfile
+
+    scenarios = {
+        "many": Scenario("many", args.jobs, args.nodes_per_job),
+        "wide": Scenario("wide", 1, args.big_job_nodes or args.fake_nodes),
+    }
+    chosen = [scenarios[name] for name in args.scenarios.split(",")]
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp, \
+            ControlPlane.start(Path(tmp) / "cluster", client_qps=args.client_qps) as cp:
+        cluster = TrainJobCluster(cp, Path(tmp))
+        cluster.install()
+        controllers: dict[str, Controller] = {"trainjob": TrainJobOperator(cluster, args.workers),
+                                              "kubeflow": Kubeflow(cp)}
+        with SimulatedNodes.start(cp, run_seconds=args.run_seconds, log_level="WARN", delete_on_stop=False) as kwok:
+            started = time.monotonic()
+            kwok.add_nodes(args.fake_nodes, timeout=600)
+            print(f"{args.fake_nodes} simulated nodes Ready in {time.monotonic() - started:.0f} s; control plane "
+                  f"{cp.components['versions']}; client QPS {args.client_qps}; pods run {args.run_seconds:g} s; "
+                  f"operator workers {args.workers}", flush=True)
+            try:
+                for scenario in chosen:
+                    for name in args.controllers.split(","):
+                        print(f"{scenario.name}: {scenario.jobs} TrainJobs x {scenario.nodes_per_job} nodes under "
+                              f"{name}", flush=True)
+                        results.append(run(cluster, controllers[name], scenario, args.timeout))
+            finally:  # interrupted (Ctrl-C, SIGTERM): no controller outlives the control plane
+                for controller in controllers.values():
+                    controller.stop()
+    print(table(results))
+    return {
+        "kwok": {"fake_nodes": args.fake_nodes, "run_seconds": args.run_seconds, "client_qps": args.client_qps,
+                 "workers": args.workers, "versions": cp.components["versions"]},
+        "reference": {"jobset_published_pods_per_s": JOBSET_PODS_PER_S},
+        "runs": results,
+    }

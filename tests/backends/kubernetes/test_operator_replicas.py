@@ -1,0 +1,363 @@
+"""Operator replicas and the operator's metrics: ``trainjob operator`` processes on the test control plane.
+
+Two replicas started with ``--leader-elect`` share the ``trainjob-system/trainjob-operator`` Lease: the leader
+reconciles and the standby writes nothing. If the leader is SIGKILLed partway through a backlog of TrainJobs,
+the standby takes the lease once it has expired (not before) and finishes the backlog. Every TrainJob then has
+exactly one JobSet and one ``JobSetCreated`` event, and no status it had before the kill is lost or rewritten.
+
+One replica's ``/metrics``, scraped over HTTP, counts what the operator did. The API requests, reconcile
+passes and jobs by state are checked against the objects on the API server and the operator's own log.
+
+Each replica watches only the test's namespace (``--namespace``), so jobs other tests left behind add nothing
+to the backlog or to the counts. The session's operator is stopped meanwhile and started again afterwards.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import re
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kubetest.cluster import OperatorProcess, TrainJobCluster, wait_for
+from kubetest.controlplane import free_port
+from prometheus_client.parser import text_string_to_metric_families
+
+from trainjob.backends.kubernetes.manifests import LEASE_NAME
+from trainjob.backends.kubernetes.manifests import NAMESPACE as OPERATOR_NAMESPACE
+from trainjob.backends.kubernetes.resources import JOBSETS, TRAINJOBS
+from trainjob.backends.kubernetes.status import find_condition
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+ONE_NODE = {"numNodes": 1, "numProcPerNode": 1, "command": ["torchrun", "train.py"]}
+LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 4.0, 3.0, 0.5
+#: How much later than the lease duration the standby may lead on a busy two-core machine: its tries come
+#: every retry period with up to 120 % jitter, each a read and a write of the Lease.
+TAKEOVER_MARGIN = 6.0
+#: ... and how much later again its first JobSet may appear: kopf starts and lists the TrainJobs first.
+FIRST_JOBSET_MARGIN = 10.0
+BACKLOG = 40
+CREATED = re.compile(r"created JobSet (?P<namespace>[^/\s]+)/(?P<name>\S+)$", re.MULTILINE)
+
+
+# -- helpers -------------------------------------------------------------------------------------------------
+
+
+def scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def scrape_or_none(port: int) -> Samples | None:
+    try:
+        return scrape(port)
+    except OSError:  # not serving yet
+        return None
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels``."""
+    wanted = set(labels.items())
+    return sum(value for (sample, have), value in samples.items() if sample == name and wanted <= have)
+
+
+def replica(k8s: TrainJobCluster, log: Path, metrics_port: int, *args: str) -> OperatorProcess:
+    proc = OperatorProcess(k8s.operator_kubeconfig, log, extra_args=(f"--metrics-port={metrics_port}", *args))
+    proc.status_host = k8s.operator.status_host
+    return proc
+
+
+def read_lease(k8s: TrainJobCluster) -> dict[str, Any] | None:
+    import kubernetes.client
+
+    try:
+        response = kubernetes.client.CoordinationV1Api(k8s.api.client).read_namespaced_lease(
+            LEASE_NAME, OPERATOR_NAMESPACE, _preload_content=False)
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return dict(json.loads(response.data))
+
+
+def delete_lease(k8s: TrainJobCluster) -> None:
+    import kubernetes.client
+
+    try:
+        kubernetes.client.CoordinationV1Api(k8s.api.client).delete_namespaced_lease(
+            LEASE_NAME, OPERATOR_NAMESPACE)
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def micro_time(text: str) -> datetime.datetime:
+    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC)
+
+
+def log_of(proc: OperatorProcess) -> str:
+    return proc.log.read_text(errors="replace") if proc.log.exists() else ""
+
+
+def operator_lines(log: str) -> str:
+    """The operator's own lines of a log (``-v`` adds kopf's and the API client's, with response bodies)."""
+    return "\n".join(line for line in log.splitlines() if " trainjob.operator: " in line)
+
+
+def created_jobsets(log: str, namespace: str) -> list[str]:
+    """The jobs an operator's log says it created a JobSet for, in ``namespace``, in order."""
+    return [m["name"] for m in CREATED.finditer(log) if m["namespace"] == namespace]
+
+
+def identity(log: str) -> str | None:
+    """The identity a replica leads as, from its log."""
+    found = re.search(r"leading as (\S+)", log)
+    return found[1] if found else None
+
+
+def trainjob_events(k8s: TrainJobCluster, namespace: str, name: str) -> list[tuple[str, str]]:
+    """The operator's events about TrainJob ``name`` (not JobSet's, which carry the same name)."""
+    return [(e["type"], e["reason"]) for e in k8s.api.list_events(namespace, name)
+            if e["involvedObject"]["kind"] == TRAINJOBS.kind]
+
+
+def conditions(job: dict[str, Any]) -> dict[str, tuple[str, str | None]]:
+    return {c["type"]: (c["status"], c.get("lastTransitionTime"))
+            for c in (job.get("status") or {}).get("conditions") or []}
+
+
+def delete_namespace(k8s: TrainJobCluster, namespace: str) -> None:
+    """The jobs go with it (their JobSets by owner reference), so later tests' operator has less to list."""
+    k8s.api.core.delete_namespace(namespace)
+
+
+# -- leader election -----------------------------------------------------------------------------------------
+
+
+def test_two_replicas_one_leads_and_the_other_takes_over_after_a_sigkill(
+    k8s: TrainJobCluster, namespace: str, tmp_path: Path
+) -> None:
+    election = ("--leader-elect", f"--lease-duration={LEASE_DURATION:g}",
+                f"--renew-deadline={RENEW_DEADLINE:g}", f"--retry-period={RETRY_PERIOD:g}",
+                f"--namespace={namespace}")
+    ports = [free_port(), free_port()]
+    replicas = [replica(k8s, tmp_path / f"replica-{i}.log", port, *election) for i, port in enumerate(ports)]
+    k8s.operator.stop()
+    try:
+        delete_lease(k8s)
+        for proc in replicas:
+            proc.start()
+
+        def logs() -> str:
+            return "\n".join(f"--- replica {i}'s log:\n{operator_lines(log_of(proc))[-4000:]}"
+                             for i, proc in enumerate(replicas))
+
+        def roles() -> tuple[int, int] | None:
+            """(leader, standby) once one leads and the other has seen the lease held."""
+            assert all(proc.alive() for proc in replicas), logs()
+            gauges = [scrape_or_none(port) for port in ports]
+            if None in gauges:
+                return None
+            leading = [i for i, got in enumerate(gauges) if total(got or {}, "trainjob_operator_leader")]
+            if len(leading) != 1:
+                return None
+            leader, standby = leading[0], 1 - leading[0]
+            waiting = "waiting for it to expire" in log_of(replicas[standby])
+            return (leader, standby) if waiting else None
+
+        leader, standby = wait_for(roles, 60, "one replica to lead and the other to wait", every=0.1)
+        lead_id = identity(log_of(replicas[leader]))
+        lease = read_lease(k8s)
+        assert lease is not None and lead_id is not None, (lease, logs())
+        assert lease["spec"]["holderIdentity"] == lead_id, (lease, logs())
+        transitions = int(lease["spec"].get("leaseTransitions") or 0)
+
+        # The backlog, created by four threads while the leader works on it; the leader dies after its first
+        # JobSet.
+        names = [f"job-{i:02d}" for i in range(BACKLOG)]
+        with ThreadPoolExecutor(4) as pool:
+            creating = [pool.submit(k8s.create_job, name, namespace, suspend=True, trainer=ONE_NODE)
+                        for name in names]
+            wait_for(lambda: k8s.api.list(JOBSETS, namespace), 60, "the leader's first JobSet", every=0.02)
+            replicas[leader].kill()
+            killed = time.monotonic()
+            standby_log_at_kill = log_of(replicas[standby])
+            for future in creating:
+                future.result()
+        assert replicas[leader].popen is not None and replicas[leader].popen.returncode == -9
+        time.sleep(0.5)  # what the dead leader's requests did has landed; the standby cannot lead yet
+        at_kill = {js["metadata"]["name"]: js["metadata"]["uid"] for js in k8s.api.list(JOBSETS, namespace)}
+        status_at_kill = {job["metadata"]["name"]: conditions(job)
+                          for job in k8s.api.list(TRAINJOBS, namespace)}
+        dead_lease = read_lease(k8s)
+        assert dead_lease is not None and dead_lease["spec"]["holderIdentity"] == lead_id, dead_lease
+        assert 0 < len(at_kill) < BACKLOG, f"the leader was killed after {len(at_kill)} of {BACKLOG} JobSets"
+        assert "acquired lease" not in standby_log_at_kill, operator_lines(standby_log_at_kill)
+        assert created_jobsets(standby_log_at_kill, namespace) == [], operator_lines(standby_log_at_kill)
+
+        # The standby takes over: not before the lease expired, and soon after.
+        wait_for(lambda: total(scrape(ports[standby]), "trainjob_operator_leader") == 1,
+                 LEASE_DURATION + TAKEOVER_MARGIN + 5, "the standby to lead", every=0.05)
+        leading_after = time.monotonic() - killed
+        wait_for(lambda: len(k8s.api.list(JOBSETS, namespace)) > len(at_kill),
+                 LEASE_DURATION + FIRST_JOBSET_MARGIN + 5, "the standby's first JobSet", every=0.05)
+        first_jobset_after = time.monotonic() - killed
+        print(f"\ntakeover: the standby led {leading_after:.2f} s after the SIGKILL, its first JobSet came "
+              f"{first_jobset_after:.2f} s after it ({len(at_kill)} of {BACKLOG} JobSets existed at the "
+              f"kill; lease duration {LEASE_DURATION:g} s)")
+        assert leading_after <= LEASE_DURATION + TAKEOVER_MARGIN, logs()
+        assert first_jobset_after <= LEASE_DURATION + FIRST_JOBSET_MARGIN, logs()
+        new_lease = read_lease(k8s)
+        standby_id = identity(log_of(replicas[standby]))
+        assert new_lease is not None and standby_id is not None and standby_id != lead_id
+        assert new_lease["spec"]["holderIdentity"] == standby_id, new_lease
+        assert int(new_lease["spec"]["leaseTransitions"]) == transitions + 1, new_lease
+        # The follower's own clock decides, and it must have seen the last renewal unchanged for the whole
+        # duration.
+        unrenewed = (micro_time(new_lease["spec"]["acquireTime"])
+                     - micro_time(dead_lease["spec"]["renewTime"])).total_seconds()
+        assert unrenewed >= LEASE_DURATION, (f"taken over {unrenewed:.3f} s after the last renewal",
+                                             dead_lease, new_lease)
+
+        # The backlog is finished: one JobSet, one JobSetCreated event, Suspended for every job.
+        def finished() -> bool:
+            jobs = k8s.api.list(TRAINJOBS, namespace)
+            return len(jobs) == BACKLOG and all(
+                find_condition(job.get("status") or {}, "Suspended") for job in jobs)
+
+        wait_for(finished, 60, "every TrainJob to be Suspended", every=0.5)
+        jobs = {job["metadata"]["name"]: job for job in k8s.api.list(TRAINJOBS, namespace)}
+        jobsets = {js["metadata"]["name"]: js for js in k8s.api.list(JOBSETS, namespace)}
+        assert sorted(jobsets) == sorted(jobs) == names
+        for name, js in jobsets.items():
+            owners = [(o["kind"], o["uid"]) for o in js["metadata"]["ownerReferences"] if o.get("controller")]
+            assert owners == [("TrainJob", jobs[name]["metadata"]["uid"])], (name, owners)
+            assert js["spec"]["suspend"] is True, name
+        replaced = {name: uid for name, uid in at_kill.items() if jobsets[name]["metadata"]["uid"] != uid}
+        assert not replaced, f"JobSets made again after the takeover: {replaced}"
+
+        went_back = {}
+        for name, job in jobs.items():
+            now = conditions(job)
+            before = status_at_kill.get(name, {})
+            lost = {type_: cond for type_, cond in before.items() if now.get(type_) != cond}
+            if lost or now.get("Suspended", ("", None))[0] != "True" or "Failed" in now:
+                went_back[name] = (before, now)
+        assert not went_back, went_back
+
+        # Who made what: the dead leader only JobSets that existed at the kill, the standby all the others,
+        # once.
+        leader_made = created_jobsets(log_of(replicas[leader]), namespace)
+        standby_made = created_jobsets(log_of(replicas[standby]), namespace)
+        twice = [name for name, n in collections.Counter(leader_made + standby_made).items() if n > 1]
+        assert not twice, f"JobSets created twice: {twice}\n{logs()}"
+        assert set(leader_made) <= set(at_kill), (leader_made, sorted(at_kill))
+        assert sorted(standby_made) == sorted(set(names) - set(at_kill)), (standby_made, sorted(at_kill))
+
+        # Each job's JobSet was announced once, whichever replica made it.
+        events = {name: trainjob_events(k8s, namespace, name) for name in names}
+        wrong = {name: got for name, got in events.items() if got != [("Normal", "JobSetCreated")]}
+        assert not wrong, (f"{len(wrong)} of {BACKLOG} jobs lack exactly one JobSetCreated event (JobSets at "
+                           f"the kill: {sorted(at_kill)}; logged as created by the leader: {leader_made}): "
+                           f"{wrong}\n{logs()}")
+    finally:
+        try:
+            for proc in replicas:
+                proc.stop()
+            delete_lease(k8s)
+            delete_namespace(k8s, namespace)
+        finally:
+            k8s.operator.start()
+    assert not any(proc.alive() for proc in replicas)
+
+
+# -- metrics -------------------------------------------------------------------------------------------------
+
+
+def settled(port: int, quiet: float = 1.5, timeout: float = 30.0) -> Samples:
+    """A scrape after the reconcile and request counters stopped moving for ``quiet`` seconds."""
+
+    def moving(samples: Samples) -> tuple[float, float]:
+        return (total(samples, "trainjob_operator_reconciles_total"),
+                total(samples, "trainjob_operator_api_requests_total"))
+
+    deadline = time.monotonic() + timeout
+    last = scrape(port)
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        samples = scrape(port)
+        if moving(samples) == moving(last):
+            return samples
+        last = samples
+    raise AssertionError(f"the operator kept reconciling for {timeout:g} s: {moving(last)}")
+
+
+def test_metrics_count_what_the_operator_did(k8s: TrainJobCluster, namespace: str, tmp_path: Path) -> None:
+    suspended = [f"job-{i}" for i in range(5)]
+    port = free_port()
+    proc = replica(k8s, tmp_path / "operator.log", port, f"--namespace={namespace}")
+    k8s.operator.stop()
+    try:
+        proc.start()
+        wait_for(lambda: scrape_or_none(port), 60, "the operator's /metrics", every=0.2)
+        for name in suspended:
+            k8s.create_job(name, namespace, suspend=True, trainer=ONE_NODE)
+        k8s.create_job("invalid", namespace, trainer=ONE_NODE | {"numProcPerNode": "gpu"})
+        for name in suspended:
+            k8s.wait_for_condition(name, "Suspended", namespace=namespace, timeout=60)
+        k8s.wait_for_condition("invalid", "Failed", namespace=namespace, timeout=60)
+        samples = settled(port)
+        log = log_of(proc)
+        # What the operator made, as the API server has it.
+        jobsets = sorted(js["metadata"]["name"] for js in k8s.api.list(JOBSETS, namespace))
+        events = {name: trainjob_events(k8s, namespace, name) for name in [*suspended, "invalid"]}
+        failed = find_condition(k8s.job("invalid", namespace)["status"], "Failed")
+    finally:
+        try:
+            proc.stop()
+            delete_namespace(k8s, namespace)
+        finally:
+            k8s.operator.start()
+    assert not proc.alive()
+    assert jobsets == suspended
+    assert events == {**{name: [("Normal", "JobSetCreated")] for name in suspended},
+                      "invalid": [("Warning", "InvalidTrainJob")]}, events
+    assert failed is not None and failed["reason"] == "InvalidTrainJob", failed
+
+    def metric(name: str, **labels: str) -> float:
+        return total(samples, name, **labels)
+
+    # Every object it created is one POST answered 201 (the key and TLS Secrets existed already).
+    created = len(jobsets) + sum(len(e) for e in events.values())
+    assert created == 2 * len(suspended) + 1
+    assert metric("trainjob_operator_api_requests_total", verb="POST", code="201") == created
+    # Every job's status was written at least once (a later pass may write jobsStatus again).
+    assert metric("trainjob_operator_api_requests_total", verb="PATCH", code="200") >= len(suspended) + 1
+
+    reconciles = metric("trainjob_operator_reconciles_total", kind="TrainJob")
+    assert reconciles >= len(suspended) + 1
+    failures = len(re.findall(r"reconciling \(.*\) failed \(attempt", log))
+    errors = metric("trainjob_operator_reconciles_total", kind="TrainJob", result="error")
+    assert errors == failures, operator_lines(log)[-4000:]
+    # Suspended and failed jobs need no pass later: none asked to be queued again.
+    assert metric("trainjob_operator_reconciles_total", kind="TrainJob", result="requeue_after") == 0
+    assert metric("trainjob_operator_reconcile_duration_seconds_count", kind="TrainJob") == reconciles
+    assert metric("trainjob_operator_reconcile_duration_seconds_sum", kind="TrainJob") > 0
+    assert metric("trainjob_operator_queue_wait_seconds_count", kind="TrainJob") == reconciles
+
+    states = {state: metric("trainjob_operator_jobs", state=state)
+              for state in ("Created", "Running", "Suspended", "Complete", "Failed")}
+    assert states == {"Created": 0, "Running": 0, "Suspended": len(suspended), "Complete": 0, "Failed": 1}
+    assert ("trainjob_operator_leader", frozenset()) in samples
+    assert metric("trainjob_operator_leader") == 0
