@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "harness"
 
 import reconcile_kwok  # noqa: E402  (beside this file)
 from kubetest.cluster import TrainJobCluster  # noqa: E402
-from kubetest.controlplane import AUDITED_ACCOUNTS, ControlPlane  # noqa: E402
+from kubetest.controlplane import AUDITED_ACCOUNTS, ControlPlane, free_port  # noqa: E402
 from kubetest.kubeflow import KubeflowController  # noqa: E402
 
 from trainjob.api import TrainJob  # noqa: E402
@@ -127,8 +127,10 @@ def timed(api: KubeApi, namespace: str, jobs: int, pid: int, alive: Callable[[],
 
 def run_operator(kubeconfig: Path, api: KubeApi, jobs: int, workers: int) -> tuple[float, float, int]:
     """trainjob's operator (started now) on the backlog in namespace ``bench``."""
+    status_port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trainjob.cli.main", "operator", f"--kubeconfig={kubeconfig}", f"--workers={workers}"],
+        [sys.executable, "-m", "trainjob.cli.main", "operator", f"--kubeconfig={kubeconfig}", f"--workers={workers}",
+         f"--status-url=https://127.0.0.1:{status_port}", f"--status-port={status_port}"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

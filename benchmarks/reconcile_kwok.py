@@ -99,13 +99,15 @@ class TrainJobOperator:
         self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> int:
-        port = free_port()
+        port, status_port = free_port(), free_port()
         log = self.cluster.cp.root / "logs" / "operator-kwok.log"
         with log.open("ab") as out:
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "trainjob.cli.main", "operator",
                  f"--kubeconfig={self.cluster.operator_kubeconfig}", f"--workers={self.workers}",
-                 f"--liveness=http://127.0.0.1:{port}/healthz"],
+                 f"--liveness=http://127.0.0.1:{port}/healthz",
+                 # as deployed: progress is pushed to the status endpoint, never read from the pods' logs
+                 f"--status-url=https://127.0.0.1:{status_port}", f"--status-port={status_port}"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )
         deadline = time.monotonic() + 60

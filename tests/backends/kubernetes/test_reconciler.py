@@ -41,6 +41,7 @@ from trainjob.backends.kubernetes.resources import (
 )
 from trainjob.backends.kubernetes.snapshot import SnapshotSigner
 from trainjob.backends.kubernetes.status import timestamp
+from trainjob.backends.kubernetes.status_server import StatusEndpoint
 from trainjob.constants import LAUNCH_ANNOTATION, TTL_ANNOTATION
 from trainjob.errors import AlreadyExistsError
 
@@ -974,3 +975,32 @@ def test_a_jobset_whose_event_was_cut_off_gets_it_from_the_next_replica_once() -
     assert [(e["reason"], e["message"]) for e in api.events] == [("JobSetCreated", "created JobSet mnist")]
     jobset = api.stored(JOBSETS, NS, NAME)
     assert api.events[0]["metadata"]["name"] == f"{NAME}.{jobset['metadata']['uid']}"
+
+
+def test_pod_counts_moving_in_a_burst_are_written_once_when_it_settles_and_conditions_at_once() -> None:
+    clock = Clock(START)
+    api = MemoryApi(clock)
+    for runtime in builtin_runtimes():
+        api.seed(runtime)
+    api.seed(trainjob())
+    reconciler = Reconciler(api, SIGNER, clock=clock, cache=SyncedWatchCache(api),
+                            status_endpoint=StatusEndpoint("https://10.0.0.1:8443", "CA"))  # progress is pushed
+    reconciler.reconcile(NS, NAME)
+    api.set_status(JOBSETS, NS, NAME, trainer_jobs(active=1))
+    reconciler.reconcile(NS, NAME)  # the first count: written
+    api.requests.clear()
+    for at_, counts in ((0.3, {"active": 1, "ready": 1}), (0.6, {"active": 2, "ready": 1})):
+        clock.now = START + at_
+        api.set_status(JOBSETS, NS, NAME, trainer_jobs(**counts))
+        again = reconciler.reconcile(NS, NAME)
+        assert again == pytest.approx(1.0 - at_), again  # due when the second since the last write is over
+    assert api.requests == []
+    clock.now = START + 1.0
+    reconciler.reconcile(NS, NAME)
+    assert api.requests == [PATCH_STATUS]
+    assert api.stored(TRAINJOBS, NS, NAME)["status"]["jobsStatus"][0]["active"] == 2
+    clock.now = START + 1.1  # a condition is not held back
+    api.set_status(JOBSETS, NS, NAME, {**trainer_jobs(failed=1), "conditions": [
+        jobset_condition("Failed", "FailedJobs", "jobset failed due to job")]})
+    reconciler.reconcile(NS, NAME)
+    assert any(c["type"] == "Failed" for c in api.stored(TRAINJOBS, NS, NAME)["status"]["conditions"])

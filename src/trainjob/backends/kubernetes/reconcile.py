@@ -73,6 +73,9 @@ from trainjob.runtime.render import render_objects
 log = logging.getLogger("trainjob.operator")
 
 DEFAULT_TRAINER = TRAINER_NODE
+#: Pod counts (``jobsStatus``) of one job are written at most this often: a burst of JobSet updates while its
+#: pods start becomes one write. Conditions are written at once.
+STATUS_SETTLE_SECONDS = 1.0
 #: How many restarts of the JobSet (``status.restarts``) the operator has reported as ``Restarting`` events.
 RESTARTS_ANNOTATION = "trainjob/restarts-reported"
 
@@ -108,6 +111,8 @@ class Reconciler:
         self.status_endpoint = status_endpoint
         #: JobSets (by uid) whose JobSetCreated event this process posted.
         self._announced: set[str] = set()
+        #: When each job's status was last written (its pod counts are written at most every STATUS_SETTLE_SECONDS).
+        self._written: dict[tuple[str, str], float] = {}
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """One pass over TrainJob ``namespace/name``; returns seconds until the next pass is due, if any."""
@@ -168,6 +173,9 @@ class Reconciler:
         elastic = progress.is_elastic(jobset, trainer)
         if not suspend and _trainer_started(jobset, trainer) and (self.status_endpoint is None or elastic):
             new = self._observe_trainer(job, new, jobset, trainer)
+        settle = self._settling(namespace, name, status, new, now)
+        if settle is not None:  # only pod counts moved, just after a write: one write for the burst, shortly
+            return settle if remaining is None else min(remaining, settle)
         self._write_status(namespace, name, status, new)
         if st.finished_condition(new) is not None:
             return self._expire({**job, "status": new}, now)
@@ -492,9 +500,26 @@ class Reconciler:
         self.api.post_event(job, "Warning", reason, message)
         log.info("TrainJob %s/%s failed: %s: %s", meta["namespace"], meta["name"], reason, message)
 
+    def _settling(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any],
+                  now: float) -> float | None:
+        """Seconds to wait before writing ``new`` when it differs from ``old`` only in ``jobsStatus`` (pods
+        starting or ending one by one, which JobSet reports in bursts) and the job's status was written less than
+        :data:`STATUS_SETTLE_SECONDS` ago; ``None``: write now. Conditions are never held back."""
+        if new == old or {k: v for k, v in new.items() if k != "jobsStatus"} != \
+                {k: v for k, v in old.items() if k != "jobsStatus"}:
+            return None
+        last = self._written.get((namespace, name))
+        if last is None or now - last >= STATUS_SETTLE_SECONDS:
+            return None
+        return STATUS_SETTLE_SECONDS - (now - last)
+
     def _write_status(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
         if new == old:
             return
+        self._written[(namespace, name)] = self.clock()
+        if len(self._written) > 50_000:  # forget the oldest half
+            for key in sorted(self._written, key=self._written.__getitem__)[:25_000]:
+                del self._written[key]
         patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
         patch.update({k: None for k in old if k not in new})  # merge-patch deletes with null
         self._stored(TRAINJOBS, self.api.patch_status(TRAINJOBS, namespace, name, patch))
