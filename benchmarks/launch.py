@@ -1,13 +1,19 @@
-"""Launch overhead of the local backend and the cost of listing a large store.
+"""Launch overhead of the local backend: ``trainjob run`` of a trivial job against plain ``torchrun``.
 
-1. Wall time from ``trainjob run`` to ``Complete`` for a trivial 2 nodes x 2 processes job (gloo process group,
-   one barrier), against plain ``torchrun`` doing the same (two node launchers started side by side), median of
-   ``--runs`` interleaved runs each, as a ratio (target: at most 1.15); also the ratio of the fastest runs.
-2. ``trainjob list`` over a store holding 10,000 jobs: the listing itself (store query, table) in this process,
-   the whole command as a user runs it (target: under 0.2 s) and, for scale, the interpreter and CLI start-up
-   alone (``trainjob --version``) and the SDK's ``list_jobs()``.
+Wall time from ``trainjob run`` to ``Complete`` for a trivial 2 nodes x 2 processes job (gloo process group, one
+barrier), against plain ``torchrun`` doing the same (two node launchers started side by side), median of
+``--runs`` interleaved runs each (torchrun, trainjob, torchrun, ...), as a ratio (target: at most 1.05); also the
+ratio of the fastest runs. Where the time goes, as medians:
 
-    python benchmarks/launch.py --runs 5
+- ``*_to_first_init_s``: from the command to the first rank reaching ``init_process_group`` (each rank writes
+  the time it got there into a directory named on its command line), for both;
+- ``command_to_nodes_started_s`` and ``nodes_exited_to_command_exit_s``: trainjob's own time before its node
+  processes start and after the last one exits, from the store.
+
+``--json PATH`` also writes the figures to a file that ``benchmarks/compare.py`` reads. The cost of listing a
+large store is ``benchmarks/listing.py``::
+
+    python benchmarks/launch.py --runs 9 --json /tmp/launch.json
 """
 
 from __future__ import annotations
@@ -23,8 +29,14 @@ import textwrap
 import time
 from pathlib import Path
 
+from listing import fill_store  # noqa: F401  (benchmarks/ui_joblist.py takes its 10,000-job store from here)
+
 TRIVIAL = textwrap.dedent("""
+    import os, sys, time
     import torch.distributed as dist
+    stamp = os.path.join(sys.argv[1], os.environ["RANK"])
+    with open(stamp, "w") as f:
+        f.write(repr(time.time()))
     dist.init_process_group("gloo")
     dist.barrier()
     dist.destroy_process_group()
@@ -37,23 +49,28 @@ def time_command(argv: list[str], env: dict[str, str], cwd: Path) -> float:
     return time.perf_counter() - started
 
 
-def time_plain_torchrun(script: Path, env: dict[str, str], cwd: Path) -> float:
+def first_init(stamps: Path) -> float:
+    """The earliest time a rank wrote into ``stamps`` (just before its ``init_process_group``)."""
+    return min(float(path.read_text()) for path in stamps.iterdir())
+
+
+def time_plain_torchrun(script: Path, env: dict[str, str], cwd: Path, stamps: Path) -> tuple[float, float]:
     from trainjob.backends.local.process_specs import free_port
 
     port = str(free_port())
-    started = time.perf_counter()
+    wall_started, started = time.time(), time.perf_counter()
     nodes = [
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
              "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port,
-             "--log-dir", str(cwd / "torchrun-logs"), str(script)],
+             "--log-dir", str(cwd / "torchrun-logs"), str(script), str(stamps)],
             env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         for rank in (0, 1)
     ]
     if any(node.wait() != 0 for node in nodes):
         raise RuntimeError("plain torchrun failed")
-    return time.perf_counter() - started
+    return time.perf_counter() - started, first_init(stamps) - wall_started
 
 
 def launch_overhead(runs: int, workdir: Path) -> dict[str, float]:
@@ -61,24 +78,34 @@ def launch_overhead(runs: int, workdir: Path) -> dict[str, float]:
     script.write_text(TRIVIAL)
     env = {**os.environ, "TRAINJOB_HOME": str(workdir / "home"), "OMP_NUM_THREADS": "1"}
     trainjob = str(Path(sys.executable).with_name("trainjob"))
-    ours, plain, before_nodes, after_nodes = [], [], [], []
+    ours, plain, before_nodes, after_nodes, ours_init, plain_init = [], [], [], [], [], []
     for run in range(runs):
-        plain.append(time_plain_torchrun(script, env, workdir))
+        stamps = workdir / f"torchrun-stamps-{run}"
+        stamps.mkdir()
+        wall, init = time_plain_torchrun(script, env, workdir, stamps)
+        plain.append(wall)
+        plain_init.append(init)
+        stamps = workdir / f"trainjob-stamps-{run}"
+        stamps.mkdir()
         started = time.time()
         ours.append(time_command([trainjob, "run", str(script), "--nodes", "2", "--nproc-per-node", "2",
-                                  "--name", f"trivial-{run}"], env, workdir))
+                                  "--name", f"trivial-{run}", "--", str(stamps)], env, workdir))
+        ours_init.append(first_init(stamps) - started)
         nodes_started, nodes_exited = node_times(workdir / "home", f"trivial-{run}")
         before_nodes.append(nodes_started - started)
         after_nodes.append(started + ours[-1] - nodes_exited)
     return {
-        "trainjob_run_median_s": statistics.median(ours),
-        "plain_torchrun_median_s": statistics.median(plain),
+        "runs": runs,
+        "trainjob_run_s": statistics.median(ours),
+        "plain_torchrun_s": statistics.median(plain),
         "ratio": statistics.median(ours) / statistics.median(plain),
         # On a shared machine the fastest runs are the ones least disturbed by other load.
         "ratio_of_fastest": min(ours) / min(plain),
+        "trainjob_to_first_init_s": statistics.median(ours_init),
+        "torchrun_to_first_init_s": statistics.median(plain_init),
         # Where trainjob's extra time goes: command start to node processes started, last node exit to exit.
-        "command_to_nodes_started_median_s": statistics.median(before_nodes),
-        "nodes_exited_to_command_exit_median_s": statistics.median(after_nodes),
+        "command_to_nodes_started_s": statistics.median(before_nodes),
+        "nodes_exited_to_command_exit_s": statistics.median(after_nodes),
     }
 
 
@@ -94,64 +121,17 @@ def node_times(home: Path, name: str) -> tuple[float, float]:
     return started, exited
 
 
-def fill_store(home: Path, count: int) -> None:
-    from trainjob.backends.local.store import Store
-
-    store = Store.open(home)
-    now = time.time()
-    with store.transaction():
-        for i in range(count):
-            status = ("Complete", "Failed", "Complete", "Suspended")[i % 4]
-            store.insert_job({
-                "name": f"job-{i:05d}", "namespace": "default", "uid": f"uid-{i}", "status": status,
-                "reason": status, "message": None, "runtime": "torch-distributed", "num_nodes": 2,
-                "num_proc_per_node": 2, "created": now - count + i, "started": now - count + i + 1,
-                "finished": now - count + i + 30 if status != "Suspended" else None,
-                "resource": {"kind": "TrainJob", "metadata": {"name": f"job-{i:05d}"}}, "launch": {"nodes": []},
-            })
-    for i in range(0, count, 2):
-        store.add_metrics(f"job-{i:05d}", [{"time": now, "step": 50, "total_steps": 100, "metrics": {"loss": 0.5}}])
-    store.close()
-
-
-def list_cost(count: int, runs: int, workdir: Path) -> dict[str, float]:
-    from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
-    from trainjob.cli.jobs_format import LIST_HEADER, summary_rows, table
-
-    home = workdir / "list-home"
-    fill_store(home, count)
-    backend = LocalBackend(LocalProcessBackendConfig(home=home))
-    in_process, sdk = [], []
-    for _ in range(runs):
-        started = time.perf_counter()
-        text = table(LIST_HEADER, summary_rows(backend.list_summaries(), time.time()))
-        in_process.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        assert len(backend.list_jobs()) == count
-        sdk.append(time.perf_counter() - started)
-    assert text.count("\n") == count
-    env = {**os.environ, "TRAINJOB_HOME": str(home)}
-    trainjob = str(Path(sys.executable).with_name("trainjob"))
-    command = [time_command([trainjob, "list"], env, workdir) for _ in range(runs)]
-    startup = [time_command([trainjob, "--version"], env, workdir) for _ in range(runs)]
-    return {
-        "jobs": count,
-        "list_in_process_median_s": statistics.median(in_process),
-        "sdk_list_jobs_median_s": statistics.median(sdk),
-        "list_command_median_s": statistics.median(command),
-        "cli_startup_median_s": statistics.median(startup),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="trainjob-bench-") as tmp:
-        workdir = Path(tmp)
-        results = {"launch": launch_overhead(args.runs, workdir), "list": list_cost(args.jobs, args.runs, workdir)}
-    print(json.dumps(results, indent=2))
+        results = {"launch": launch_overhead(args.runs, Path(tmp))}
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,12 @@ trainjob shrink      a local TrainJob, ``elasticPolicy {minNodes: 2, maxNodes: 3
                      torchrun, rank) is killed; nodes 0 and 2 go on at world size 2 (lr scaled linearly)
 ===================  ===========================================================================================
 
-    python benchmarks/recovery.py            # about 4 minutes on 2 cores
+``--repeats N`` runs the two kill runs that are compared (torchrun in place, trainjob shrink) N times each,
+interleaved, and compares their medians (the "vs in place" column of each run is against that median).
+``--json PATH`` also writes the figures (each run's, and the shrink's recovery against torchrun's in-place
+restart as ``recovery.ratio``, target at most 1.0) to a file that ``benchmarks/compare.py`` reads::
+
+    python benchmarks/recovery.py --repeats 3 --json /tmp/recovery.json     # about 5 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -102,8 +108,8 @@ def worker_args(args: argparse.Namespace) -> list[str]:
     return [str(WORKER), str(args.steps), str(args.every), "8", "linear"]
 
 
-def run_torchrun_in_place(args: argparse.Namespace, base: Path, kill: bool) -> dict:
-    out = base / ("torchrun-in-place" if kill else "uninterrupted")
+def run_torchrun_in_place(args: argparse.Namespace, base: Path, kill: bool, attempt: int = 0) -> dict:
+    out = base / (f"torchrun-in-place-{attempt}" if kill else "uninterrupted")
     out.mkdir()
     started = time.time()
     with (out / "torchrun.log").open("wb") as log:
@@ -150,13 +156,13 @@ def run_torchrun_nodes(args: argparse.Namespace, base: Path) -> dict:
     return outcome("torchrun nodes", out, killed, started, time.time())
 
 
-def run_trainjob(args: argparse.Namespace, base: Path) -> dict:
+def run_trainjob(args: argparse.Namespace, base: Path, attempt: int = 0) -> dict:
     from jobtest.local import elastic_runtime, trainjob_resource
 
     from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 
     os.environ["TRAINJOB_NODE_BACKOFF_SECONDS"] = "600"  # measure the shrink alone
-    backend = LocalBackend(LocalProcessBackendConfig(home=base / "home"))
+    backend = LocalBackend(LocalProcessBackendConfig(home=base / f"home-{attempt}"))
     started = time.time()
     backend.apply(trainjob_resource("bench", ["torchrun", *worker_args(args)], runtime="torch-shrink"),
                   [elastic_runtime("torch-shrink", min_nodes=2, max_nodes=3, max_restarts=3)])
@@ -188,16 +194,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--every", type=int, default=10, help="checkpoint interval, in steps")
     parser.add_argument("--kill-after", type=int, default=13, help="kill once rank 0 reported this step")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="kill runs of torchrun in place and trainjob shrink, interleaved; medians are compared")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory(prefix="recovery-") as tmp:
         base = Path(tmp)
         results.append(run_torchrun_in_place(args, base, kill=False))
-        results.append(run_torchrun_in_place(args, base, kill=True))
+        for attempt in range(args.repeats):
+            results.append(run_torchrun_in_place(args, base, kill=True, attempt=attempt))
+            results.append(run_trainjob(args, base, attempt=attempt))
         results.append(run_torchrun_nodes(args, base))
-        results.append(run_trainjob(args, base))
     reference = results[0]
-    baseline = results[1]
+    baseline = {"recovery": median_recovery(results, "torchrun in place")}
     print(f"\n{args.steps} steps, checkpoint every {args.every}, node 1 killed after step {args.kill_after}; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}\n")
     print(f"{'run':<20}{'recovery s':>12}{'vs in place':>13}{'steps lost':>12}{'final loss':>12}{'vs intact':>11}"
@@ -211,6 +221,33 @@ def main() -> None:
     for r in results:
         if r.get("note"):
             print(f"\n{r['run']}: {r['note']}")
+    if args.json:
+        args.json.write_text(json.dumps(figures(results), indent=2) + "\n")
+
+
+def median_recovery(results: list[dict], run: str) -> float:
+    return statistics.median(r["recovery"] for r in results if r["run"] == run)
+
+
+def figures(results: list[dict]) -> dict:
+    """The JSON form: the shrink's recovery next to torchrun's in-place restart (medians over ``--repeats``),
+    and every run's figures."""
+    shrinks = [r for r in results if r["run"] == "trainjob shrink"]
+    in_place = median_recovery(results, "torchrun in place")
+    shrink = median_recovery(results, "trainjob shrink")
+    intact = next(r for r in results if r["run"] == "uninterrupted")["final"]
+    return {
+        "recovery": {
+            "repeats": len(shrinks),
+            "torchrun_in_place_s": in_place,
+            "torchrun_nodes_s": median_recovery(results, "torchrun nodes"),
+            "trainjob_shrink_s": shrink,
+            "ratio": shrink / in_place,
+            "trainjob_steps_lost": max(r["lost"] for r in shrinks),
+            "trainjob_final_vs_intact": max(r["final"] for r in shrinks) / intact,
+        },
+        "runs": results,
+    }
 
 
 if __name__ == "__main__":

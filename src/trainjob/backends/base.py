@@ -27,13 +27,13 @@ from trainjob.backends.log_selection import select_nodes
 from trainjob.constants import FRAMEWORK_LABEL, TRAINER_CONTAINER, TRAINER_JOB
 from trainjob.errors import JobFailedError, ValidationError
 from trainjob.sdk import types
-from trainjob.sdk.trainers import TrainerFunction, check_trainer, sdk_trainjob, trainer_function
 
 if TYPE_CHECKING:
     from trainjob.api import Runtime as RuntimeResource
     from trainjob.api import TrainJob as TrainJobResource
     from trainjob.runtime.launch import LaunchValues
     from trainjob.runtime.plan import Plan
+    from trainjob.sdk.trainers import TrainerFunction
 
 
 @dataclass(frozen=True)
@@ -202,6 +202,7 @@ class Backend(ABC):
         source is available, the names it uses, ``func_args`` that bind to its signature and are JSON, the
         packages and index URLs) before anything is created. A ``CustomTrainerContainer`` runs its command."""
         from trainjob.runtime.catalog import DEFAULT_RUNTIME
+        from trainjob.sdk.trainers import check_trainer, sdk_trainjob, trainer_function
 
         if initializer is not None and self.initializer_refusal is not None:
             raise ValidationError("initializer", self.initializer_refusal)

@@ -14,7 +14,6 @@ from typing import Any
 
 import click
 
-from trainjob.cli import arena, jobs_run, top
 from trainjob.cli.plumbing import (
     EXIT_BAD_INPUT,
     Target,
@@ -201,7 +200,10 @@ def runtimes_command(backend: Target) -> None:
 
 
 def register(group: click.Group) -> None:
-    """Add the job commands to the ``trainjob`` group."""
+    """Add the job commands to the ``trainjob`` group (the ``trainjob`` command itself finds them through
+    :data:`trainjob.cli.main.COMMANDS`, importing each module only when its command runs)."""
+    from trainjob.cli import arena, jobs_run, top
+
     for command in (list_command, get_command, describe_command, events_command, delete_command, suspend_command,
                     resume_command, runtimes_command):
         group.add_command(command)

@@ -12,8 +12,10 @@ does; progress and ages change all the time and are left to ``trainjob top`` and
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
+from json.encoder import encode_basestring_ascii as _escape  # type: ignore[attr-defined]
 from typing import Any
 
 import click
@@ -43,13 +45,25 @@ def job_labels(resource: dict[str, Any] | None) -> dict[str, str]:
 
 
 def selected(client: Any, matches: Matcher | None) -> list[tuple[types.TrainJob, dict[str, Any]]]:
-    """Jobs (with their resources) whose labels ``matches`` accepts, oldest first."""
+    """Jobs (with their resources) whose labels ``matches`` accepts, oldest first.
+
+    A backend that can list jobs with their resources in one read (the local one) does; others' ``list_jobs``
+    carry the resources already, or each job is read for it."""
+    with_resources = getattr(client, "list_jobs_with_resources", None)
     found = []
-    for job in client.list_jobs():
+    for job in with_resources() if with_resources is not None else client.list_jobs():
         resource = job_resource(client, job)
         if resource is not None and (matches is None or matches(job_labels(resource))):
             found.append((job, resource))
     return found
+
+
+def selected_resources(client: Any, matches: Matcher | None) -> list[dict[str, Any]]:
+    """The resources of the jobs :func:`selected` gives; read in one pass where the backend can (the local one)."""
+    list_resources = getattr(client, "list_resources", None)
+    if list_resources is None:
+        return [resource for _, resource in selected(client, matches)]
+    return [resource for resource in list_resources() if matches is None or matches(job_labels(resource))]
 
 
 def _rows(pairs: list[tuple[types.TrainJob, dict[str, Any]]], wide: bool) -> list[list[str]]:
@@ -61,29 +75,94 @@ def _rows(pairs: list[tuple[types.TrainJob, dict[str, Any]]], wide: bool) -> lis
     return rows
 
 
-def _document(pairs: list[tuple[types.TrainJob, dict[str, Any]]]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "List", "items": [resource for _, resource in pairs]}
+def _document(resources: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "List", "items": resources}
 
 
 def _dump(data: Any, output: str) -> str:
     if output == "json":
-        return json.dumps(data, indent=2)
+        return indented_json(data)
     import yaml
 
     return yaml.safe_dump(data, sort_keys=False).rstrip()
+
+
+class _NotPlainJSON(Exception):
+    """A value :func:`indented_json` leaves to :func:`json.dumps` (a subclass of a JSON type, or another type)."""
+
+
+def indented_json(data: Any) -> str:
+    """``json.dumps(data, indent=2)``, character for character, in about half the time.
+
+    ``json.dumps`` with an indent runs the standard library's pure-Python encoder, a generator per nesting level;
+    ten thousand jobs' resources (``list -o json``) make megabytes of it. Strings are still escaped by the C
+    escaper. Anything but plain ``dict`` (with ``str`` keys), ``list``, ``tuple``, ``str``, ``int``, ``float``,
+    ``bool`` and ``None`` is handed to ``json.dumps`` as a whole, so its output and errors stay the same.
+    """
+    parts: list[str] = []
+    append = parts.append
+
+    def encode(value: Any, level: int) -> None:
+        kind = type(value)
+        if kind is str:
+            append(_escape(value))
+        elif kind is dict:
+            if not value:
+                append("{}")
+                return
+            inner = "\n" + "  " * (level + 1)
+            opening = "{"
+            for key, item in value.items():
+                if type(key) is not str:
+                    raise _NotPlainJSON
+                append(opening + inner + _escape(key) + ": ")
+                opening = ","
+                encode(item, level + 1)
+            append("\n" + "  " * level + "}")
+        elif kind is list or kind is tuple:
+            if not value:
+                append("[]")
+                return
+            inner = "\n" + "  " * (level + 1)
+            opening = "["
+            for item in value:
+                append(opening + inner)
+                opening = ","
+                encode(item, level + 1)
+            append("\n" + "  " * level + "]")
+        elif value is None:
+            append("null")
+        elif value is True:
+            append("true")
+        elif value is False:
+            append("false")
+        elif kind is int:
+            append(int.__repr__(value))
+        elif kind is float and math.isfinite(value):
+            append(float.__repr__(value))
+        else:  # NaN and infinities (as json.dumps spells them), and everything that is not plain JSON
+            raise _NotPlainJSON
+
+    try:
+        encode(data, 0)
+    except (_NotPlainJSON, RecursionError):  # json.dumps says what is wrong with a circular or too deep value
+        return json.dumps(data, indent=2)
+    return "".join(parts)
 
 
 def print_once(client: Any, output: str, matches: Matcher | None) -> None:
     if output == "table" and matches is None:
         click.echo(table(LIST_HEADER, summary_rows(client.list_summaries(), time.time())))
         return
-    pairs = selected(client, matches)
     if output in ("json", "yaml"):
-        click.echo(_dump(_document(pairs), output))
-    elif output == "name":
-        for job, _ in pairs:
-            click.echo(f"trainjob/{job.name}")
-    elif not pairs and matches is not None:
+        click.echo(_dump(_document(selected_resources(client, matches)), output))
+        return
+    if output == "name":
+        for resource in selected_resources(client, matches):
+            click.echo(f"trainjob/{resource['metadata']['name']}")
+        return
+    pairs = selected(client, matches)
+    if not pairs and matches is not None:
         note("No jobs found matching the selector")
     else:
         click.echo(table(WIDE_HEADER if output == "wide" else LIST_HEADER, _rows(pairs, output == "wide")))

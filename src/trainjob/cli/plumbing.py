@@ -83,14 +83,14 @@ def config_paths() -> list[Path]:
 
 def load_config() -> tuple[dict[str, str], Path | None]:
     """The config file's settings and its path (``{}, None`` when there is none); ``ValidationError`` when bad."""
-    import yaml
-
     explicit = os.environ.get(CONFIG_ENV)
     for path in config_paths():
         if not path.is_file():
             if explicit and path == Path(explicit).expanduser():
                 raise ValidationError(CONFIG_ENV, f"no such file: {path}")
             continue
+        import yaml  # only when there is a file to read: most commands start without one
+
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except (OSError, yaml.YAMLError) as exc:
@@ -192,17 +192,19 @@ def backend_option(command: F) -> F:
 
 def make_backend(target: Target | str) -> Backend:
     """A backend for ``target`` (a :class:`Target`, or a backend name); Kubernetes is imported only when asked."""
-    from trainjob.sdk.client import backend_for
-
     if isinstance(target, str):
         target = Target(target)
     if target.backend == "kubernetes":
         from trainjob.backends.kubernetes.config import KubernetesBackendConfig
+        from trainjob.sdk.client import backend_for
 
         check_kubeconfig(target)
         return backend_for(KubernetesBackendConfig(namespace=target.namespace, config_file=target.kubeconfig,
                                                    context=target.context))
-    return backend_for(None)
+    # What backend_for(None) gives, without importing the SDK's client for it.
+    from trainjob.backends.local.client.backend import LocalBackend
+
+    return LocalBackend()
 
 
 # -- errors and exit codes ----------------------------------------------------------------------------------------

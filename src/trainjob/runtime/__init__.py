@@ -23,9 +23,44 @@ module                                      holds
 '0'
 """
 
-from trainjob.runtime.catalog import DEFAULT_RUNTIME, builtin_runtimes, find_runtime
-from trainjob.runtime.framework import ENTRY_POINT_GROUP, PHASES, Context, Framework, Plugin, resolve
-from trainjob.runtime.plan import Plan
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainjob.runtime.catalog import DEFAULT_RUNTIME, builtin_runtimes, find_runtime
+    from trainjob.runtime.framework import ENTRY_POINT_GROUP, PHASES, Context, Framework, Plugin, resolve
+    from trainjob.runtime.plan import Plan
+
+#: Where each name of this package is defined. They are imported on first use, so that a process that needs one
+#: light module (a supervisor reading :mod:`~trainjob.runtime.launch`) does not load the framework and the API.
+_EXPORTS = {
+    "DEFAULT_RUNTIME": "trainjob.runtime.catalog",
+    "builtin_runtimes": "trainjob.runtime.catalog",
+    "find_runtime": "trainjob.runtime.catalog",
+    "ENTRY_POINT_GROUP": "trainjob.runtime.framework",
+    "PHASES": "trainjob.runtime.framework",
+    "Context": "trainjob.runtime.framework",
+    "Framework": "trainjob.runtime.framework",
+    "Plugin": "trainjob.runtime.framework",
+    "resolve": "trainjob.runtime.framework",
+    "Plan": "trainjob.runtime.plan",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    try:  # a submodule reached as an attribute (``trainjob.runtime.catalog``), as an eager import made possible
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_RUNTIME",

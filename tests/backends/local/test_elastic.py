@@ -90,6 +90,8 @@ def test_a_lost_node_is_not_waited_for_the_job_finishes_at_two_nodes(backend, sh
     events = backend.get_job_events("shrink")
     (lost,) = [e for e in events if e.reason == "NodeLost"]
     assert "node-1 was lost (killed by SIGKILL)" in lost.message
+    losses = [json.loads(line) for line in (job_dir / "elastic" / "losses.jsonl").read_text().splitlines()]
+    assert [(loss["node"], loss["remaining"]) for loss in losses] == [(1, 2)], "the round after it closes at 2"
     assert [e.message for e in events if e.reason == "Resized"] == ["Resized 3 -> 2 nodes (node-1 was lost)"]
     assert [world for world, _ in rounds(job_dir)] == [3, 2]
     records = [json.loads(line) for line in (job_dir / "rounds.jsonl").read_text().splitlines()]

@@ -66,9 +66,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainjob.api.quantity import cpu_count, gpu_count
 from trainjob.backends.local.log_writer import DEFAULT_LOG_MAX_BYTES, log_max_bytes
 from trainjob.backends.local.mpi.hosts import (
     HOSTS_ENV,
@@ -83,9 +82,11 @@ from trainjob.backends.local.worker_site import SITE_DIR
 from trainjob.constants import PET_PREFIX, PET_RDZV_ENDPOINT, PET_RDZV_ID
 from trainjob.errors import ValidationError
 from trainjob.runtime.launch import Addressing, addressing_env
-from trainjob.runtime.plan import Plan
-from trainjob.runtime.plugins.mpi import HOSTFILE_VOLUME, LAUNCHER, SSH_AUTH_VOLUME, openmpi_env
-from trainjob.runtime.template import pod_spec
+
+# Building a spec from a plan (at submit) needs the API's quantities and the MPI plugin; the supervisor, which
+# only carries a stored spec out, imports neither (they bring in pydantic), so they are imported where used.
+if TYPE_CHECKING:
+    from trainjob.runtime.plan import Plan
 
 #: The prefix torchrun puts before every line of a training process (``[rank3]: ...``); :mod:`~trainjob.backends.local.log_reader` parses it.
 RANK_PREFIX_TEMPLATE = "[rank${rank}]: "
@@ -252,6 +253,8 @@ def build_mpi_process_spec(
 ) -> ProcessSpec:
     """The process spec of an MPI plan (:mod:`trainjob.backends.mpi`): node 0 the launcher (and host 0), node
     ``i`` host ``i``; the launcher's ``OMPI_MCA_*`` env is the plugin's with the hostfile in the job's directory."""
+    from trainjob.runtime.plugins.mpi import LAUNCHER, openmpi_env
+
     policy = plan.mpi
     assert policy is not None
     launcher = next(p for p in plan.pod_sets if p.name == LAUNCHER)
@@ -307,6 +310,9 @@ def build_mpi_process_spec(
 def drop_mpi_volumes(plan: Plan) -> None:
     """Take the SSH keys and hostfile volumes off ``plan``'s pods: here there is no ``ssh``, and the hostfile is
     written to the job's directory, so only the job's own volumes are left for the local backend to provide."""
+    from trainjob.runtime.plugins.mpi import HOSTFILE_VOLUME, SSH_AUTH_VOLUME
+    from trainjob.runtime.template import pod_spec
+
     ours = {HOSTFILE_VOLUME, SSH_AUTH_VOLUME}
     for pod_set in plan.pod_sets:
         spec = pod_spec(pod_set.template)
@@ -352,10 +358,14 @@ def _names(names: list[str]) -> str:
 
 
 def _requested_cpus(resources: dict[str, str]) -> int | None:
+    from trainjob.api.quantity import cpu_count
+
     return cpu_count(resources["cpu"]) if "cpu" in resources else None
 
 
 def _requested_gpus(resources: dict[str, str]) -> int:
+    from trainjob.api.quantity import gpu_count
+
     return gpu_count(resources)
 
 

@@ -28,21 +28,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainjob.backends.base import Backend, CheckedJob, LogRequest, NodeProcess, runtime_view
-from trainjob.backends.local import processes, volumes
-from trainjob.backends.local.client import queue, views
-from trainjob.backends.local.client.commands import check_command_files
+from trainjob.backends.local import processes
+from trainjob.backends.local.client import views
 from trainjob.backends.local.client.ttl import expired_jobs
-from trainjob.backends.local.log_reader import read_logs
-from trainjob.backends.local.log_writer import log_dir
 from trainjob.backends.local.store import ACTIVE_STATUSES, UNFINISHED_STATUSES, Store, check_job_name
 from trainjob.backends.ttl import ttl_seconds
 from trainjob.errors import NotFoundError, ValidationError
-from trainjob.runtime.submit_events import submit_events
 from trainjob.sdk import types
 
+# Creating a job needs the runtime framework, the queue, volumes and process specs; reading jobs (``list``,
+# ``get``, the dashboard) needs none of them, so they are imported where a job is created, queued or removed.
 if TYPE_CHECKING:
     from trainjob.api import Runtime as RuntimeResource
     from trainjob.api import TrainJob as TrainJobResource
+    from trainjob.backends.local import volumes
     from trainjob.sdk.trainers import TrainerFunction
 
 #: How often local waits look at the store; reading SQLite is cheap, so failures are seen at once.
@@ -95,6 +94,7 @@ class LocalBackend(Backend):
     def check(self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = ()) -> CheckedJob:
         """``trainjob`` resolved against its runtime (among ``runtimes``, then the built-ins), its name, TTL and,
         unless it mounts volumes (checked when it is created), the script its command runs checked here."""
+        from trainjob.backends.local.client.commands import check_command_files
         from trainjob.runtime import find_runtime, resolve
 
         name = check_job_name(trainjob.name)
@@ -159,7 +159,11 @@ class LocalBackend(Backend):
         inherit_env: bool | None = None,
         config_maps: Mapping[str, str | Path] | None = None,
     ) -> None:
+        from trainjob.backends.local import volumes
+        from trainjob.backends.local.client import queue
+        from trainjob.backends.local.client.commands import check_command_files
         from trainjob.backends.local.process_specs import build_process_spec
+        from trainjob.runtime.submit_events import submit_events
 
         trainjob, plan, launch = checked.trainjob, checked.plan, checked.launch
         name = trainjob.name
@@ -199,12 +203,14 @@ class LocalBackend(Backend):
                 volumes.prepare(host_volumes, job_dir)
             for file_name, text in (files or {}).items():
                 (job_dir / file_name).write_text(text, encoding="utf-8")
-            self.store.add_event(name, "Created", f"{launch.num_nodes} node(s) x {launch.num_proc_per_node} "
-                                 f"process(es) on runtime {plan.runtime_name}")
-            for reason, message in spec.notes:
-                self.store.add_event(name, reason, message)
-            for event in submit_events(trainjob, plan):  # converted from a PyTorchJob, NCCL settings that do nothing
-                self.store.add_event(name, event.reason, event.message, type=event.type)
+            events = submit_events(trainjob, plan)  # converted from a PyTorchJob, NCCL settings that do nothing
+            with self.store.transaction():  # the job's first events: one write
+                self.store.add_event(name, "Created", f"{launch.num_nodes} node(s) x {launch.num_proc_per_node} "
+                                     f"process(es) on runtime {plan.runtime_name}")
+                for reason, message in spec.notes:
+                    self.store.add_event(name, reason, message)
+                for event in events:
+                    self.store.add_event(name, event.reason, event.message, type=event.type)
             if status == types.CREATED:
                 self._start_supervisor(name)
             elif status == types.QUEUED:
@@ -218,6 +224,8 @@ class LocalBackend(Backend):
     def _resolve_host_volumes(self, plan: Any, job_dir: Path, spec: Any,
                       config_maps: Mapping[str, str | Path] | None) -> volumes.HostVolumes | None:
         """The job's host volumes (:mod:`~trainjob.backends.local.volumes`), applied to ``spec``; checked only."""
+        from trainjob.backends.local import volumes
+
         settings = volumes.VolumeSettings.resolve(self.store.home, self.config.volumes_root,
                                                   {**self.config.config_maps, **(config_maps or {})},
                                                   self.config.mount_mechanism)
@@ -242,6 +250,8 @@ class LocalBackend(Backend):
 
     def admit_queued(self) -> list[str]:
         """Start the queued jobs that fit what is free now (:func:`~trainjob.backends.local.client.queue.admit`)."""
+        from trainjob.backends.local.client import queue
+
         admitted = queue.admit(self.store)
         for name in admitted:
             self._start_supervisor(name)
@@ -265,6 +275,22 @@ class LocalBackend(Backend):
         if runtime is not None:
             rows = [row for row in rows if row["runtime"] == runtime.name]
         return [views.sdk_job(row) for row in rows]
+
+    def list_jobs_with_resources(self) -> list[types.TrainJob]:
+        """Every job as :meth:`get_job` gives it (steps, and the resource with its status), oldest first, read in
+        one pass over the store rather than a read per job: what ``trainjob list -o json|yaml|wide`` shows."""
+        self.housekeeping()
+        rows = self._checked(self.store.list_full_jobs())
+        nodes = self.store.all_nodes()
+        return [views.sdk_job(row, nodes.get(row["name"], [])) for row in rows]
+
+    def list_resources(self) -> list[dict[str, Any]]:
+        """Every job's TrainJob resource with its status (as ``get_job(name).resource``), oldest first, in one read
+        and without the SDK's objects: what ``trainjob list -o json|yaml|name`` prints."""
+        self.housekeeping()
+        rows = self._checked(self.store.list_full_jobs())
+        nodes = self.store.all_nodes()
+        return [views.resource_with_status(row, nodes.get(row["name"], [])) for row in rows]
 
     def list_summaries(self) -> list[types.JobSummary]:
         """One summary per job, oldest first, supervisors checked.
@@ -295,7 +321,7 @@ class LocalBackend(Backend):
     def housekeeping(self) -> None:
         """What a controller would do between commands: remove expired jobs, admit queued ones that fit."""
         self.collect_garbage()
-        if self.store._db.execute("SELECT 1 FROM jobs WHERE status = ? LIMIT 1", (types.QUEUED,)).fetchone():
+        if self.store.has_status(types.QUEUED):
             self.admit_queued()
 
     def get_job(self, name: str) -> types.TrainJob:
@@ -311,7 +337,11 @@ class LocalBackend(Backend):
         return row["num_nodes"], row["num_proc_per_node"]
 
     def _read_logs(self, name: str, nodes: list[int], request: LogRequest) -> Iterator[types.LogLine]:
-        """The node files' lines (:func:`read_logs`); ``follow`` streams until the job ends."""
+        """The node files' lines (:func:`~trainjob.backends.local.log_reader.read_logs`); ``follow`` streams until
+        the job ends."""
+        from trainjob.backends.local.log_reader import read_logs
+        from trainjob.backends.local.log_writer import log_dir
+
         job_dir = self.store.job_dir(name)
         if request.previous and not log_dir(job_dir, previous=True).is_dir():
             raise NotFoundError(f"TrainJob {name} has no previous attempt: it was not restarted or resumed")
@@ -331,6 +361,8 @@ class LocalBackend(Backend):
 
     def delete_job(self, name: str) -> None:
         """Stop every process of the job, then remove its state, logs and environment."""
+        from trainjob.backends.local import volumes
+
         row = self.store.get_job(name)
         job_dir = self.store.job_dir(name)
         self.store.update_job(name, request="delete")  # no replacement supervisor takes the job from here on

@@ -100,8 +100,11 @@ def sdk_job(row: dict[str, Any], nodes: list[dict[str, Any]] | None = None) -> t
 
 
 def resource_with_status(row: dict[str, Any], nodes: list[dict[str, Any]]) -> dict[str, Any]:
-    """The stored TrainJob with ``status`` as a controller would report it: conditions and jobsStatus."""
-    resource = json.loads(json.dumps(row["resource"]))
+    """The stored TrainJob with ``status`` as a controller would report it: conditions and jobsStatus.
+
+    The row's ``resource`` is left as it is (rows are read from the store for each call, so their documents are
+    not shared): the returned resource is a copy of its top level with ``status`` set."""
+    resource = {**row["resource"]}
     condition = {
         "type": row["status"],
         "status": "True",

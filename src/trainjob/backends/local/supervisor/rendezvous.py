@@ -7,9 +7,10 @@ one of its nodes is lost. Its pieces:
   c10d ``TCPStore`` the nodes' agents meet at (``--rdzv-conf is_host=false``), so any node, node 0 included, can
   be lost. The supervisor starts it; it carries the job's directory in its environment (so stopping the job
   stops it too) and also ends on its own once no supervisor has held the job for a while.
-- **Which nodes were lost** (``elastic/losses.jsonl``, written by the supervisor): the agents
-  (:mod:`~trainjob.backends.local.torchrun.elastic_agent`) restart their ranks in place, at the smaller size, only when
-  a node was lost; a rank that fails on its own still fails its node, and the supervisor restarts the group.
+- **Which nodes were lost** (``elastic/losses.jsonl``, written by the supervisor the moment a node's keeper
+  exits, with how many nodes go on): the agents (:mod:`~trainjob.backends.local.torchrun.elastic_agent`) restart
+  their ranks in place at once, at the smaller size, only when a node was lost; a rank that fails on its own
+  still fails its node, and the supervisor restarts the group.
 - **Growing at a checkpoint.** A lost node comes back after the job's back-off. When the training script
   checkpoints with :class:`trainjob.torch.ElasticConfig`, the supervisor first writes ``elastic/grow-request``;
   the ranks see it at their next checkpoint, save, write ``elastic/grow-ready`` and wait, and only then is the
@@ -34,10 +35,12 @@ from trainjob.backends.local.processes import supervisor_lock_held
 
 #: Environment variable naming the job's directory (also what process sweeps look for).
 JOB_DIR_ENV = "TRAINJOB_JOB_DIR"
-#: ``--rdzv-conf`` of shrinkable local jobs: the store is the supervisor's; a lost node is noticed after
-#: ``keep_alive_interval x keep_alive_max_attempt`` seconds (agents renew their heartbeat only once it is a
-#: whole interval old, so fewer than 3 attempts takes live nodes for dead, and 4 leaves room for a busy
-#: machine); a round closes 1 s after ``minNodes`` joined.
+#: ``--rdzv-conf`` of shrinkable local jobs: the store is the supervisor's; a node whose loss the supervisor
+#: recorded is dropped by the others' agents as soon as its agent's process is gone
+#: (:mod:`~trainjob.backends.local.torchrun.elastic_agent`), any other after ``keep_alive_interval x
+#: keep_alive_max_attempt`` seconds (agents renew their heartbeat only once it is a whole interval old, so fewer
+#: than 3 attempts takes live nodes for dead, and 4 leaves room for a busy machine); a round closes 1 s after
+#: ``minNodes`` joined, or, right after a loss, once the nodes that go on have all joined.
 RDZV_CONF = "is_host=false,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=4"
 #: The store ends itself after the job has had no supervisor this long (a replacement takes over sooner).
 UNSUPERVISED_LIMIT_SECONDS = 60.0
@@ -93,9 +96,13 @@ def read_lines(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
     return records, offset + len(complete)
 
 
-def record_loss(job_dir: Path | str, node: int, description: str) -> None:
-    """Note that ``node`` was lost (the agents of the others restart their ranks at the smaller size)."""
-    _append_line(elastic_dir(job_dir) / LOSSES_FILE, {"time": time.time(), "node": node, "why": description})
+def record_loss(job_dir: Path | str, node: int, description: str, remaining: int | None = None) -> None:
+    """Note that ``node`` was lost and ``remaining`` nodes go on: the agents of the others restart their ranks at
+    once, at the smaller size, and close the next rendezvous round as soon as ``remaining`` nodes joined it."""
+    record: dict[str, Any] = {"time": time.time(), "node": node, "why": description}
+    if remaining is not None:
+        record["remaining"] = remaining
+    _append_line(elastic_dir(job_dir) / LOSSES_FILE, record)
 
 
 def losses_since(job_dir: Path | str, since: float) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import sys
 import time
@@ -44,7 +45,7 @@ from trainjob.backends.local.supervisor import rendezvous
 from trainjob.backends.local.supervisor.environment import PackageInstallError, prepare_environment
 from trainjob.backends.local.supervisor.failures import node_failures, pick_root_cause
 from trainjob.backends.local.supervisor.nodes import NodeHandle
-from trainjob.constants import COMPLETE, CREATED, FAILED, RUNNING, SUSPENDED
+from trainjob.constants import COMPLETE, CREATED, FAILED, QUEUED, RUNNING, SUSPENDED
 from trainjob.errors import NotFoundError
 
 POLL_SECONDS = 0.05
@@ -125,9 +126,7 @@ class Supervisor:
         self.rendezvous_port = info["port"] if info else None
         while not self.terminating:
             if not adopted:
-                self._start_nodes(python, restarts)
-                self.store.transition(self.name, RUNNING, "NodesStarted", f"{len(self.nodes)} node(s) running",
-                                      from_statuses=(CREATED,), started=started)
+                self._start_nodes(python, restarts, started)
             adopted = False
             outcome = self._watch(started)
             if outcome is None:  # terminating, suspended or finished: status already written
@@ -156,7 +155,9 @@ class Supervisor:
         self.store.add_event(self.name, "PackagesInstalled", f"installed {' '.join(self.spec.packages)}")
         return python
 
-    def _start_nodes(self, python: str, restarts: int) -> None:
+    def _start_nodes(self, python: str, restarts: int, job_started: float) -> None:
+        """Start every node's keeper; the job becomes Running (from Created) in the same store write that records
+        the nodes (``job_started`` is its start time)."""
         (self.job_dir / "logs").mkdir(parents=True, exist_ok=True)
         port = process_specs.free_port()
         self.nodes, self.recorded = [], set()
@@ -168,16 +169,23 @@ class Supervisor:
             self.rendezvous_store = rendezvous.start_store(self.job_dir, self.rendezvous_port, python,
                                                           self.spec.base_env or process_specs.passed_env(os.environ))
         self.python, self.port, self.restarts = python, port, restarts
+        started = []
         for node in self.spec.nodes:
             handle = self._start_node(node.index)
             if self.spec.elastic:
                 # c10d rendezvous ranks nodes by their torchrun's pid: started in order, node i gets group rank i.
                 handle.wait_started(timeout=5)
             self.nodes.append(handle)
-            self.store.set_node(self.name, node.index, pid=handle.pid, pid_started=handle.started,
-                                status="Running", exit_code=None, started=time.time(), finished=None)
+            started.append(time.time())
         where = self.rendezvous_port if self.spec.shrinkable else port
-        self.store.add_event(self.name, "NodesStarted", f"started {len(self.nodes)} node process(es), rendezvous at 127.0.0.1:{where}")
+        with self.store.transaction():  # the nodes, the event and the job's status: one write
+            for handle, when in zip(self.nodes, started, strict=True):
+                self.store.set_node(self.name, handle.index, pid=handle.pid, pid_started=handle.started,
+                                    status="Running", exit_code=None, started=when, finished=None)
+            self.store.add_event(self.name, "NodesStarted",
+                                 f"started {len(self.nodes)} node process(es), rendezvous at 127.0.0.1:{where}")
+            self.store.transition(self.name, RUNNING, "NodesStarted", f"{len(self.nodes)} node(s) running",
+                                  from_statuses=(CREATED,), started=job_started)
 
     def _start_node(self, index: int) -> NodeHandle:
         """Start the keeper of node ``index`` (after :meth:`_start_nodes` set the group's ports)."""
@@ -241,7 +249,16 @@ class Supervisor:
                                       from_statuses=ACTIVE_STATUSES, request=None)
                 self.store.add_event(self.name, "Suspended", "node processes stopped")
                 return None
-            time.sleep(POLL_SECONDS)
+            self._wait_for_nodes(POLL_SECONDS)
+
+    def _wait_for_nodes(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` seconds, waking at once when a running node's keeper exits (its pidfd)."""
+        poller = select.poll()
+        for node in self.nodes:
+            fd = node.pidfd()
+            if fd is not None:
+                poller.register(fd, select.POLLIN)
+        poller.poll(timeout * 1000)
 
     # shrink and grow (shrinkable jobs)
 
@@ -262,8 +279,10 @@ class Supervisor:
         now = time.time()
         for index in lost:
             why = self._loss_description(index, codes[index])
-            rendezvous.record_loss(self.job_dir, index, why)
+            # Swept first: once the loss is recorded, the others' agents drop the node's agent from the rendezvous
+            # as soon as its process is gone, instead of waiting for its heartbeat to lapse.
             self._sweep_node(index)
+            rendezvous.record_loss(self.job_dir, index, why, remaining=alive)
             self.lost[index] = now + self.spec.node_backoff_seconds
             self.returned.discard(index)
             self.resize_reasons.append(f"node-{index} was lost")
@@ -434,9 +453,10 @@ class Supervisor:
             self.store.set_node(self.name, node.index, status="Stopped", exit_code=node.code, finished=time.time())
 
     def _finish(self, status: str, reason: str, message: str) -> None:
-        if self.store.transition(self.name, status, reason, message, from_statuses=ACTIVE_STATUSES,
-                                 finished=time.time(), request=None):
-            self.store.add_event(self.name, reason, message, type="Normal" if status == COMPLETE else "Warning")
+        with self.store.transaction():  # the status and its event: one write
+            if self.store.transition(self.name, status, reason, message, from_statuses=ACTIVE_STATUSES,
+                                     finished=time.time(), request=None):
+                self.store.add_event(self.name, reason, message, type="Normal" if status == COMPLETE else "Warning")
 
     def _suspend_requested(self) -> bool:
         request = self.store.get_request(self.name)
@@ -490,9 +510,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def admit_next(store: Store) -> None:
     """Start the queued jobs that fit now that this job's nodes are gone (the local queue has no daemon)."""
-    from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
-
     try:
+        if not store.has_status(QUEUED):
+            return  # nothing waits: the client backend is not even imported
+        from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
+
         LocalBackend(LocalProcessBackendConfig(home=store.home)).admit_queued()
     except Exception as exc:  # the next reader admits them; never mask the job's own outcome
         print(f"admitting queued jobs failed: {type(exc).__name__}: {exc}", file=sys.stderr)
