@@ -11,6 +11,9 @@
 #                PodGroup types; controller-gen from sigs.k8s.io/controller-tools generates their CRD)
 #   kwok/        sigs.k8s.io/kwok               kwok, which simulates nodes and moves their pods through their life
 #                cycle (tests/harness/kubetest/kwok.py; the simulated-node test and `benchmarks/reconcile.py --kwok`)
+#   scheduler-plugins/ sigs.k8s.io/scheduler-plugins  its cmd/scheduler, kube-scheduler with the Coscheduling
+#                plugin (tests/harness/kubetest/coscheduling.py; the gang scheduling test), built inside a copy
+#                of its module (its go.mod has replace lines) on the cluster's Kubernetes patch version
 # Binaries are cached by component and by a hash of its go.mod/go.sum and the Go version, under
 # ${TRAINJOB_CLUSTER_CACHE:-~/.cache/trainjob/cluster}, so a warm run takes seconds. Manifests that the tests
 # need (CRDs, JobSet's RBAC and webhook paths) are copied from the module cache next to the binaries.
@@ -57,6 +60,42 @@ module_dir() {
   (cd "$here/$1" && go mod download -json "$2" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
 }
 
+# version_of MODULE MODULE_DIR: the version of MODULE that MODULE_DIR/go.mod pins.
+version_of() { sed -n "s|^require $1 \(v[^ ]*\)$|\1|p" "$here/$2/go.mod"; }
+
+# build_scheduler_plugins: cmd/scheduler of the scheduler-plugins module that scheduler-plugins/ pins, built inside a
+# writable copy of that module, since its go.mod has replace lines (which only apply in the main module). Those
+# replace lines pin every k8s.io module at the release's own Kubernetes patch version; they are moved to the
+# cluster's (kubernetes/go.mod; same minor version), whose modules and go.sum lines are here already, so that the
+# scheduler is built on the Kubernetes the cluster runs (the module proxy here does not serve every k8s.io module
+# at every patch version).
+build_scheduler_plugins() {
+  local out
+  out="$cache/scheduler-plugins-$(cat "$here/scheduler-plugins/go.mod" "$here/scheduler-plugins/go.sum" \
+    "$here/kubernetes/go.mod" | { cat; echo "$gover"; } | sha256sum | cut -c1-16)"
+  if [ -f "$out/.complete" ]; then
+    echo "$out"; return
+  fi
+  log "building scheduler-plugins (cmd/scheduler) into $out"
+  local start=$SECONDS src work kv
+  src="$(module_dir scheduler-plugins sigs.k8s.io/scheduler-plugins)"
+  [ -n "$src" ] && [ -f "$src/go.mod" ] || { log "no module source for sigs.k8s.io/scheduler-plugins"; return 1; }
+  kv="$(version_of k8s.io/kubernetes kubernetes)"
+  work="$(mktemp -d)"
+  cp -r "$src/." "$work/" && chmod -R u+w "$work"
+  sed -i -E "s#^(\s*(replace )?k8s\.io/[a-z-]+ => k8s\.io/[a-z-]+ )v0\.[0-9]+\.[0-9]+\$#\1v0.${kv#v1.}#;
+    s#^(\s*k8s\.io/kubernetes => k8s\.io/kubernetes )v1\.[0-9]+\.[0-9]+\$#\1$kv#" "$work/go.mod"
+  cat "$here/kubernetes/go.sum" >> "$work/go.sum"
+  rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+  (cd "$work" && GOFLAGS=-mod=mod go build -trimpath -ldflags="-s -w" -o "$out.tmp/" ./cmd/scheduler) \
+    || { rm -rf "$work"; return 1; }
+  rm -rf "$work"
+  touch "$out.tmp/.complete"
+  rm -rf "$out" && mv -T "$out.tmp" "$out"
+  log "built scheduler-plugins in $((SECONDS - start)) s"
+  echo "$out"
+}
+
 if [ "$manifests_only" = 0 ]; then
   etcd_bin="$(build etcd etcd trainjob.local/cluster/etcd)"
   kube_bin="$(build kubernetes kubernetes \
@@ -66,6 +105,7 @@ if [ "$manifests_only" = 0 ]; then
   kubeflow_bin="$(build kubeflow-trainer kubeflow github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager)"
   kubectl_bin="$(build kubectl kubectl k8s.io/kubernetes/cmd/kubectl)"
   kwok_bin="$(build kwok kwok sigs.k8s.io/kwok/cmd/kwok)"
+  sp_bin="$(build_scheduler_plugins)"
 fi
 controller_gen_bin="$(build controller-gen podgroups sigs.k8s.io/controller-tools/cmd/controller-gen)"
 
@@ -99,7 +139,6 @@ if [ "$manifests_only" = 1 ]; then
   exit 0
 fi
 
-version_of() { sed -n "s|^require $1 \(v[^ ]*\)$|\1|p" "$here/$2/go.mod"; }
 cat > "$cache/manifest.json" <<EOF
 {
   "go": "$gover",
@@ -108,7 +147,8 @@ cat > "$cache/manifest.json" <<EOF
     "kubernetes": "$(version_of k8s.io/kubernetes kubernetes)",
     "jobset": "$(version_of sigs.k8s.io/jobset jobset)",
     "kubeflow-trainer": "$(version_of github.com/kubeflow/trainer/v2 kubeflow)",
-    "kwok": "$(version_of sigs.k8s.io/kwok kwok)"
+    "kwok": "$(version_of sigs.k8s.io/kwok kwok)",
+    "scheduler-plugins": "$(version_of sigs.k8s.io/scheduler-plugins scheduler-plugins)"
   },
   "binaries": {
     "etcd": "$etcd_bin/etcd",
@@ -118,7 +158,8 @@ cat > "$cache/manifest.json" <<EOF
     "jobset": "$jobset_bin/jobset",
     "kubeflow-trainer": "$kubeflow_bin/trainer-controller-manager",
     "kubectl": "$kubectl_bin/kubectl",
-    "kwok": "$kwok_bin/kwok"
+    "kwok": "$kwok_bin/kwok",
+    "scheduler-plugins": "$sp_bin/scheduler"
   },
   "manifests": "$manifests"
 }

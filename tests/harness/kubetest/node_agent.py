@@ -44,6 +44,10 @@ from kubetest.kubelet_server import LogServer, write_cri_line
 
 #: The Node annotation with the address the pods reach the host at.
 POD_GATEWAY_ANNOTATION = "trainjob.dev/pod-gateway"
+#: A test may set this Node annotation to a JSON object of resources (``{"cpu": "3"}``) that replace those of
+#: :meth:`NodeAgent.capacity` in the Node's capacity and allocatable; the agent applies a change at its next beat
+#: (5 s) and the default again when the annotation goes.
+CAPACITY_ANNOTATION = "trainjob.dev/capacity"
 log = logging.getLogger("node-agent")
 
 POLL_SECONDS = 0.25
@@ -185,13 +189,27 @@ class NodeAgent:
         }
         self.core.patch_node_status(self.node_name, {"status": status})
 
+    def capacity_override(self) -> dict[str, str]:
+        """The resources the Node's ``trainjob.dev/capacity`` annotation sets; none when it is absent or bad."""
+        node = self.core.read_node(self.node_name)
+        raw = (node.metadata.annotations or {}).get(CAPACITY_ANNOTATION)
+        try:
+            override = json.loads(raw) if raw else {}
+        except ValueError:
+            log.warning("ignoring %s: %r is not JSON", CAPACITY_ANNOTATION, raw)
+            return {}
+        return {str(k): str(v) for k, v in override.items()} if isinstance(override, dict) else {}
+
     def heartbeat(self) -> None:
-        capacity = self.capacity()
+        default = self.capacity()
+        capacity = default
         last_status = 0.0
         while not self.stop_event.wait(0 if last_status == 0 else 5):
             try:
                 self._renew_lease()
-                if time.monotonic() - last_status > 20:
+                wanted = {**default, **self.capacity_override()}
+                if wanted != capacity or time.monotonic() - last_status > 20:
+                    capacity = wanted
                     self._patch_node_status(capacity)
                     last_status = time.monotonic()
             except Exception as exc:  # the API server may be restarting; try again next beat
