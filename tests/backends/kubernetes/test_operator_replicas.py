@@ -323,6 +323,8 @@ def test_metrics_count_what_the_operator_did(k8s: TrainJobCluster, namespace: st
         jobsets = sorted(js["metadata"]["name"] for js in k8s.api.list(JOBSETS, namespace))
         events = {name: trainjob_events(k8s, namespace, name) for name in [*suspended, "invalid"]}
         failed = find_condition(k8s.job("invalid", namespace)["status"], "Failed")
+        pod_counts = {name: (k8s.job(name, namespace)["status"].get("jobsStatus") or [{}])[0].get("suspended")
+                      for name in suspended}
     finally:
         try:
             proc.stop()
@@ -350,8 +352,11 @@ def test_metrics_count_what_the_operator_did(k8s: TrainJobCluster, namespace: st
     failures = len(re.findall(r"reconciling \(.*\) failed \(attempt", log))
     errors = metric("trainjob_operator_reconciles_total", kind="TrainJob", result="error")
     assert errors == failures, operator_lines(log)[-4000:]
-    # Suspended and failed jobs need no pass later: none asked to be queued again.
-    assert metric("trainjob_operator_reconciles_total", kind="TrainJob", result="requeue_after") == 0
+    # Suspended and failed jobs need no pass later, except to write pod counts that moved within a second of the
+    # status write before (the operator lets such a burst settle): at most one such pass per JobSet update, and
+    # every count got written in the end.
+    assert metric("trainjob_operator_reconciles_total", kind="TrainJob", result="requeue_after") <= 2 * len(suspended)
+    assert pod_counts == dict.fromkeys(suspended, 1), pod_counts
     assert metric("trainjob_operator_reconcile_duration_seconds_count", kind="TrainJob") == reconciles
     assert metric("trainjob_operator_reconcile_duration_seconds_sum", kind="TrainJob") > 0
     assert metric("trainjob_operator_queue_wait_seconds_count", kind="TrainJob") == reconciles
