@@ -62,10 +62,18 @@ def _create_all(k8s: TrainJobCluster, objects: list[dict[str, Any]]) -> str | No
         ref = RUNTIME_KINDS.get(obj["kind"], TRAINJOBS)
         if obj["kind"] == "ClusterTrainingRuntime" and k8s.api.get(ref, None, obj["metadata"]["name"]):
             continue  # the same cluster runtime serves both controllers
-        try:
-            k8s.api.create(obj, ref)
-        except BackendError as exc:
-            return f"{obj['kind']} {obj['metadata']['name']}: {exc}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                k8s.api.create(obj, ref)
+                break
+            except BackendError as exc:
+                # Kubeflow's webhook checks the runtime in its informer cache, which may not have the runtime
+                # created a moment ago yet: that refusal is a race of the harness, not an answer about the job.
+                if "must be created before" in str(exc) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    continue
+                return f"{obj['kind']} {obj['metadata']['name']}: {exc}"
     return None
 
 

@@ -55,10 +55,15 @@ class ShrinkingAgent(LocalElasticAgent):
 
     _round_started = 0.0
     _recovering: list[dict[str, Any]] | None = None
+    #: Losses already recovered from (by time and node): a loss recorded late, after the round it caused began,
+    #: must not restart that round again.
+    _handled: frozenset[tuple[Any, Any]] = frozenset()
 
     def _initialize_workers(self, worker_group: WorkerGroup) -> None:
         global _closing_at
         losses, self._recovering = self._recovering, None
+        if losses:
+            self._handled = self._handled | {(loss.get("time"), loss.get("node")) for loss in losses}
         handler = worker_group.spec.rdzv_handler
         holder = getattr(handler, "_state_holder", None)
         cached = getattr(holder, "_cache_duration", None)
@@ -94,8 +99,10 @@ class ShrinkingAgent(LocalElasticAgent):
         return result
 
     def _losses(self, since: float) -> list[dict[str, Any]]:
+        """Losses recorded since ``since`` that no earlier round has recovered from."""
         job_dir = os.environ.get(JOB_DIR_ENV)
-        return losses_since(job_dir, since) if job_dir else []
+        found = losses_since(job_dir, since) if job_dir else []
+        return [loss for loss in found if (loss.get("time"), loss.get("node")) not in self._handled]
 
     def _wait_for_losses(self) -> list[dict[str, Any]]:
         """The losses recorded since this round started (waiting a little for the supervisor to record one)."""
