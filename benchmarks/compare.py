@@ -22,6 +22,14 @@ from pathlib import Path
 from typing import Any
 
 
+def report(results: dict[str, Any], path: Path | None) -> None:
+    """Print a benchmark's figures as JSON and, with ``path`` (its ``--json``), write them there for this script."""
+    text = json.dumps(results, indent=2)
+    print(text)
+    if path:
+        path.write_text(text + "\n")
+
+
 def figures(data: Any, prefix: str = "") -> dict[str, float]:
     """The numbers in ``data`` by dotted path; booleans and lists are not figures."""
     found: dict[str, float] = {}

@@ -19,7 +19,6 @@ large store is ``benchmarks/listing.py``::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -29,7 +28,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from listing import fill_store  # noqa: F401  (benchmarks/ui_joblist.py takes its 10,000-job store from here)
+from compare import report
+from listing import fill_store, time_command  # noqa: F401  (ui_joblist.py takes both from here)
 
 TRIVIAL = textwrap.dedent("""
     import os, sys, time
@@ -41,12 +41,6 @@ TRIVIAL = textwrap.dedent("""
     dist.barrier()
     dist.destroy_process_group()
 """)
-
-
-def time_command(argv: list[str], env: dict[str, str], cwd: Path) -> float:
-    started = time.perf_counter()
-    subprocess.run(argv, env=env, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - started
 
 
 def first_init(stamps: Path) -> float:
@@ -128,10 +122,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="trainjob-bench-") as tmp:
         results = {"launch": launch_overhead(args.runs, Path(tmp))}
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    report(results, args.json)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ falls on each alike. ``--json PATH`` also writes the figures to a file that ``be
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -25,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from compare import report  # the figures' JSON, as compare.py reads it
 
 
 def time_command(argv: list[str], env: dict[str, str], cwd: Path) -> float:
@@ -99,10 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="trainjob-bench-") as tmp:
         results = {"list": list_cost(args.jobs, args.runs, Path(tmp))}
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    report(results, args.json)
 
 
 if __name__ == "__main__":

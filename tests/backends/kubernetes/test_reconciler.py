@@ -259,12 +259,19 @@ class Outcome:
     again_in: float | None
 
 
-def reconcile(case: Case) -> tuple[Outcome, World]:
+def cluster_with(job: dict[str, Any], runtimes: Sequence[dict[str, Any]] = (),
+                 served: Sequence[ResourceRef] | None = None) -> tuple[Clock, MemoryApi]:
+    """The "cluster" at ``START``: the built-in runtimes (and ``runtimes``) and ``job``, nothing recorded yet."""
     clock = Clock(START)
-    api = MemoryApi(clock, served=case.served)
-    for runtime in [*builtin_runtimes(), *case.runtimes]:
+    api = MemoryApi(clock, served=served)
+    for runtime in [*builtin_runtimes(), *runtimes]:
         api.seed(runtime)
-    api.seed(case.job)
+    api.seed(job)
+    return clock, api
+
+
+def reconcile(case: Case) -> tuple[Outcome, World]:
+    clock, api = cluster_with(case.job, case.runtimes, case.served)
     world = World(api, Reconciler(api, SIGNER, clock=clock, cache=SyncedWatchCache(api)), clock)
     for step in case.before:
         step(world)
@@ -893,11 +900,7 @@ def test_the_memory_api_answers_the_calls_kube_api_answers() -> None:
 def test_a_refused_delete_at_the_deadline_is_retried_and_the_job_fails_only_once_its_jobset_is_gone() -> None:
     case = Case("deadline-with-a-refused-delete", trainjob(activeDeadlineSeconds=60),
                 before=[first_pass, RUNNING_JOBSET, pod_runs(0, "Running"), pod_runs(1, "Running")], later=61)
-    clock = Clock(START)
-    api = MemoryApi(clock, served=case.served)
-    for runtime in builtin_runtimes():
-        api.seed(runtime)
-    api.seed(case.job)
+    clock, api = cluster_with(case.job, served=case.served)
     world = World(api, Reconciler(api, SIGNER, clock=clock), clock)
     for step in case.before:
         step(world)
@@ -925,11 +928,7 @@ def test_a_refused_delete_at_the_deadline_is_retried_and_the_job_fails_only_once
 def test_a_cache_behind_the_api_server_creates_nothing_twice() -> None:
     """The watch has delivered the job but not yet the JobSet an earlier pass created: the create answers 409, the
     pass reads that one JobSet and goes on; no second JobSet, no second JobSetCreated event."""
-    clock = Clock(START)
-    api = MemoryApi(clock)
-    for runtime in builtin_runtimes():
-        api.seed(runtime)
-    api.seed(trainjob())
+    clock, api = cluster_with(trainjob())
     Reconciler(api, SIGNER, clock=clock, cache=SyncedWatchCache(api)).reconcile(NS, NAME)
     lagging = ObjectCache()
     for ref, namespace in ((TRAINJOBS, NS), (CLUSTER_TRAINING_RUNTIMES, None)):
@@ -955,11 +954,7 @@ def test_a_job_the_cache_has_not_seen_is_left_for_its_own_event() -> None:
 def test_a_jobset_whose_event_was_cut_off_gets_it_from_the_next_replica_once() -> None:
     """The leader created the JobSet and died before its JobSetCreated event; the replica that takes over posts
     it (under a name made from the JobSet's uid, so posting it twice is a 409, never a second event)."""
-    clock = Clock(START)
-    api = MemoryApi(clock)
-    for runtime in builtin_runtimes():
-        api.seed(runtime)
-    api.seed(trainjob(suspend=True))
+    clock, api = cluster_with(trainjob(suspend=True))
     post_event = api.post_event
 
     def killed(*args: Any, **kwargs: Any) -> None:
@@ -978,11 +973,7 @@ def test_a_jobset_whose_event_was_cut_off_gets_it_from_the_next_replica_once() -
 
 
 def test_pod_counts_moving_in_a_burst_are_written_once_when_it_settles_and_conditions_at_once() -> None:
-    clock = Clock(START)
-    api = MemoryApi(clock)
-    for runtime in builtin_runtimes():
-        api.seed(runtime)
-    api.seed(trainjob())
+    clock, api = cluster_with(trainjob())
     reconciler = Reconciler(api, SIGNER, clock=clock, cache=SyncedWatchCache(api),
                             status_endpoint=StatusEndpoint("https://10.0.0.1:8443", "CA"))  # progress is pushed
     reconciler.reconcile(NS, NAME)
