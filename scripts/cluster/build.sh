@@ -11,6 +11,8 @@
 #                PodGroup types; controller-gen from sigs.k8s.io/controller-tools generates their CRD)
 #   kwok/        sigs.k8s.io/kwok               kwok, which simulates nodes and moves their pods through their life
 #                cycle (tests/harness/kubetest/kwok.py; the simulated-node test and `benchmarks/reconcile.py --kwok`)
+#   kueue/       sigs.k8s.io/kueue              Kueue's controller manager with its TrainJob integration, its CRDs, RBAC and
+#                webhooks (tests/harness/kubetest/kueue.py; the queue tests)
 #   scheduler-plugins/ sigs.k8s.io/scheduler-plugins  its cmd/scheduler, kube-scheduler with the Coscheduling
 #                plugin (tests/harness/kubetest/coscheduling.py; the gang scheduling test), built inside a copy
 #                of its module (its go.mod has replace lines) on the cluster's Kubernetes patch version
@@ -38,17 +40,20 @@ log() { echo "build.sh: $*" >&2; }
 # stamp DIR: a short hash of the module's pins and the toolchain, so a change to either rebuilds.
 stamp() { cat "$1/go.mod" "$1/go.sum" | { cat; echo "$gover"; } | sha256sum | cut -c1-16; }
 
-# build NAME MODULE_DIR PACKAGE...: builds into $cache/NAME-<stamp>/ unless it is there already.
+# build NAME MODULE_DIR PACKAGE...: builds into $cache/NAME-<stamp>/ unless it is there already. $ldflags_extra
+# (part of the stamp) goes to the linker.
+ldflags_extra=""
 build() {
   local name="$1" dir="$here/$2"; shift 2
-  local out="$cache/$name-$(stamp "$dir")"
+  local out="$cache/$name-$( { stamp "$dir"; echo "$ldflags_extra"; } | sha256sum | cut -c1-16)"
+  [ -z "$ldflags_extra" ] && out="$cache/$name-$(stamp "$dir")"
   if [ -f "$out/.complete" ]; then
     echo "$out"; return
   fi
   log "building $name ($*) into $out"
   local start=$SECONDS
   rm -rf "$out.tmp" && mkdir -p "$out.tmp"
-  (cd "$dir" && go build -trimpath -ldflags="-s -w" -o "$out.tmp/" "$@")
+  (cd "$dir" && go build -trimpath -ldflags="-s -w $ldflags_extra" -o "$out.tmp/" "$@")
   touch "$out.tmp/.complete"
   rm -rf "$out" && mv -T "$out.tmp" "$out"
   log "built $name in $((SECONDS - start)) s"
@@ -98,24 +103,36 @@ build_scheduler_plugins() {
 
 if [ "$manifests_only" = 0 ]; then
   etcd_bin="$(build etcd etcd trainjob.local/cluster/etcd)"
+  # The release's version, as Kubernetes' own build stamps it: clients that check the server's version (Kueue
+  # refuses to start on an unparsable one) read it from /version.
+  kv="$(version_of k8s.io/kubernetes kubernetes)"
+  kminor="${kv#v1.}"; kminor="${kminor%%.*}"
+  kube_ldflags=""
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    kube_ldflags+=" -X $pkg.gitVersion=$kv -X $pkg.gitMajor=1 -X $pkg.gitMinor=$kminor -X $pkg.gitTreeState=clean"
+  done
+  ldflags_extra="$kube_ldflags"
   kube_bin="$(build kubernetes kubernetes \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler)"
+  kubectl_bin="$(build kubectl kubectl k8s.io/kubernetes/cmd/kubectl)"
+  ldflags_extra=""
   jobset_bin="$(build jobset jobset sigs.k8s.io/jobset)"
   kubeflow_bin="$(build kubeflow-trainer kubeflow github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager)"
-  kubectl_bin="$(build kubectl kubectl k8s.io/kubernetes/cmd/kubectl)"
   kwok_bin="$(build kwok kwok sigs.k8s.io/kwok/cmd/kwok)"
   sp_bin="$(build_scheduler_plugins)"
+  kueue_bin="$(build kueue kueue sigs.k8s.io/kueue/cmd/kueue)"
 fi
 controller_gen_bin="$(build controller-gen podgroups sigs.k8s.io/controller-tools/cmd/controller-gen)"
 
 jobset_src="$(module_dir jobset sigs.k8s.io/jobset)"
 trainer_src="$(module_dir kubeflow github.com/kubeflow/trainer/v2)"
 sp_src="$(module_dir podgroups sigs.k8s.io/scheduler-plugins)"
+kueue_src="$(module_dir kueue sigs.k8s.io/kueue)"
 
 manifests="$cache/manifests-$(cat "$here"/*/go.mod "$0" | sha256sum | cut -c1-16)"
 if [ ! -f "$manifests/.complete" ]; then
-  rm -rf "$manifests.tmp" && mkdir -p "$manifests.tmp"/{jobset,kubeflow,podgroups}
+  rm -rf "$manifests.tmp" && mkdir -p "$manifests.tmp"/{jobset,kubeflow,podgroups,kueue}
   cp "$jobset_src"/config/components/crd/bases/*.yaml "$manifests.tmp/jobset/"
   cp "$jobset_src/config/components/rbac/role.yaml" "$manifests.tmp/jobset/rbac-role.yaml"
   cp "$jobset_src/config/components/webhook/manifests.yaml" "$manifests.tmp/jobset/webhooks.yaml"
@@ -127,6 +144,10 @@ if [ ! -f "$manifests/.complete" ]; then
   cp "$trainer_src/manifests/base/rbac/role.yaml" "$manifests.tmp/kubeflow/rbac-role.yaml"
   cp "$trainer_src/manifests/base/webhook/manifests.yaml" "$manifests.tmp/kubeflow/webhooks.yaml"
   cp "$sp_src/config/crd/bases/scheduling.x-k8s.io_podgroups.yaml" "$manifests.tmp/podgroups/"
+  cp "$kueue_src"/config/components/crd/bases/*.yaml "$manifests.tmp/kueue/"
+  cp "$kueue_src/config/components/rbac/role.yaml" "$manifests.tmp/kueue/rbac-role.yaml"
+  cp "$kueue_src/config/components/rbac/manager_secrets_role.yaml" "$manifests.tmp/kueue/rbac-secrets-role.yaml"
+  cp "$kueue_src/config/components/webhook/manifests.yaml" "$manifests.tmp/kueue/webhooks.yaml"
   (cd "$here/podgroups" && "$controller_gen_bin/controller-gen" crd:crdVersions=v1 \
     paths=volcano.sh/apis/pkg/apis/scheduling/v1beta1 output:crd:dir="$manifests.tmp/podgroups")
   chmod -R u+w "$manifests.tmp"
@@ -148,7 +169,8 @@ cat > "$cache/manifest.json" <<EOF
     "jobset": "$(version_of sigs.k8s.io/jobset jobset)",
     "kubeflow-trainer": "$(version_of github.com/kubeflow/trainer/v2 kubeflow)",
     "kwok": "$(version_of sigs.k8s.io/kwok kwok)",
-    "scheduler-plugins": "$(version_of sigs.k8s.io/scheduler-plugins scheduler-plugins)"
+    "scheduler-plugins": "$(version_of sigs.k8s.io/scheduler-plugins scheduler-plugins)",
+    "kueue": "$(version_of sigs.k8s.io/kueue kueue)"
   },
   "binaries": {
     "etcd": "$etcd_bin/etcd",
@@ -159,7 +181,8 @@ cat > "$cache/manifest.json" <<EOF
     "kubeflow-trainer": "$kubeflow_bin/trainer-controller-manager",
     "kubectl": "$kubectl_bin/kubectl",
     "kwok": "$kwok_bin/kwok",
-    "scheduler-plugins": "$sp_bin/scheduler"
+    "scheduler-plugins": "$sp_bin/scheduler",
+    "kueue": "$kueue_bin/kueue"
   },
   "manifests": "$manifests"
 }

@@ -3,6 +3,7 @@
 trainjob install --dry-run | kubectl apply --server-side -f -
 trainjob install --context prod                 # applies it directly
 trainjob install --write deploy/                # regenerates the kustomization in deploy/
+trainjob install --kueue --cpu 16 --memory 64Gi --queue team -n ml-team --dry-run   # Kueue queues to start from
 trainjob operator --kubeconfig ~/.kube/config   # runs the operator outside the cluster
 """
 
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import click
 
-from trainjob.cli.plumbing import EXIT_FAILED, fail
-from trainjob.errors import TrainJobError
+from trainjob.cli.plumbing import EXIT_BAD_INPUT, EXIT_FAILED, fail
+from trainjob.errors import TrainJobError, ValidationError
 
 _kubeconfig = click.option(
     "--kubeconfig", "config_file", type=click.Path(dir_okay=False), help="kubeconfig file."
@@ -38,6 +39,24 @@ _context = click.option("--context", help="kubeconfig context (default: the curr
     help="Operator replicas (they elect a leader); 0 installs everything but runs no operator in the cluster "
     "(run `trainjob operator` yourself).",
 )
+@click.option("--kueue", is_flag=True,
+              help="Instead: a Kueue ResourceFlavor, ClusterQueue and LocalQueue to start from (Kueue must be "
+                   "installed, with its trainer.kubeflow.org/trainjob integration enabled).")
+@click.option("-n", "--namespace", default="default", show_default=True, help="With --kueue: the LocalQueue's namespace.")
+@click.option("--queue", "local_queue", default="default", show_default=True,
+              help="With --kueue: the LocalQueue's name (jobs say it in their kueue.x-k8s.io/queue-name label).")
+@click.option("--cluster-queue", default="cluster-queue", show_default=True, help="With --kueue: the ClusterQueue.")
+@click.option("--flavor", default="default-flavor", show_default=True, help="With --kueue: the ResourceFlavor.")
+@click.option("--cpu", default="8", show_default=True, help="With --kueue: the CPU quota (0: none).")
+@click.option("--memory", default="32Gi", show_default=True, help="With --kueue: the memory quota (0: none).")
+@click.option("--gpu", default="0", show_default=True, help="With --kueue: the nvidia.com/gpu quota (0: none).")
+@click.option("--node-label", "node_labels", multiple=True, metavar="KEY=VALUE",
+              help="With --kueue: a label of the flavor's nodes; admitted pods select it (repeatable).")
+@click.option("--toleration", "tolerations", multiple=True, metavar="KEY[=VALUE]:EFFECT",
+              help="With --kueue: a taint of the flavor's nodes that admitted pods tolerate (repeatable).")
+@click.option("--preempt-lower-priority", is_flag=True,
+              help="With --kueue: a job of higher priority (kueue.x-k8s.io/priority-class) suspends running jobs "
+                   "of lower priority in the ClusterQueue.")
 @_kubeconfig
 @_context
 def install(
@@ -45,21 +64,40 @@ def install(
     image: str | None,
     write_dir: Path | None,
     operator_replicas: int,
+    kueue: bool,
+    namespace: str,
+    local_queue: str,
+    cluster_queue: str,
+    flavor: str,
+    cpu: str,
+    memory: str,
+    gpu: str,
+    node_labels: tuple[str, ...],
+    tolerations: tuple[str, ...],
+    preempt_lower_priority: bool,
     config_file: str | None,
     context: str | None,
 ) -> None:
-    """Install the CRDs, RBAC, the operator Deployment and the built-in runtimes (JobSet must be installed)."""
+    """Install the CRDs, RBAC, the operator Deployment and the built-in runtimes (JobSet must be installed);
+    with --kueue, Kueue queues for TrainJobs instead."""
     from trainjob.backends.kubernetes import manifests
 
     image = image or manifests.DEFAULT_IMAGE
-    if write_dir is not None:
+    if kueue:
+        if write_dir is not None:
+            fail("--kueue and --write: the queues are printed (--dry-run) or applied, not written as a "
+                 "kustomization", EXIT_BAD_INPUT)
+        objects = _kueue_objects(namespace, local_queue, cluster_queue, flavor, {"cpu": cpu, "memory": memory,
+                                 "gpu": gpu}, node_labels, tolerations, preempt_lower_priority)
+    elif write_dir is not None:
         for name, text in manifests.deploy_files(image).items():
             target = write_dir / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
             click.echo(f"wrote {target}")
         return
-    objects = manifests.install_manifests(image, operator_replicas)
+    else:
+        objects = manifests.install_manifests(image, operator_replicas)
     if dry_run:
         click.echo(manifests.manifests_yaml(objects), nl=False)
         return
@@ -72,6 +110,39 @@ def install(
             click.echo(line)
     except TrainJobError as exc:
         fail(str(exc), EXIT_FAILED)
+
+
+def _kueue_objects(namespace: str, local_queue: str, cluster_queue: str, flavor: str, quotas: dict[str, str],
+                   node_labels: tuple[str, ...], tolerations: tuple[str, ...],
+                   preempt_lower_priority: bool) -> list[dict[str, object]]:
+    from trainjob.api.quantity import parse_quantity
+    from trainjob.backends.kubernetes.kueue import (
+        RESOURCES,
+        QueueSetup,
+        parse_node_label,
+        parse_toleration,
+        queue_manifests,
+    )
+
+    try:
+        kept: dict[str, str] = {}
+        for key, value in quotas.items():
+            try:
+                amount = parse_quantity(value)
+            except ValueError as exc:
+                raise ValidationError(f"--{key}", str(exc)) from None
+            if amount < 0:
+                raise ValidationError(f"--{key}", f"must not be negative, got {value!r}")
+            if amount:
+                kept[RESOURCES[key]] = value
+        setup = QueueSetup(
+            namespace=namespace, local_queue=local_queue, cluster_queue=cluster_queue, flavor=flavor, quotas=kept,
+            node_labels=dict(parse_node_label(label) for label in node_labels),
+            tolerations=[parse_toleration(t) for t in tolerations], preempt_lower_priority=preempt_lower_priority,
+        )
+        return queue_manifests(setup)
+    except ValidationError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
 
 
 @click.command("operator")

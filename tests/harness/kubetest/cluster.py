@@ -113,11 +113,13 @@ class TrainJobCluster:
         self.operator_kubeconfig = root / "operator.kubeconfig"
         self.operator = OperatorProcess(self.operator_kubeconfig, control_plane.root / "logs" / "operator.log")
 
-    def kubectl(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        """Run the real ``kubectl`` (built from k8s.io/kubernetes with the control plane) as the admin."""
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 120,
+                input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run the real ``kubectl`` (built from k8s.io/kubernetes with the control plane) as the admin; ``input``
+        is its standard input (``kubectl apply -f -``)."""
         done = subprocess.run(
             [self.cp.components["binaries"]["kubectl"], f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True, text=True, timeout=timeout,
+            capture_output=True, text=True, timeout=timeout, input=input,
         )
         if check and done.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")

@@ -26,10 +26,12 @@ from trainjob.backends.base import Backend, CheckedJob, LogRequest, runtime_view
 from trainjob.backends.kubernetes import views
 from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_api_client, resolve_namespace
 from trainjob.backends.kubernetes.kubeapi import KubeApi
+from trainjob.backends.kubernetes.kueue import QUEUE_LABEL, queue_state
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
     JOB_NAME_LABEL,
     JOBSETS,
+    KUEUE_WORKLOADS,
     RUNTIME_KINDS,
     TRAINING_RUNTIMES,
     TRAINJOBS,
@@ -151,7 +153,7 @@ class KubernetesBackend(Backend):
     def get_job(self, name: str) -> types.TrainJob:
         job = self._job(name)
         pods = self.api.list_pods(self.namespace, f"{TRAINJOB_NAME_LABEL}={name}")
-        return views.trainjob_view(job, pods, self._jobsets(name).get(name))
+        return views.trainjob_view(job, pods, self._jobsets(name).get(name), self._queued([job]).get(name))
 
     def list_jobs(self, runtime: types.Runtime | None = None) -> list[types.TrainJob]:
         jobs = self.api.list(TRAINJOBS, self.namespace)
@@ -160,11 +162,27 @@ class KubernetesBackend(Backend):
         for pod in pods:
             by_job.setdefault(pod["metadata"]["labels"][TRAINJOB_NAME_LABEL], []).append(pod)
         jobsets = self._jobsets()
-        views_ = [views.trainjob_view(j, by_job.get(j["metadata"]["name"], []), jobsets.get(j["metadata"]["name"]))
+        queued = self._queued(jobs)
+        views_ = [views.trainjob_view(j, by_job.get(j["metadata"]["name"], []), jobsets.get(j["metadata"]["name"]),
+                                      queued.get(j["metadata"]["name"]))
                   for j in jobs]
         if runtime is not None:
             views_ = [v for v in views_ if v.runtime_name == runtime.name]
         return sorted(views_, key=lambda v: v.creation_timestamp)
+
+    def _queued(self, jobs: list[dict[str, Any]]) -> dict[str, str]:
+        """Where each of ``jobs`` that waits in a Kueue queue stands, by name; the Workloads are listed only when
+        one of them is queued and not admitted, and not at all when Kueue is not installed or not readable."""
+        waiting = [j for j in jobs if (j["metadata"].get("labels") or {}).get(QUEUE_LABEL)
+                   and (j.get("spec") or {}).get("suspend")]
+        if not waiting:
+            return {}
+        try:
+            workloads = self.api.list(KUEUE_WORKLOADS, self.namespace)
+        except TrainJobError:
+            return {}
+        found = {j["metadata"]["name"]: queue_state(j, workloads) for j in waiting}
+        return {name: state for name, state in found.items() if state}
 
     def _jobsets(self, name: str | None = None) -> dict[str, dict[str, Any]]:
         """The jobs' JobSets by job name (where the operator records the runtime snapshot and launch values);

@@ -30,6 +30,9 @@ _KINDS = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rolebindings", True),
     ("apps/v1", "Deployment"): ("deployments", True),
     ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): ("clustertrainingruntimes", False),
+    ("kueue.x-k8s.io/v1beta1", "ResourceFlavor"): ("resourceflavors", False),
+    ("kueue.x-k8s.io/v1beta1", "ClusterQueue"): ("clusterqueues", False),
+    ("kueue.x-k8s.io/v1beta1", "LocalQueue"): ("localqueues", True),
 }
 
 

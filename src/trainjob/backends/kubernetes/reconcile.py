@@ -19,7 +19,10 @@ Steps, each skipped when already done:
    references to the TrainJob so deleting the job deletes them. Extended resources (``nvidia.com/gpu``) requested
    without a limit get an equal limit, as the API server requires, with an Event. A JobSet that someone else
    deleted is created again, with a ``Warning`` Event (a script that checkpoints resumes from its checkpoint);
-4. ``spec.suspend`` is mirrored to the JobSet's ``spec.suspend`` (the only field of an existing JobSet ever changed);
+4. ``spec.suspend`` is mirrored to the JobSet's ``spec.suspend``; a job resumed (admitted by a queue such as Kueue)
+   also brings the pod template fields JobSet lets change while suspended (labels, annotations, node selector,
+   tolerations, scheduling gates) to what its ``podTemplateOverrides`` say now. Nothing else of an existing JobSet
+   is ever changed;
 5. the status is derived from the JobSet (:mod:`.status`): no condition while the job runs, as the Kubeflow SDK
    expects; each restart of the node group under the JobSet's ``failurePolicy`` becomes a ``Restarting`` event
    (``attempt 2 of 4: node-1 rank 1: ...``); past ``activeDeadlineSeconds`` the job fails and its JobSet is deleted. While node 0 runs, the end of its log is read for the last ``update_trainjob_status`` /
@@ -157,8 +160,12 @@ class Reconciler:
             if not status and jobset["metadata"].get("uid") not in self._announced:
                 self._announce(job, jobset)  # made by a pass (another replica's?) that ended before its event
             if bool((jobset.get("spec") or {}).get("suspend")) != suspend:
-                jobset = self._stored(JOBSETS, self.api.patch(JOBSETS, namespace, name,
-                                                              {"spec": {"suspend": suspend}})) or jobset
+                change: dict[str, Any] = {"suspend": suspend}
+                if not suspend:  # resumed: admitted (Kueue) with the node selectors and tolerations it chose
+                    templates = self._admitted_templates(job, jobset)
+                    if templates is not None:
+                        change["replicatedJobs"] = templates
+                jobset = self._stored(JOBSETS, self.api.patch(JOBSETS, namespace, name, {"spec": change})) or jobset
 
         trainer = trainer_name(jobset)
         new = st.derive_status(status, suspend, jobset, now)
@@ -362,6 +369,46 @@ class Reconciler:
         elif not status and _owned_by(created, job) and created["metadata"].get("uid") not in self._announced:
             self._announce(job, created)  # the create met the JobSet a pass that ended before its event made
         return created
+
+    def _admitted_templates(self, job: dict[str, Any], jobset: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """The suspended JobSet's ``replicatedJobs`` with the pod template fields a queue sets at admission (labels,
+        annotations, node selector, tolerations, scheduling gates: what JobSet lets change while suspended) as the
+        TrainJob says them now (Kueue writes them into ``podTemplateOverrides`` before it resumes the job, and takes
+        them back out when it suspends it); ``None`` when they are as they were. Everything else stays as stored."""
+        snapshot = self.signer.verified(job, jobset)
+        if snapshot is None:
+            return None
+        try:
+            objects, _, _ = self._render(job, snapshot)
+        except Exception:  # the JobSet was built from this snapshot before; nothing to carry over
+            log.exception("cannot render TrainJob %s/%s at resume", job["metadata"]["namespace"], job["metadata"]["name"])
+            return None
+        (rendered,) = [o for o in objects if o["kind"] == JOBSETS.kind]
+        if self.status_endpoint is not None:
+            inject_status_client(rendered, self.status_endpoint)
+        wanted = {rj["name"]: rj for rj in rendered["spec"].get("replicatedJobs") or []}
+        stored = json.loads(json.dumps((jobset.get("spec") or {}).get("replicatedJobs") or []))
+        changed = False
+        for rj in stored:
+            new = wanted.get(rj.get("name"))
+            if new is None:
+                continue
+            have_template = rj["template"]["spec"]["template"]
+            want_template = new["template"]["spec"]["template"]
+            for key in ("labels", "annotations"):
+                want = (want_template.get("metadata") or {}).get(key) or {}
+                if ((have_template.get("metadata") or {}).get(key) or {}) != want:
+                    have_template.setdefault("metadata", {})[key] = want
+                    changed = True
+            for key in ("nodeSelector", "tolerations", "schedulingGates"):
+                want = (want_template.get("spec") or {}).get(key)
+                if (have_template.get("spec") or {}).get(key) != want:
+                    if want is None:
+                        have_template["spec"].pop(key, None)
+                    else:
+                        have_template["spec"][key] = want
+                    changed = True
+        return stored if changed else None
 
     def _announce(self, job: dict[str, Any], jobset: dict[str, Any]) -> None:
         """The ``JobSetCreated`` event, named after the JobSet's uid: posting it again after a crash (or from the

@@ -30,6 +30,7 @@ CLUSTER_TRAINING_RUNTIMES = ResourceRef(
 JOBSETS = ResourceRef("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
 COSCHEDULING_PODGROUPS = ResourceRef("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup")
 VOLCANO_PODGROUPS = ResourceRef("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup")
+KUEUE_WORKLOADS = ResourceRef("kueue.x-k8s.io", "v1beta1", "workloads", "Workload")
 #: Core objects an MPI job needs: its SSH key Secret and its hostfile ConfigMap.
 SECRETS = ResourceRef("", "v1", "secrets", "Secret")
 CONFIGMAPS = ResourceRef("", "v1", "configmaps", "ConfigMap")

@@ -94,8 +94,9 @@ def _recorded(job: dict[str, Any], jobset: dict[str, Any] | None) -> dict[str, s
 
 
 def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]],
-                  jobset: dict[str, Any] | None = None) -> types.TrainJob:
-    """A TrainJob object (and its pods, and its JobSet when readable) as the SDK's ``TrainJob``."""
+                  jobset: dict[str, Any] | None = None, queued: str | None = None) -> types.TrainJob:
+    """A TrainJob object (and its pods, and its JobSet when readable) as the SDK's ``TrainJob``. ``queued``: where
+    the job waits in Kueue (:func:`.kueue.queue_state`), shown as its reason and message while it is not running."""
     meta, spec = job["metadata"], job.get("spec") or {}
     trainer = spec.get("trainer") or {}
     recorded = _recorded(job, jobset)
@@ -111,6 +112,9 @@ def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]],
     if launch is not None:  # numProcPerNode auto|cpu|gpu, or taken from the runtime: the numbers the pods run
         nodes, nproc = launch.num_nodes, launch.num_proc_per_node
     finished = _condition(job, COMPLETE) or _condition(job, FAILED)
+    reason, message = (cond.get("reason"), cond.get("message")) if cond else (None, None)
+    if queued and finished is None and status in (types.SUSPENDED, types.CREATED):
+        reason, message = "Queued", queued
     steps = [
         types.Step(
             name=f"node-{index}",
@@ -126,8 +130,8 @@ def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]],
         num_nodes=int(nodes),
         creation_timestamp=parse_time(meta.get("creationTimestamp")) or _EPOCH,
         status=status,
-        reason=cond.get("reason") if cond else None,
-        message=cond.get("message") if cond else None,
+        reason=reason,
+        message=message,
         num_proc_per_node=nproc if isinstance(nproc, int) else None,
         start_time=started_at(pods),
         completion_time=parse_time(finished.get("lastTransitionTime")) if finished else None,
