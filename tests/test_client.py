@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from jobtest.local import delete_all_jobs, make_wheel, processes_under
+from jobtest.local import delete_all_jobs, make_wheel, processes_under, wait_until
 
 from trainjob.backends.base import Backend
 from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
@@ -83,22 +83,30 @@ def offline_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return wheels
 
 
-def test_the_seeds_sdk_example_runs_with_only_its_import_changed(subprocesses, client, offline_index, tmp_path, monkeypatch):
+def test_the_seeds_sdk_example_runs_with_only_its_import_changed(subprocesses, client, offline_index, tmp_path,
+                                                                 monkeypatch):
     example = tmp_path / "example.py"
     example.write_text(SEED_EXAMPLE, encoding="utf-8")
-    # It asks for 4 nodes x 8 CPUs, 32Gi and 2 GPUs, more than this machine has: the local queue would refuse it.
-    monkeypatch.setenv("TRAINJOB_OVERSUBSCRIBE", "1")
+    # 4 nodes x 8 CPUs, 32Gi and 2 GPUs: more than this machine has, so it runs alone, scaled to it
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # and no GPU, whatever this machine has
 
     result = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=240)
 
     assert result.returncode == 0, result.stderr[-2000:]
-    # the SDK's lines carry the prefix `trainjob logs` prints
-    assert sorted(result.stdout.splitlines()) == ["node-0/rank-0 | Training on rank 0/8",
-                                                  "node-0/rank-1 | Training on rank 1/8"]
+    # node-0's log, as the SDK prints it (with the prefix `trainjob logs` prints): pip's output, then the ranks
+    lines = result.stdout.splitlines()
+    assert "node-0 | Successfully installed transformers-4.53.0" in lines
+    assert sorted(line for line in lines if "/rank-" in line) == ["node-0/rank-0 | Training on rank 0/8",
+                                                                  "node-0/rank-1 | Training on rank 1/8"]
     (job,) = client.list_jobs()
     assert (job.status, job.num_nodes, job.num_proc_per_node) == ("Complete", 4, 2)
-    reasons = {e.reason: e.message for e in client.get_job_events(job.name)}
-    assert "transformers>=4.53.0" in reasons["PackagesInstalled"]
+    every_rank = sorted(str(line) for line in client.backend.logs(job.name) if line.rank is not None)
+    assert every_rank == [f"node-{r // 2}/rank-{r} | Training on rank {r}/8" for r in range(8)]
+    reasons = {e.reason: e for e in client.get_job_events(job.name)}
+    assert "transformers>=4.53.0" in reasons["PackagesInstalled"].message
+    assert reasons["ScaledToMachine"].type == "Warning"
+    assert "GPU: 4 node(s) x 2 = 8 asked, this machine has 0: the ranks see none" in reasons["ScaledToMachine"].message
+    assert "scaled to this machine: 32 CPUs asked" in job.message
 
 
 def show_arguments(text: str, count: int) -> None:
@@ -116,7 +124,101 @@ def test_function_arguments_reach_the_function_verbatim(local_jobs, client, offl
     ))
 
     assert client.wait_for_job_status(name, timeout=120).status == "Complete"
-    assert list(client.get_job_logs(name)) == [f"node-0/rank-0 | {text!r}|42|4.53.0"]
+    ranks = [line for line in client.get_job_logs(name) if line.startswith("node-0/rank-")]  # after pip's output
+    assert ranks == [f"node-0/rank-0 | {text!r}|42|4.53.0"]
+
+
+def print_termcolor_version() -> None:
+    from importlib.metadata import version
+
+    import termcolor  # noqa: F401  (installed for the job, not in this environment)
+
+    print("termcolor", version("termcolor"))
+
+
+def test_packages_are_installed_once_per_set_and_the_next_job_reuses_them(local_jobs, client, trainjob_home):
+    # a small real package from PyPI that this environment lacks, so pip really installs it
+    assert importlib.util.find_spec("termcolor") is None, "pick a package this environment does not have"
+    trainer = CustomTrainer(func=print_termcolor_version, packages_to_install=["termcolor==2.4.0"])
+
+    first = client.train(trainer=trainer)
+    assert client.wait_for_job_status(first, timeout=180).status == "Complete"
+    second = client.train(trainer=trainer)
+    assert client.wait_for_job_status(second, timeout=180).status == "Complete"
+
+    first_log, second_log = list(client.get_job_logs(first)), list(client.get_job_logs(second))
+    assert "node-0 | Successfully installed termcolor-2.4.0" in first_log
+    assert not [line for line in second_log if "Collecting" in line or "Successfully installed" in line]
+    assert "node-0 | [trainjob] already installed by an earlier job: reusing it" in second_log
+    assert first_log[-1] == second_log[-1] == "node-0/rank-0 | termcolor 2.4.0"
+    reasons = [[e.reason for e in client.get_job_events(name) if e.reason.startswith("Packages")]
+               for name in (first, second)]
+    assert reasons == [["PackagesInstalled"], ["PackagesReused"]]
+    assert len(list((trainjob_home / "envs").glob("*/trainjob-env.json"))) == 1
+
+
+@pytest.fixture
+def slow_index(tmp_path: Path) -> Iterator[str]:
+    """A package index on 127.0.0.1 holding ``slowpkg`` 1.0, whose wheel takes 3 s to arrive."""
+    import http.server
+    import threading
+
+    wheel = make_wheel(tmp_path, "slowpkg", "1.0")
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+            if self.path.rstrip("/") == "/simple/slowpkg":
+                body, kind = f'<a href="/files/{wheel.name}">{wheel.name}</a>'.encode(), "text/html"
+            elif self.path == f"/files/{wheel.name}":
+                time.sleep(3)
+                body, kind = wheel.read_bytes(), "application/octet-stream"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    server.shutdown()
+    server.server_close()
+
+
+def import_slowpkg() -> None:
+    import slowpkg
+
+    print("slowpkg", slowpkg.__version__)
+
+
+def test_jobs_asking_at_once_for_the_same_packages_install_them_once_and_show_pip_while_it_runs(
+        local_jobs, client, slow_index):
+    trainer = CustomTrainer(func=import_slowpkg, packages_to_install=["slowpkg==1.0"], pip_index_urls=[slow_index])
+    names = [client.train(trainer=trainer) for _ in range(2)]
+
+    def installing():
+        jobs = [client.get_job(name) for name in names]
+        return next((job for job in jobs if "Collecting slowpkg==1.0" in (job.message or "")), None)
+
+    job = wait_until(installing, timeout=60, what="pip's progress in a job's message")
+    assert (job.status, job.reason) == ("Created", "InstallingPackages")
+    assert job.message.startswith("installing slowpkg==1.0: ")
+    assert "node-0 | Collecting slowpkg==1.0" in list(client.get_job_logs(job.name))  # the wheel is on its way
+    (other,) = [name for name in names if name != job.name]
+    for name in names:
+        assert client.wait_for_job_status(name, timeout=120).status == "Complete"
+        assert list(client.get_job_logs(name))[-1] == "node-0/rank-0 | slowpkg 1.0"
+    reasons = {name: [e.reason for e in client.get_job_events(name) if e.reason.startswith("Packages")]
+               for name in names}
+    assert (reasons[job.name], reasons[other]) == (["PackagesInstalled"], ["PackagesReused"])
+    assert "node-0 | [trainjob] another job is installing the same packages; waiting for it" in \
+        list(client.get_job_logs(other))
 
 
 def test_a_failed_package_install_fails_the_job_with_pips_message(local_jobs, client, offline_index):

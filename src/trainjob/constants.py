@@ -51,6 +51,10 @@ VOLCANO_GROUP_NAME_ANNOTATION = "scheduling.k8s.io/group-name"
 VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
 #: The framework a runtime runs (``torch``, ``mpi``, ``deepspeed`` ...), as the Kubeflow SDK reads it.
 FRAMEWORK_LABEL = f"{API_GROUP}/framework"
+#: Kueue's labels on a job: the LocalQueue it is submitted to, and its WorkloadPriorityClass (the local queue reads
+#: both, so one manifest means the same on either backend).
+KUEUE_QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 
 # --- trainjob's own annotations ---------------------------------------------------------------------------------
 ANNOTATION_PREFIX = "trainjob/"
@@ -59,10 +63,14 @@ LAUNCH_ANNOTATION = f"{ANNOTATION_PREFIX}launch"
 TTL_ANNOTATION = f"{ANNOTATION_PREFIX}ttl-seconds-after-finished"
 PRIORITY_ANNOTATION = f"{ANNOTATION_PREFIX}priority"
 OVERSUBSCRIBE_ANNOTATION = f"{ANNOTATION_PREFIX}oversubscribe"
+STRICT_RESOURCES_ANNOTATION = f"{ANNOTATION_PREFIX}strict-resources"
 NCCL_PROFILE_ANNOTATION = f"{ANNOTATION_PREFIX}nccl-profile"
 RESIZE_ANNOTATION = f"{ANNOTATION_PREFIX}last-resize"
 CONVERTED_FROM_ANNOTATION = f"{ANNOTATION_PREFIX}converted-from"
 CONVERSION_WARNINGS_ANNOTATION = f"{ANNOTATION_PREFIX}conversion-warnings"
+#: The stall watchdog (:mod:`trainjob.backends.stall`): how long without progress is a stall, and what follows it.
+STALL_TIMEOUT_ANNOTATION = f"{ANNOTATION_PREFIX}stall-timeout"
+STALL_ACTION_ANNOTATION = f"{ANNOTATION_PREFIX}stall-action"
 
 # --- torchrun's environment (torchrun reads PET_<OPTION> as --<option>) -----------------------------------------
 PET_PREFIX = "PET_"

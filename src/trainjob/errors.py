@@ -45,3 +45,32 @@ class JobFailedError(TrainJobError, RuntimeError):
 
 class BackendError(TrainJobError, RuntimeError):
     """A backend could not carry out a request (process start, API server, store)."""
+
+
+class CheckpointError(TrainJobError, RuntimeError):
+    """A checkpoint could not be saved or loaded; the message names the cause and the ranks it happened on.
+
+    ``torch.distributed.checkpoint`` reports failures as ``CheckpointException``, a ``BaseException`` that
+    ``except Exception`` does not catch; :class:`trainjob.torch.Checkpointer` raises this instead.
+    """
+
+
+class DiskFullError(CheckpointError, OSError):
+    """A checkpoint did not fit on its filesystem: ``no space left on device: PATH (needed ~X, Y free)``.
+
+    An ``OSError`` with ``errno.ENOSPC`` and ``filename`` the checkpoint's path; ``needed`` is the checkpoint's
+    estimated size and ``free`` what the filesystem had left once the unfinished checkpoint was removed (bytes,
+    ``None`` when unknown), ``sizes`` the two as the message shows them.
+    """
+
+    def __init__(self, path: str, needed: int | None = None, free: int | None = None, sizes: str = "") -> None:
+        import errno
+
+        OSError.__init__(self, errno.ENOSPC, "no space left on device", path)
+        self.needed, self.free, self.sizes = needed, free, sizes
+
+    def __str__(self) -> str:
+        return f"no space left on device: {self.filename}" + (f" ({self.sizes})" if self.sizes else "")
+
+    def __reduce__(self) -> tuple[type[DiskFullError], tuple[str, int | None, int | None, str]]:
+        return type(self), (self.filename, self.needed, self.free, self.sizes)

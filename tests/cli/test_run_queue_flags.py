@@ -1,5 +1,5 @@
-"""``trainjob run --priority/--oversubscribe/--ttl-seconds-after-finished`` set the annotations the queue and the
-TTL read, so a user need not write YAML for them."""
+"""``trainjob run --priority/--oversubscribe/--strict-resources/--ttl-seconds-after-finished`` set the annotations
+the queue and the TTL read, so a user need not write YAML for them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def test_run_flags_become_the_queue_and_ttl_annotations(local_jobs, cli, tmp_pat
     script = tmp_path / "hello.py"
     script.write_text("print('hello')\n")
     code, out, err = cli("run", str(script), "--name", "flagged", "--priority", "7", "--oversubscribe",
-                         "--ttl-seconds-after-finished", "3600", "-d")
+                         "--strict-resources", "--ttl-seconds-after-finished", "3600", "-d")
     assert code == 0, err
     assert out.strip() == "flagged"
     code, out, err = cli("get", "flagged", "-o", "yaml")
@@ -20,6 +20,7 @@ def test_run_flags_become_the_queue_and_ttl_annotations(local_jobs, cli, tmp_pat
     annotations = yaml.safe_load(out)["metadata"]["annotations"]
     assert annotations["trainjob/priority"] == "7"
     assert annotations["trainjob/oversubscribe"] == "true"
+    assert annotations["trainjob/strict-resources"] == "true"
     assert annotations["trainjob/ttl-seconds-after-finished"] == "3600"
 
 

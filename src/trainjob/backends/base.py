@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from trainjob.backends.log_selection import select_nodes
 from trainjob.constants import FRAMEWORK_LABEL, TRAINER_CONTAINER, TRAINER_JOB
-from trainjob.errors import JobFailedError, ValidationError
+from trainjob.errors import BackendError, JobFailedError, ValidationError
 from trainjob.sdk import types
 
 if TYPE_CHECKING:
     from trainjob.api import Runtime as RuntimeResource
     from trainjob.api import TrainJob as TrainJobResource
+    from trainjob.backends.stacks import RankStacks
     from trainjob.runtime.launch import LaunchValues
     from trainjob.runtime.plan import Plan
     from trainjob.sdk.trainers import TrainerFunction
@@ -45,6 +46,8 @@ class CheckedJob:
 
     trainjob: TrainJobResource
     plan: Plan
+    #: The runtime it was resolved against (its annotations hold defaults for its jobs), when the backend kept it.
+    runtime: RuntimeResource | None = None
 
     @property
     def launch(self) -> LaunchValues:
@@ -236,6 +239,15 @@ class Backend(ABC):
     @abstractmethod
     def get_job_events(self, name: str) -> list[types.Event]:
         """The job's events, oldest first."""
+
+    def get_job_stacks(self, name: str) -> list[RankStacks]:
+        """Every running rank's Python stacks, in rank order (``trainjob stacks NAME``); a backend that cannot
+        read them raises ``BackendError``. :func:`trainjob.backends.stacks.find_stuck_ranks` reads them::
+
+            print(find_stuck_ranks(backend.get_job_stacks("mnist")).summary)
+        """
+        raise BackendError(f"the {type(self).__name__} cannot read a job's stacks; `trainjob logs {name}` shows "
+                           "what its ranks printed")
 
     @abstractmethod
     def list_runtimes(self) -> list[types.Runtime]: ...

@@ -15,6 +15,7 @@ arena                  TrainJob
 ``--data PVC:PATH``    the claim mounted at PATH in every node (``podTemplateOverrides``; locally a directory
                        per claim, :mod:`trainjob.backends.local.volumes`; ``PVC:PATH:ro`` read-only)
 ``--env``/``--label``  ``spec.trainer.env`` / ``metadata.labels``
+``--queue``            the ``kueue.x-k8s.io/queue-name`` label (``--priority-class``: ``kueue.x-k8s.io/priority-class``)
 the command            ``python train.py ARGS`` runs under torchrun; ``python -m pkg ARGS`` as a module; any other
                        program with ``--no-python``
 =====================  ==========================================================================================
@@ -82,25 +83,30 @@ def submit() -> None:
 @click.option("--env", multiple=True, metavar="KEY=VALUE", help="Environment variable; repeatable.")
 @click.option("--label", multiple=True, metavar="KEY=VALUE", help="Label on the TrainJob; repeatable.")
 @click.option("--runtime", default="torch-distributed", show_default=True, help="ClusterTrainingRuntime to use.")
+@click.option("--queue", metavar="NAME",
+              help="Kueue LocalQueue to wait in until admitted (label kueue.x-k8s.io/queue-name).")
+@click.option("--priority-class", metavar="NAME",
+              help="Kueue WorkloadPriorityClass of the job (label kueue.x-k8s.io/priority-class).")
 @click.option("-f", "--follow", is_flag=True, help="Stream the logs until the job ends (arena returns at once).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @backend_option
 @handle_errors
 def pytorchjob(name: str, workers: int, gpus: int, nproc_per_node: str | None, cpu: str | None, memory: str | None,
                image: str | None, data: tuple[str, ...], env: tuple[str, ...], label: tuple[str, ...], runtime: str,
-               follow: bool, command: tuple[str, ...], backend: Target) -> None:
+               queue: str | None, priority_class: str | None, follow: bool, command: tuple[str, ...],
+               backend: Target) -> None:
     """Submit a PyTorch job: COMMAND (\"python train.py ARGS\", or words after --) on every worker.
 
     trainjob submit pytorchjob --name mnist --workers 2 --gpus 1 --image pytorch:2.6 "python train.py --epochs 2"
     """
     from trainjob.api import TrainJob
-    from trainjob.cli.jobs_run import run_trainjob, submit_and_follow
+    from trainjob.cli.jobs_run import queue_labels, run_trainjob, submit_and_follow
 
     script, args, module, no_python = parse_command(command)
     nproc = nproc_per_node or str(gpus or 1)
     resource = run_trainjob(script, tuple(args), name, runtime, workers, nproc, cpu, gpus or None, env,
                             module=module, no_python=no_python, image=image, memory=memory,
-                            labels=_pairs(label, "--label") or None)
+                            labels={**_pairs(label, "--label"), **queue_labels(queue, priority_class)} or None)
     overrides = data_overrides(data)
     if overrides:
         resource["spec"]["podTemplateOverrides"] = overrides

@@ -33,6 +33,7 @@ from trainjob.constants import (
     API_VERSION,
     OVERSUBSCRIBE_ANNOTATION,
     PRIORITY_ANNOTATION,
+    STRICT_RESOURCES_ANNOTATION,
     TRAINJOB_KIND,
     TTL_ANNOTATION,
 )
@@ -169,6 +170,9 @@ def run_trainjob(
 @click.option("--oversubscribe", is_flag=True,
               help="Local queue: start now even if the job's requests do not fit what is free "
                    "(annotation trainjob/oversubscribe).")
+@click.option("--strict-resources", is_flag=True,
+              help="Local queue: refuse the job if it asks for more than this machine has, instead of running it "
+                   "alone, scaled to the machine (annotation trainjob/strict-resources).")
 @click.option("--ttl-seconds-after-finished", "ttl", type=click.IntRange(min=0), metavar="SECONDS",
               help="Delete the job and its logs this many seconds after it finishes "
                    "(annotation trainjob/ttl-seconds-after-finished).")
@@ -178,13 +182,18 @@ def run_trainjob(
               help="Local jobs: the file or directory behind configMap NAME of the pod template; repeatable.")
 @click.option("--nccl-profile", metavar="NAME[,NAME]",
               help="NCCL preset for every process: ib, roce, tcp, debug (annotation trainjob/nccl-profile).")
+@click.option("--queue", metavar="NAME",
+              help="Kueue LocalQueue to wait in until admitted (label kueue.x-k8s.io/queue-name).")
+@click.option("--priority-class", metavar="NAME",
+              help="Kueue WorkloadPriorityClass of the job (label kueue.x-k8s.io/priority-class).")
 @backend_option
 @handle_errors
 def run_command(script: str, script_args: tuple[str, ...], module: bool, no_python: bool, nodes: int | None,
                 nproc_per_node: str | None, cpu: str | None, gpu: int | None, env: tuple[str, ...], name: str | None,
                 runtime: str, detach: bool, inherit_env: bool, priority: int | None, oversubscribe: bool,
-                ttl: int | None, data: tuple[str, ...], config_maps: tuple[str, ...], nccl_profile: str | None,
-                files: tuple[str, ...], backend: Target) -> None:
+                strict_resources: bool, ttl: int | None, data: tuple[str, ...], config_maps: tuple[str, ...],
+                nccl_profile: str | None,
+                queue: str | None, priority_class: str | None, files: tuple[str, ...], backend: Target) -> None:
     """Run SCRIPT with torchrun on every node; arguments after -- go to the script.
 
     SCRIPT is a Python file, a module with -m (trainjob run -m pkg.train), or a shell script or binary with
@@ -200,7 +209,9 @@ def run_command(script: str, script_args: tuple[str, ...], module: bool, no_pyth
         raise ValidationError("SCRIPT", "missing: give a training script (trainjob run train.py) or a manifest "
                               "(trainjob run -f job.yaml)")
     job = run_trainjob(script, script_args, name, runtime, nodes, nproc_per_node, cpu, gpu, env, module=module,
-                       no_python=no_python, annotations=job_annotations(priority, oversubscribe, ttl))
+                       no_python=no_python,
+                       annotations=job_annotations(priority, oversubscribe, ttl, strict_resources),
+                       labels=queue_labels(queue, priority_class))
     overrides = data_overrides(data)
     if overrides:
         job["spec"]["podTemplateOverrides"] = overrides
@@ -212,13 +223,29 @@ def run_command(script: str, script_args: tuple[str, ...], module: bool, no_pyth
     submit_and_follow(resource, backend, detach, inherit_env=inherit_env, config_maps=config_maps)
 
 
-def job_annotations(priority: int | None, oversubscribe: bool, ttl: int | None) -> dict[str, str]:
-    """The annotations ``--priority``, ``--oversubscribe`` and ``--ttl-seconds-after-finished`` stand for."""
+def queue_labels(queue: str | None, priority_class: str | None) -> dict[str, str]:
+    """The Kueue labels ``--queue`` and ``--priority-class`` stand for (each a DNS label, as Kueue's names are)."""
+    from trainjob.backends.kubernetes.kueue import PRIORITY_CLASS_LABEL, QUEUE_LABEL, check_name
+
+    labels: dict[str, str] = {}
+    if queue is not None:
+        labels[QUEUE_LABEL] = check_name("--queue", queue)
+    if priority_class is not None:
+        labels[PRIORITY_CLASS_LABEL] = check_name("--priority-class", priority_class)
+    return labels
+
+
+def job_annotations(priority: int | None, oversubscribe: bool, ttl: int | None,
+                    strict_resources: bool = False) -> dict[str, str]:
+    """The annotations ``--priority``, ``--oversubscribe``, ``--ttl-seconds-after-finished`` and
+    ``--strict-resources`` stand for."""
     annotations: dict[str, str] = {}
     if priority is not None:
         annotations[PRIORITY_ANNOTATION] = str(priority)
     if oversubscribe:
         annotations[OVERSUBSCRIBE_ANNOTATION] = "true"
+    if strict_resources:
+        annotations[STRICT_RESOURCES_ANNOTATION] = "true"
     if ttl is not None:
         annotations[TTL_ANNOTATION] = str(ttl)
     return annotations

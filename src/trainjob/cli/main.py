@@ -45,6 +45,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "apply": ("trainjob.cli.jobs_run", "apply_command"),
     "logs": ("trainjob.cli.jobs_run", "logs_command"),
     "wait": ("trainjob.cli.jobs_run", "wait_command"),
+    "stacks": ("trainjob.cli.stacks", "stacks_command"),
     "submit": ("trainjob.cli.arena", "submit"),
     "top": ("trainjob.cli.top", "top"),
     "install": ("trainjob.cli.kube", "install"),

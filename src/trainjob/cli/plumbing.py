@@ -24,6 +24,8 @@ The config file is the first of ``$TRAINJOB_CONFIG``, ``$TRAINJOB_HOME/config.ya
     namespace: ml-team
     context: prod
 
+(:mod:`trainjob.settings` tables every key the file may hold, the local queue's among them.)
+
 Mistakes are usage errors (exit 2) that name the flag, variable or file to fix: an unknown backend, a key the
 file does not know, Kubernetes flags with the local backend, or no kubeconfig to be found.
 """
@@ -40,6 +42,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 from trainjob.errors import AlreadyExistsError, JobFailedError, NotFoundError, TrainJobError, ValidationError
+from trainjob.settings import config_paths, load_config
 
 if TYPE_CHECKING:
     from trainjob.backends.base import Backend
@@ -53,8 +56,6 @@ EXIT_INTERRUPTED = 130
 
 BACKENDS = ("local", "kubernetes")
 BACKEND_ENV = "TRAINJOB_BACKEND"
-CONFIG_ENV = "TRAINJOB_CONFIG"
-CONFIG_KEYS = ("backend", "namespace", "kubeconfig", "context")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -70,40 +71,6 @@ class Target:
 
     def __str__(self) -> str:
         return self.backend
-
-
-def config_paths() -> list[Path]:
-    """Where the config file is looked for, first match wins."""
-    from trainjob.backends.local.store import default_home
-
-    paths = [Path(os.environ[CONFIG_ENV]).expanduser()] if os.environ.get(CONFIG_ENV) else []
-    xdg = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config").expanduser()
-    return [*paths, default_home() / "config.yaml", xdg / "trainjob" / "config.yaml"]
-
-
-def load_config() -> tuple[dict[str, str], Path | None]:
-    """The config file's settings and its path (``{}, None`` when there is none); ``ValidationError`` when bad."""
-    explicit = os.environ.get(CONFIG_ENV)
-    for path in config_paths():
-        if not path.is_file():
-            if explicit and path == Path(explicit).expanduser():
-                raise ValidationError(CONFIG_ENV, f"no such file: {path}")
-            continue
-        import yaml  # only when there is a file to read: most commands start without one
-
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ValidationError(str(path), f"cannot read the trainjob config file: {exc}") from None
-        if not isinstance(data, dict):
-            raise ValidationError(str(path), f"must be a mapping of {', '.join(CONFIG_KEYS)}")
-        for key, value in data.items():
-            if key not in CONFIG_KEYS:
-                raise ValidationError(f"{path}: {key}", f"unknown setting; known: {', '.join(CONFIG_KEYS)}")
-            if not isinstance(value, str) or not value:
-                raise ValidationError(f"{path}: {key}", f"must be a non-empty string, got {value!r}")
-        return data, path
-    return {}, None
 
 
 def resolve_target(

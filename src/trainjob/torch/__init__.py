@@ -37,7 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 # Submodules load on first use: importing trainjob.torch costs little more than importing torch.
 _EXPORTS = {
+    "CheckpointError": "checkpoint",
     "Checkpointer": "checkpoint",
+    "DiskFullError": "checkpoint",
     "DistContext": "env",
     "DistributedDataLoader": "data",
     "ElasticConfig": "elastic",
@@ -71,7 +73,9 @@ _EXPORTS = {
 
 __all__ = [
     "COMM_HOOKS",
+    "CheckpointError",
     "Checkpointer",
+    "DiskFullError",
     "DistContext",
     "DistributedDataLoader",
     "ElasticConfig",
@@ -104,7 +108,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from trainjob.torch.accumulate import GradientAccumulation
-    from trainjob.torch.checkpoint import Checkpointer
+    from trainjob.torch.checkpoint import Checkpointer, CheckpointError, DiskFullError
     from trainjob.torch.clip import clip_grad_norm_, grad_norm
     from trainjob.torch.comm_hooks import COMM_HOOKS, register_comm_hook
     from trainjob.torch.data import DistributedDataLoader, move_to_device, prepare_data_loader

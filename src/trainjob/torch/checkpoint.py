@@ -25,6 +25,14 @@ learning rate and reports the resize, and a save lets a returning node join righ
         ...
         if (step + 1) % 100 == 0:
             ckpt.save(step + 1, model, optimizer, loader=loader)
+
+A save that fails removes its ``.partial-`` directory (the previous checkpoint stays the newest) and raises an
+ordinary exception on every rank, never torch's ``CheckpointException`` (a ``BaseException``):
+:class:`~trainjob.errors.DiskFullError` (``no space left on device: PATH (needed ~X, Y free)``) when the
+filesystem was full, else :class:`~trainjob.errors.CheckpointError` naming the cause and the ranks
+(:mod:`trainjob.torch.checkpoint_failures`). With ``on_disk_full="continue"`` (or
+``TRAINJOB_CHECKPOINT_ON_DISK_FULL=continue`` in the job's environment) a save that does not fit is skipped
+instead: :meth:`Checkpointer.save` warns and returns ``None``, and training goes on.
 """
 
 from __future__ import annotations
@@ -33,8 +41,10 @@ import json
 import os
 import re
 import shutil
+import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -42,6 +52,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -51,12 +62,13 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.optim import Optimizer
 
-from trainjob.errors import NotFoundError, ValidationError
+from trainjob.errors import CheckpointError, DiskFullError, NotFoundError, ValidationError
+from trainjob.torch import checkpoint_failures as failures
 from trainjob.torch import elastic as elastic_support
 from trainjob.torch import env
 from trainjob.torch.seed import capture_rng_state, restore_rng_state
 
-__all__ = ["Checkpointer"]
+__all__ = ["CheckpointError", "Checkpointer", "DiskFullError"]
 
 _COMMITTED = re.compile(r"^step-(\d{8,})$")
 _PARTIAL_PREFIX = ".partial-"
@@ -78,6 +90,8 @@ class Checkpointer:
 
     With ``async_save=True``, :meth:`save` returns once the state is copied to host memory and the files are
     written in the background; the next :meth:`save`, :meth:`wait` or :func:`trainjob.torch.shutdown` waits.
+    ``on_disk_full``: ``"fail"`` (raise :class:`~trainjob.errors.DiskFullError`) or ``"continue"`` (skip that
+    checkpoint); ``None`` reads ``$TRAINJOB_CHECKPOINT_ON_DISK_FULL``, else ``"fail"``.
     """
 
     def __init__(
@@ -87,17 +101,21 @@ class Checkpointer:
         keep_last: int | None = 3,
         async_save: bool = False,
         elastic: elastic_support.ElasticConfig | None = None,
+        on_disk_full: str | None = None,
     ):
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
             raise ValidationError("keep_last", f"must be an integer >= 1 or None, got {keep_last!r}")
         if elastic is not None and not isinstance(elastic, elastic_support.ElasticConfig):
             raise ValidationError("elastic", f"must be a trainjob.torch.ElasticConfig or None, got {type(elastic).__name__}")
         self.elastic = elastic
+        self.on_disk_full = failures.on_disk_full_setting(on_disk_full)
         self.directory = Path(directory)
         self.keep_last = keep_last
         self.async_save = async_save
         self._pending: Future[Any] | None = None
         self._pending_commit: tuple[Path, Path, int, int] | None = None
+        #: The background save's unfinished and final paths, its step and size, on every rank.
+        self._pending_save: tuple[Path, Path, int, int] | None = None
         self._commit_lock = threading.Lock()
         self._async_group: dist.ProcessGroup | None = None
         #: ``trainjob.json`` of the checkpoint :meth:`load` loaded last.
@@ -135,12 +153,17 @@ class Checkpointer:
         *,
         loader: Stateful | None = None,
         **others: Stateful,
-    ) -> Path:
-        """Write the state after ``step`` steps; collective: every rank calls it. Returns the checkpoint path.
+    ) -> Path | None:
+        """Write the state after ``step`` steps; collective: every rank calls it. Returns the checkpoint path
+        (``None`` when a full disk skipped it, with ``on_disk_full="continue"``).
 
         ``others`` are saved under their keyword (``scheduler=scheduler, scaler=scaler``)::
 
             ckpt.save(step, model, optimizer, loader=loader, scheduler=scheduler)
+
+        Raises :class:`~trainjob.errors.DiskFullError` when the checkpoint does not fit, and
+        :class:`~trainjob.errors.CheckpointError` when it fails otherwise; either way on every rank, with the
+        unfinished checkpoint removed and the previous one still the newest.
         """
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValidationError("step", f"must be an integer >= 0, got {step!r}")
@@ -149,28 +172,32 @@ class Checkpointer:
         ctx = env.init()
         final = self.path(step)
         partial = self.directory / f"{_PARTIAL_PREFIX}{final.name}"
-        if ctx.is_main:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            for leftover in self.directory.glob(f"{_PARTIAL_PREFIX}*"):
-                shutil.rmtree(leftover, ignore_errors=True)
-            partial.mkdir()
-        dist.barrier()
         state = self._state_to_save(step, ctx.rank, model, optimizer, loader, others)
+        target = (partial, final, step, failures.state_bytes(state))
+        if self._settle(target, action=lambda: self._prepare(partial)):
+            return None
         commit = (partial, final, step, ctx.world_size)
         if not self.async_save:
-            dcp.save(state, checkpoint_id=partial)
-            if ctx.is_main:
-                self._commit(*commit)
-            dist.barrier()
+            try:
+                dcp.save(state, checkpoint_id=partial)
+            except CheckpointException as exc:  # collective: every rank has it
+                self._settle(target, failure=exc)
+                return None
+            if self._settle(target, action=lambda: self._commit(*commit)):
+                return None
             if self.elastic is not None:
                 elastic_support.grow_gate(step, self.elastic)
             return final
         if self._async_group is None:
             # A group of its own: background collectives must not interleave with the training loop's.
             self._async_group = dist.new_group(backend="gloo")
-        response = dcp.async_save(state, checkpoint_id=partial, process_group=self._async_group)
+        try:
+            response = dcp.async_save(state, checkpoint_id=partial, process_group=self._async_group)
+        except CheckpointException as exc:  # collective: every rank has it
+            self._settle(target, failure=exc)
+            return None
         future = getattr(response, "upload_completion", response)
-        self._pending = future
+        self._pending, self._pending_save = future, target
         if ctx.is_main:
             self._pending_commit = commit
             future.add_done_callback(lambda f: f.exception() is None and self._finish_commit())
@@ -180,12 +207,63 @@ class Checkpointer:
         return final
 
     def wait(self) -> None:
-        """Block until a background save is on disk and committed; re-raise its error. No-op when idle."""
+        """Block until a background save is on disk and committed; a failed one raises as :meth:`save` does
+        (with ``on_disk_full="continue"`` a full disk only warns). No-op when idle."""
         future, self._pending = self._pending, None
-        if future is None:
+        target, self._pending_save = self._pending_save, None
+        if future is None or target is None:
             return
-        future.result()
+        try:
+            future.result()
+        except CheckpointException as exc:  # collective: every rank has it
+            self._pending_commit = None
+            self._settle(target, failure=exc)
+            return
         self._finish_commit()
+
+    def _prepare(self, partial: Path) -> None:
+        """Rank 0: an empty ``partial`` directory, what earlier saves left unfinished removed."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for leftover in self.directory.glob(f"{_PARTIAL_PREFIX}*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        partial.mkdir()
+
+    def _settle(
+        self,
+        target: tuple[Path, Path, int, int],
+        *,
+        action: Callable[[], None] | None = None,
+        failure: BaseException | None = None,
+    ) -> bool:
+        """Collective: rank 0 runs ``action`` (when no rank's ``failure`` came first), then every rank learns how
+        the save of ``target`` (unfinished path, final path, step, size) stands from rank 0. ``False``: it goes
+        on. A failure removes the unfinished checkpoint and raises the same error everywhere; ``True`` when a full
+        disk skips the checkpoint (``on_disk_full="continue"``)."""
+        partial, final, step, needed = target
+        ctx = env.init()
+        error: CheckpointError | None = None
+        if ctx.is_main:
+            if failure is None and action is not None:
+                try:
+                    action()
+                except Exception as exc:
+                    failure = exc
+            if failure is not None:
+                full = failures.is_disk_full(failure, partial, needed)
+                shutil.rmtree(partial, ignore_errors=True)
+                error = failures.save_failure(failure, final, needed, full)
+        if ctx.world_size > 1:
+            shared: list[CheckpointError | None] = [error]
+            dist.broadcast_object_list(shared, src=0)
+            error = shared[0]
+        if error is None:
+            return False
+        if isinstance(error, DiskFullError) and self.on_disk_full == "continue":
+            if ctx.is_main:
+                print(f"checkpoint of step {step} skipped: {error}; training goes on without it "
+                      "(on_disk_full=continue)", file=sys.stderr, flush=True)
+            return True
+        raise error from failure
 
     def _finish_commit(self) -> None:
         with self._commit_lock:
@@ -272,7 +350,10 @@ class Checkpointer:
         rng_key = f"rank{ctx.rank}"
         if any(key.startswith(f"rng.{rng_key}.") for key in saved_keys):
             state["rng"] = {rng_key: capture_rng_state()}
-        dcp.load(state, checkpoint_id=path)
+        try:
+            dcp.load(state, checkpoint_id=path)
+        except CheckpointException as exc:
+            raise failures.load_failure(exc, path) from exc
         set_model_state_dict(model, state["model"])
         if optimizer is not None:
             set_optimizer_state_dict(model, optimizer, state["optimizer"])

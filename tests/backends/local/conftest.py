@@ -64,3 +64,18 @@ PROBE = """
                                     "metrics": {"loss": 1.0 / step}}) + "\\n")
                 time.sleep(0.2)
 """
+
+
+@pytest.fixture
+def settings(monkeypatch: pytest.MonkeyPatch, trainjob_home: Path) -> Callable[[str, str | None, str | None], None]:
+    """``settings(VARIABLE, value, config)``: set an environment variable and the config file's text for the test
+    (``None``: leave it unset)."""
+
+    def apply(variable: str, value: str | None, config: str | None) -> None:
+        if value is not None:
+            monkeypatch.setenv(variable, value)
+        if config is not None:
+            trainjob_home.mkdir(parents=True, exist_ok=True)
+            (trainjob_home / "config.yaml").write_text(config, encoding="utf-8")
+
+    return apply

@@ -1,4 +1,5 @@
-"""The local queue: jobs that request resources never oversubscribe this machine; they wait, in order."""
+"""The local queue: jobs that request resources never oversubscribe this machine; they wait, in order, and one
+bigger than the machine runs alone, scaled to it."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ TIMED = """
     import json, os, sys, time
     started = time.time()
     time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0.6)
-    with open(os.path.join(os.environ["TRAINJOB_JOB_DIR"], "ran.json"), "w") as f:
-        json.dump({"start": started, "end": time.time(), "cpus": sorted(os.sched_getaffinity(0))}, f)
+    node = os.environ.get("PET_NODE_RANK", "0")
+    record = {"start": started, "end": time.time(), "cpus": sorted(os.sched_getaffinity(0)),
+              "omp": os.environ.get("OMP_NUM_THREADS"), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    for file in ("ran.json", f"ran-{node}.json"):
+        with open(os.path.join(os.environ["TRAINJOB_JOB_DIR"], file), "w") as f:
+            json.dump(record, f)
 """
 
 #: Events about the image and the environment, which depend on the caller's shell, not on the queue.
@@ -42,6 +47,10 @@ def ran(backend, name):
     return json.loads((backend.store.job_dir(name) / "ran.json").read_text())
 
 
+def ran_node(backend, name, node):
+    return json.loads((backend.store.job_dir(name) / f"ran-{node}.json").read_text())
+
+
 def test_three_jobs_that_each_need_the_whole_machine_run_one_after_another_in_order(backend, script):
     timed = script("timed.py", TIMED)
     for name in ("first", "second", "third"):
@@ -63,14 +72,52 @@ def test_three_jobs_that_each_need_the_whole_machine_run_one_after_another_in_or
     assert events["Admitted"].startswith("resources free after")
 
 
-def test_a_job_that_could_never_fit_is_refused_at_submit_with_the_numbers(backend, script):
+def test_a_job_bigger_than_the_machine_runs_alone_scaled_to_it_after_the_running_job(backend, script, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU here, whatever the machine has
     timed = script("timed.py", TIMED)
+    backend.apply(job("hog", timed, cpu=CORES, seconds=1.5))
+    backend.apply(trainjob_resource("big", ["python", timed, "0.3"], num_nodes=2, resources_per_node={
+        "requests": {"cpu": str(4 * CORES), "memory": "4Ei", "nvidia.com/gpu": "1"},
+        "limits": {"nvidia.com/gpu": "1"}}))
+    backend.apply(job("after", timed, cpu=1, seconds=0.1))  # fits, but waits behind big: the queue is strict
 
-    with pytest.raises(ValidationError, match=rf"2 node\(s\) x {CORES} CPU\(s\) = {2 * CORES} CPUs, this machine has {CORES}"):
+    waiting = backend.get_job("big")
+    assert (waiting.status, waiting.reason) == ("Queued", "WaitingForResources")
+    assert waiting.message.startswith("waiting for the machine to be free: the job is bigger than this machine, so "
+                                      "it runs alone, scaled to it; running: hog; scaled to this machine: ")
+    for name in ("hog", "big", "after"):
+        assert backend.wait_for_job_status(name, timeout=120).status == "Complete"
+    hog, runs, after = ran(backend, "hog"), [ran_node(backend, "big", i) for i in (0, 1)], ran(backend, "after")
+    assert hog["end"] <= min(r["start"] for r in runs) and max(r["end"] for r in runs) <= after["start"], "overlap"
+    share, cores = max(1, CORES // 2), sorted(os.sched_getaffinity(0))
+    assert [r["cpus"] for r in runs] == [[cores[(i * share + k) % CORES] for k in range(share)] for i in (0, 1)]
+    assert {(r["omp"], r["gpus"]) for r in runs} == {(str(share), "")}  # 1 process per node; no GPU to give
+    done = backend.get_job("big")
+    assert done.message.startswith(
+        f"all 2 node(s) exited with code 0; scaled to this machine: {8 * CORES} CPUs asked, the 2 node(s) "
+        f"{'share' if CORES < 2 else 'divide'} {CORES} core(s); 2 GPUs asked, there are 0: the ranks see none; 8Ei of "
+        "memory asked, there is ")
+    assert done.message.endswith(": not enforced")
+    (event,) = [e for e in backend.get_job_events("big") if e.reason == "ScaledToMachine"]
+    assert event.type == "Warning" and event.message.startswith("the job asks for more than this machine has")
+    assert "CPUsShared" not in [e.reason for e in backend.get_job_events("big")]
+
+
+def test_strict_resources_refuse_a_job_that_could_never_fit_at_submit_with_the_numbers(backend, script, monkeypatch):
+    timed = script("timed.py", TIMED)
+    monkeypatch.setenv("TRAINJOB_STRICT_RESOURCES", "1")
+
+    with pytest.raises(ValidationError, match=rf"2 node\(s\) x {CORES} CPU\(s\) = {2 * CORES} CPUs, this machine has "
+                       rf"{CORES} .*; strict resources are on \(TRAINJOB_STRICT_RESOURCES=1\)"):
         backend.apply(job("too-big", timed, cpu=CORES, nodes=2))
     memory = trainjob_resource("too-much-memory", ["python", timed], resources_per_node={"requests": {"memory": "4Ei"}})
     with pytest.raises(ValidationError, match=r"1 node\(s\) x 4Ei = 4Ei of memory, this machine has \d"):
         backend.apply(memory)
+    monkeypatch.delenv("TRAINJOB_STRICT_RESOURCES")
+    annotated = job("annotated", timed, cpu=CORES, nodes=2)
+    annotated.metadata.annotations = {"trainjob/strict-resources": "true"}
+    with pytest.raises(ValidationError, match=r"strict resources are on \(annotation trainjob/strict-resources"):
+        backend.apply(annotated)
 
     assert backend.list_jobs() == []
     assert not backend.store.job_dir("too-big").exists()
@@ -99,18 +146,25 @@ def test_jobs_that_request_nothing_are_best_effort_and_never_wait(backend, scrip
     assert ran(backend, "free-rider")["start"] < ran(backend, "hog")["end"]
 
 
-def test_priority_goes_first_then_submission_order(backend, script):
+def test_priority_goes_first_then_submission_order(backend, script, monkeypatch):
+    monkeypatch.setenv("TRAINJOB_PRIORITY_CLASSES", "high=1000")
     timed = script("timed.py", TIMED)
     backend.apply(job("running", timed, cpu=CORES, seconds=1.0))
     backend.apply(job("early", timed, cpu=CORES))
     backend.apply(job("urgent", timed, cpu=CORES, priority=10))
+    vip = job("vip", timed, cpu=CORES)  # a manifest written for Kueue: its labels mean the same here
+    vip.metadata.labels = {"kueue.x-k8s.io/queue-name": "team-a", "kueue.x-k8s.io/priority-class": "high"}
+    backend.apply(vip)
     backend.apply(job("late", timed, cpu=CORES))
 
-    assert "1 job(s) ahead" in backend.get_job("early").message
-    for name in ("running", "early", "urgent", "late"):
+    assert "2 job(s) ahead" in backend.get_job("early").message
+    assert "; queue team-a; priority 1000 (kueue.x-k8s.io/priority-class high)" in backend.get_job("vip").message
+    created = next(e for e in backend.get_job_events("vip") if e.reason == "Created")
+    assert created.message.endswith("; queue team-a; priority 1000 (kueue.x-k8s.io/priority-class high)")
+    for name in ("running", "early", "urgent", "vip", "late"):
         assert backend.wait_for_job_status(name, timeout=120).status == "Complete"
-    order = sorted(("early", "urgent", "late"), key=lambda name: ran(backend, name)["start"])
-    assert order == ["urgent", "early", "late"]
+    order = sorted(("early", "urgent", "vip", "late"), key=lambda name: ran(backend, name)["start"])
+    assert order == ["vip", "urgent", "early", "late"]
 
 
 def test_jobs_that_fit_side_by_side_get_disjoint_cores(backend, script):

@@ -16,10 +16,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainjob.constants import KUEUE_PRIORITY_CLASS_LABEL as PRIORITY_CLASS_LABEL
+from trainjob.constants import KUEUE_QUEUE_NAME_LABEL as QUEUE_LABEL
 from trainjob.errors import ValidationError
 
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
+__all__ = ["PRIORITY_CLASS_LABEL", "QUEUE_LABEL", "QueueSetup", "check_name", "parse_node_label", "parse_toleration",
+           "queue_manifests", "queue_state", "waiting_for"]
 API_VERSION = "kueue.x-k8s.io/v1beta1"
 GROUP = "kueue.x-k8s.io"
 #: Quota keys ``trainjob install --kueue`` takes, and the resource each one is.

@@ -12,7 +12,8 @@
                 │   MPI jobs:                mpi/        python -m trainjob.backends.local.mpi node | launcher ...
                 │                                        (mpirun's ssh: python -m trainjob.backends.local.mpi.rsh)
                 └── ranks                 worker_site/   on every node process's PYTHONPATH: its sitecustomize
-                                                         records a rank's exception for the job's status
+                                                         records a rank's exception for the job's status and
+                                                         dumps the rank's stacks when signalled
 
 Modules at this level are shared by several of these processes:
 
@@ -24,5 +25,7 @@ Modules at this level are shared by several of these processes:
 :mod:`.volumes`          the pod template's volumes as host paths: worked out at submit, mounted by the keepers
 :mod:`.log_writer`       node logs as the keepers write them
 :mod:`.log_reader`       node logs as the CLI, the SDK, the UI and the supervisor's failure report read them
+:mod:`.stacks`           every running rank's Python stacks, read by ``trainjob stacks`` and by the supervisor's
+                         stall watchdog (:mod:`.supervisor.watchdog`)
 =======================  ===========================================================================================
 """

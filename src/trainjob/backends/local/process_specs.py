@@ -23,6 +23,8 @@ settings:
 ``PET_LOG_DIR``, ``PET_TEE``       torchrun writes one log per rank and tees it, lines prefixed by rank
 ``TORCHELASTIC_ERROR_FILE``        where torchrun records the error of a failed node
 ``TRAINJOB_RESTART_COUNT``         how many times the supervisor restarted the node group so far
+``TRAINJOB_STACKS_DIR/_SIGNAL``    where each training process dumps its Python stacks, and the signal that
+                                   asks for a dump (:mod:`~trainjob.backends.local.stacks`)
 ``PYTHONUNBUFFERED``               ``1`` unless set, so logs stream while they are written
 ``PYTHONPATH``                     starts with :mod:`~trainjob.backends.local.worker_site`: every rank
                                    records its exception in its torchelastic error file, as ``@record``
@@ -78,7 +80,8 @@ from trainjob.backends.local.mpi.hosts import (
     hostfile_path,
 )
 from trainjob.backends.local.supervisor.rendezvous import RDZV_CONF
-from trainjob.backends.local.worker_site import SITE_DIR
+from trainjob.backends.local.worker_site import SITE_DIR, STACKS_DIR_ENV, STACKS_SIGNAL, STACKS_SIGNAL_ENV
+from trainjob.backends.stall import StallPolicy
 from trainjob.constants import PET_PREFIX, PET_RDZV_ENDPOINT, PET_RDZV_ID
 from trainjob.errors import ValidationError
 from trainjob.runtime.launch import Addressing, addressing_env
@@ -143,6 +146,8 @@ class ProcessSpec:
     base_env: dict[str, str] = field(default_factory=dict)
     #: ``base_env`` is the whole environment, not only :data:`PASSED_ENV`.
     inherit_env: bool = False
+    #: The stall watchdog's settings (:mod:`trainjob.backends.stall`).
+    stall: StallPolicy = field(default_factory=StallPolicy)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; the environment every node shares is stored once (``shared_env``), so a job's stored size
@@ -169,7 +174,7 @@ class ProcessSpec:
         shared = data.pop("shared_env", {})
         nodes = [NodeProcessSpec(**{**node, "env": {**shared, **node["env"]}}) for node in data["nodes"]]
         notes = [tuple(note) for note in data.get("notes", [])]
-        return cls(**{**data, "nodes": nodes, "notes": notes})
+        return cls(**{**data, "nodes": nodes, "notes": notes, "stall": StallPolicy.from_dict(data.get("stall"))})
 
 
 def build_process_spec(
@@ -214,6 +219,7 @@ def build_process_spec(
             TRAINJOB_METRICS_FILE=str(job_dir / "metrics.jsonl"),
             TORCHELASTIC_ERROR_FILE=str(job_dir / "logs" / f"node-{index}.error.json"),
         )
+        env.update({STACKS_DIR_ENV: str(job_dir / "stacks"), STACKS_SIGNAL_ENV: str(int(STACKS_SIGNAL))})
         env.setdefault("PET_LOG_DIR", str(job_dir / "logs" / f"node-{index}"))
         env.setdefault("PET_TEE", "3")
         env.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", RANK_PREFIX_TEMPLATE)
@@ -369,13 +375,17 @@ def _requested_gpus(resources: dict[str, str]) -> int:
     return gpu_count(resources)
 
 
-def share_cpus(num_nodes: int, per_node: int | None) -> tuple[list[list[int]], str | None]:
-    """The cores of each node: ``per_node`` each (default: an equal share), round-robin over usable cores.
+def share_cpus(
+    num_nodes: int, per_node: int | None, cores: list[int] | None = None
+) -> tuple[list[list[int]], str | None]:
+    """The cores of each node: ``per_node`` each (default: an equal share), round-robin over ``cores`` (default:
+    the cores this process may use).
 
     On a 2-core machine ``share_cpus(2, None)`` gives ``[[0], [1]]`` and ``share_cpus(2, 2)`` gives
     ``[[0, 1], [0, 1]]`` with a note that the nodes share cores.
     """
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if cores is None:
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     want = per_node if per_node is not None else max(1, len(cores) // num_nodes)
     take = min(want, len(cores))
     sets = [[cores[(index * take + k) % len(cores)] for k in range(take)] for index in range(num_nodes)]

@@ -114,13 +114,18 @@ _ADDED_COLUMNS = {
     # and how far the supervisor has read the rounds rank 0 reports.
     "elastic_nodes": "INTEGER",
     "elastic_offset": "INTEGER NOT NULL DEFAULT 0",
+    # The local queue's words for a job: its Kueue queue name, where its priority came from, and what of it was
+    # scaled down to fit this machine (:mod:`~trainjob.backends.local.client.scaling`; ``NULL``: nothing).
+    "queue_name": "TEXT",
+    "priority_source": "TEXT",
+    "scaled": "TEXT",
 }
 
 #: Columns ``list_jobs`` reads: everything but the two JSON documents.
 LIST_COLUMNS = (
     "name, namespace, status, reason, message, runtime, num_nodes, num_proc_per_node, created, started, "
     "finished, restarts, supervisor_pid, supervisor_started, step, total_steps, metrics, metrics_time, "
-    "first_step, first_metrics_time, progress_percent, remaining_seconds"
+    "first_step, first_metrics_time, progress_percent, remaining_seconds, scaled"
 )
 #: Columns of :meth:`Store.list_summaries`, in order.
 SUMMARY_COLUMNS = (

@@ -32,8 +32,9 @@ from trainjob.backends.local import processes
 from trainjob.backends.local.client import views
 from trainjob.backends.local.client.ttl import expired_jobs
 from trainjob.backends.local.store import ACTIVE_STATUSES, UNFINISHED_STATUSES, Store, check_job_name
+from trainjob.backends.stall import checked_stall_policy
 from trainjob.backends.ttl import ttl_seconds
-from trainjob.errors import NotFoundError, ValidationError
+from trainjob.errors import BackendError, NotFoundError, ValidationError
 from trainjob.sdk import types
 
 # Creating a job needs the runtime framework, the queue, volumes and process specs; reading jobs (``list``,
@@ -42,6 +43,11 @@ if TYPE_CHECKING:
     from trainjob.api import Runtime as RuntimeResource
     from trainjob.api import TrainJob as TrainJobResource
     from trainjob.backends.local import volumes
+    from trainjob.backends.local.client.queue import Request
+    from trainjob.backends.local.client.scaling import Scaling
+    from trainjob.backends.local.process_specs import ProcessSpec
+    from trainjob.backends.stacks import RankStacks
+    from trainjob.runtime.plan import Plan
     from trainjob.sdk.trainers import TrainerFunction
 
 #: How often local waits look at the store; reading SQLite is cheap, so failures are seen at once.
@@ -53,6 +59,8 @@ KEEPER_STOP_SECONDS = 6.0
 SUPERVISOR_RETRY_SECONDS = 10.0
 #: ... and gives the job up after this many replacements that died before they took over.
 MAX_SUPERVISOR_REPLACEMENTS = 5
+#: The largest count the store keeps (SQLite's INTEGER).
+MAX_COUNT = 2**63 - 1
 
 
 @dataclass
@@ -62,8 +70,13 @@ class LocalProcessBackendConfig:
     Nodes get what a pod would of the environment a job is created from (a ``PATH``, ``HOME``, locale, this
     Python environment: :data:`~trainjob.backends.local.process_specs.PASSED_ENV`), not an exported ``NCCL_DEBUG``;
     ``inherit_env=True`` passes them everything (an ``EnvironmentInherited`` event names what).
-    ``cleanup_venv`` is accepted for compatibility with the Kubeflow SDK; a job's environment is removed with
-    the job (``delete_job``).
+    ``cleanup_venv`` is accepted for compatibility with the Kubeflow SDK: a ``CustomTrainer``'s
+    ``packages_to_install`` go into an environment cached under ``<home>/envs`` and shared by every job that
+    installs the same packages (:mod:`~trainjob.backends.local.supervisor.environment`), kept until removed.
+
+    ``strict_resources`` (default: ``$TRAINJOB_STRICT_RESOURCES``, then the config file's ``strict_resources``)
+    refuses a job bigger than this machine at submit instead of running it alone, scaled to the machine
+    (:mod:`~trainjob.backends.local.client.scaling`).
 
     Pod-template volumes (:mod:`~trainjob.backends.local.volumes`): claims live under ``volumes_root`` (default
     ``$TRAINJOB_VOLUMES_ROOT``, else ``<home>/volumes``), ``config_maps`` maps configMap names to local files or
@@ -77,6 +90,7 @@ class LocalProcessBackendConfig:
     volumes_root: str | Path | None = None
     config_maps: dict[str, str | Path] = field(default_factory=dict)
     mount_mechanism: str | None = None
+    strict_resources: bool | None = None
 
 
 class LocalBackend(Backend):
@@ -99,7 +113,10 @@ class LocalBackend(Backend):
 
         name = check_job_name(trainjob.name)
         ttl_seconds(trainjob.metadata.annotations)
-        plan = resolve(trainjob, find_runtime(trainjob.spec.runtime_ref, runtimes, namespace=trainjob.namespace))
+        runtime = find_runtime(trainjob.spec.runtime_ref, runtimes, namespace=trainjob.namespace)
+        plan = resolve(trainjob, runtime)
+        checked = CheckedJob(trainjob, plan, runtime)
+        checked_stall_policy(checked)  # a bad stall annotation: nothing is created
         container = plan.trainer().container()
         if not container.volume_mounts:
             try:
@@ -107,7 +124,7 @@ class LocalBackend(Backend):
                                     provided=self.store.job_dir(name))
             except ValidationError as exc:
                 raise ValidationError(f"TrainJob {name}: {exc.path}", exc.message) from None
-        return CheckedJob(trainjob, plan)
+        return checked
 
     def apply(
         self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = (), *, checked: CheckedJob | None = None,
@@ -160,7 +177,7 @@ class LocalBackend(Backend):
         config_maps: Mapping[str, str | Path] | None = None,
     ) -> None:
         from trainjob.backends.local import volumes
-        from trainjob.backends.local.client import queue
+        from trainjob.backends.local.client import queue, scaling
         from trainjob.backends.local.client.commands import check_command_files
         from trainjob.backends.local.process_specs import build_process_spec
         from trainjob.runtime.submit_events import submit_events
@@ -170,15 +187,17 @@ class LocalBackend(Backend):
         job_dir = self.store.job_dir(name)
         inherit = self.config.inherit_env if inherit_env is None else inherit_env
         spec = build_process_spec(plan, job_dir, os.getcwd(), packages, pip_index_urls, inherit_env=inherit)
+        spec.stall = checked_stall_policy(checked)
         host_volumes = self._resolve_host_volumes(plan, job_dir, spec, config_maps)
         check_command_files(*volumes.host_command(host_volumes, spec.nodes[0].command, spec.cwd),
                             provided=job_dir)  # a missing script: nothing starts
         ttl = ttl_seconds(trainjob.metadata.annotations)
-        priority = queue.job_priority(trainjob)
+        priority, queue_name = queue.job_priority(trainjob), queue.queue_name(trainjob)
         request = queue.job_request(plan)
         queued = not request.empty and not queue.oversubscribing(trainjob)
+        scaled = None
         if queued:
-            queue.check_fits(request, queue.Machine.detect())
+            scaled = self._scale_if_too_big(trainjob, plan, request, spec)
         else:  # best effort or oversubscribed: starts at once and holds nothing in the queue's books
             request = queue.Request(plan.num_nodes)
         self.collect_garbage()
@@ -193,8 +212,12 @@ class LocalBackend(Backend):
             "name": name, "namespace": trainjob.namespace, "uid": uid, "status": status,
             "reason": reason, "message": None, "runtime": plan.runtime_name,
             "num_nodes": launch.num_nodes, "num_proc_per_node": launch.num_proc_per_node, "created": now,
-            "resource": resource, "launch": spec.to_dict(), "priority": priority, "cpus": request.cores,
-            "memory_bytes": request.memory, "gpus": request.gpus, "ttl_seconds": ttl,
+            "resource": resource, "launch": spec.to_dict(), "priority": priority.value,
+            # a scaled job may ask for more than SQLite counts (2 nodes x 4Ei); what it holds is the machine anyway
+            "cpus": min(request.cores, MAX_COUNT), "memory_bytes": min(request.memory, MAX_COUNT),
+            "gpus": min(request.gpus, MAX_COUNT), "ttl_seconds": ttl,
+            "priority_source": priority.source, "queue_name": queue_name,
+            "scaled": scaled.summary if scaled else None,
         })
         try:
             shutil.rmtree(job_dir, ignore_errors=True)  # leftovers of a job of the same name
@@ -205,8 +228,15 @@ class LocalBackend(Backend):
                 (job_dir / file_name).write_text(text, encoding="utf-8")
             events = submit_events(trainjob, plan)  # converted from a PyTorchJob, NCCL settings that do nothing
             with self.store.transaction():  # the job's first events: one write
-                self.store.add_event(name, "Created", f"{launch.num_nodes} node(s) x {launch.num_proc_per_node} "
-                                     f"process(es) on runtime {plan.runtime_name}")
+                created = f"{launch.num_nodes} node(s) x {launch.num_proc_per_node} process(es) on runtime " \
+                    f"{plan.runtime_name}"
+                if queue_name:
+                    created += f"; queue {queue_name}"
+                if priority.source:
+                    created += f"; {priority.describe()}"
+                self.store.add_event(name, "Created", created)
+                if scaled is not None:
+                    self.store.add_event(name, scaling.SCALED_REASON, scaled.detail, type="Warning")
                 for reason, message in spec.notes:
                     self.store.add_event(name, reason, message)
                 for event in events:
@@ -220,6 +250,24 @@ class LocalBackend(Backend):
             volumes.release(job_dir, self.store.jobs_dir)
             shutil.rmtree(job_dir, ignore_errors=True)
             raise
+
+    def _scale_if_too_big(self, trainjob: TrainJobResource, plan: Plan, request: Request,
+                          spec: ProcessSpec) -> Scaling | None:
+        """When ``request`` could never fit this machine: refused (strict resources, with the numbers), or ``spec``
+        laid out over the whole machine and the :class:`~trainjob.backends.local.client.scaling.Scaling` returned;
+        ``None`` when it fits."""
+        from trainjob.backends.local.client import queue, scaling
+
+        machine = queue.Machine.detect()
+        strict = scaling.strict_resources(trainjob, self.config.strict_resources)
+        if not queue.shortfalls(request, machine):
+            return None
+        if strict:
+            queue.check_fits(request, machine, why=f"strict resources are on ({strict}); without them the job would "
+                             "run alone, scaled to this machine")
+        processes = plan.mpi.slots if plan.mpi is not None else plan.num_proc_per_node
+        job_sets_omp = "OMP_NUM_THREADS" in plan.trainer().container().env_dict(0)
+        return scaling.scale_to_machine(spec, request, machine, processes, job_sets_omp)
 
     def _resolve_host_volumes(self, plan: Any, job_dir: Path, spec: Any,
                       config_maps: Mapping[str, str | Path] | None) -> volumes.HostVolumes | None:
@@ -331,6 +379,21 @@ class LocalBackend(Backend):
     def get_job_events(self, name: str) -> list[types.Event]:
         self.store.get_job(name)
         return [views.sdk_event(row) for row in self.store.events(name)]
+
+    def get_job_stacks(self, name: str) -> list[RankStacks]:
+        """Every running rank's Python stacks (:mod:`~trainjob.backends.local.stacks`): each training process
+        dumps its threads when signalled, even when blocked in a collective."""
+        from trainjob.backends.local.stacks import dump_stacks
+
+        row = self._checked_one(name)
+        if row["status"] != types.RUNNING:
+            raise ValidationError("NAME", f"TrainJob {name} is {row['status']}; stacks are read from the ranks of a "
+                                  "Running job")
+        stacks = dump_stacks(self.store.job_dir(name))
+        if not stacks:
+            raise BackendError(f"TrainJob {name} has no training process running now (starting, restarting, or a "
+                               "command that is not a Python training script)")
+        return stacks
 
     def _launch_shape(self, name: str) -> tuple[int, int | None]:
         row = self.store.get_job(name)

@@ -73,6 +73,15 @@ def sdk_runtime(name: str, num_nodes: int = 1) -> types.Runtime:
     )
 
 
+def job_message(row: dict[str, Any]) -> str | None:
+    """The job's message, followed for its whole life by what was scaled down to fit this machine, if anything
+    was (:mod:`~trainjob.backends.local.client.scaling`)."""
+    scaled = row.get("scaled")
+    if not scaled:
+        return row["message"]
+    return "; ".join(part for part in (row["message"], f"scaled to this machine: {scaled}") if part)
+
+
 def sdk_job(row: dict[str, Any], nodes: list[dict[str, Any]] | None = None) -> types.TrainJob:
     """The SDK view of a job row (``nodes`` gives the steps; ``resource`` only when the row has it)."""
     name = row["name"]
@@ -89,7 +98,7 @@ def sdk_job(row: dict[str, Any], nodes: list[dict[str, Any]] | None = None) -> t
         creation_timestamp=timestamp(row["created"]),
         status=row["status"],
         reason=row["reason"],
-        message=row["message"],
+        message=job_message(row),
         num_proc_per_node=row["num_proc_per_node"],
         start_time=timestamp(row["started"]),
         completion_time=timestamp(row["finished"]),
@@ -109,7 +118,7 @@ def resource_with_status(row: dict[str, Any], nodes: list[dict[str, Any]]) -> di
         "type": row["status"],
         "status": "True",
         "reason": row["reason"] or row["status"],
-        "message": row["message"] or "",
+        "message": job_message(row) or "",
         "lastTransitionTime": rfc3339(row["finished"] or row["started"] or row["created"]),
     }
     counts = {"active": 0, "ready": 0, "succeeded": 0, "failed": 0, "suspended": 0}

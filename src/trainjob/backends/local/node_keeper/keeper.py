@@ -100,7 +100,9 @@ class Keeper:
         with contextlib.suppress(OSError):
             exit_record_path(self.job_dir, self.index).unlink()
         _libc.prctl(_PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
-        self.log = NodeLogWriter(self.job_dir, self.index, self.spec["log_max_bytes"])
+        # A new attempt, unless the supervisor began this attempt's log itself (the package install, on node-0).
+        self.log = NodeLogWriter(self.job_dir, self.index, self.spec["log_max_bytes"],
+                                 new_attempt=not self.spec.get("continue_log", False))
         self.copies = TorchrunCopies(self.env.get("PET_LOG_DIR"), teed_all=self.env.get("PET_TEE") == "3")
         output, write_end = os.pipe()
         cpus = self.spec.get("cpus") or []

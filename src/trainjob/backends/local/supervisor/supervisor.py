@@ -1,14 +1,19 @@
 """The detached process that owns one job: ``python -m trainjob.backends.local.supervisor HOME NAME``.
 
-It starts one keeper per node (:mod:`~trainjob.backends.local.node_keeper`, which starts and contains the node
-process), watches them, ingests the metrics rank 0 writes, enforces ``activeDeadlineSeconds``, honours suspend
-and delete requests, restarts the node group of an elastic job up to ``maxRestarts`` and writes every
-transition to the store. A shrinkable elastic job (:attr:`~trainjob.backends.local.process_specs.ProcessSpec.shrinkable`)
-is not restarted when a node is *lost* (killed, not failed by its own ranks) while ``minNodes`` remain: the others
-go on at the smaller size (``NodeLost``), the node is started again after the job's back-off (``GrowRequested``,
-``NodeReturned``), and every change of size the ranks report becomes a ``Resized`` event ("Resized 3 -> 2 nodes
-(node-1 was lost)") and the job's message (:mod:`~trainjob.backends.local.supervisor.rendezvous`). A job's status only
-moves ``Created -> Running -> Complete | Failed`` (or ``Suspended``).
+It installs the job's ``packages_to_install`` first, into the environment cached for them
+(:mod:`~trainjob.backends.local.supervisor.environment`; a later job with the same packages reuses it), pip's output
+going into node-0's log and its latest line into the job's message. It starts one keeper per node
+(:mod:`~trainjob.backends.local.node_keeper`, which starts and contains the node process), watches them, ingests the
+metrics rank 0 writes, enforces ``activeDeadlineSeconds``, honours suspend and delete requests, restarts the node
+group of an elastic job up to ``maxRestarts`` and writes every transition to the store. A shrinkable elastic job
+(:attr:`~trainjob.backends.local.process_specs.ProcessSpec.shrinkable`) is not restarted when a node is *lost*
+(killed, not failed by its own ranks) while ``minNodes`` remain: the others go on at the smaller size
+(``NodeLost``), the node is started again after the job's back-off (``GrowRequested``, ``NodeReturned``), and every
+change of size the ranks report becomes a ``Resized`` event ("Resized 3 -> 2 nodes (node-1 was lost)") and the job's
+message (:mod:`~trainjob.backends.local.supervisor.rendezvous`). A job that stops reporting progress is caught by
+the stall watchdog (:mod:`~trainjob.backends.local.supervisor.watchdog`): a ``Stalled`` event names the rank the
+others wait for and its frame, then the job fails or its node group restarts. A job's status only moves ``Created ->
+Running -> Complete | Failed`` (or ``Suspended``).
 
 A supervisor holds the job's supervisor lock (:func:`~trainjob.backends.local.processes.hold_supervisor_lock`)
 for its whole life. When it is killed, a replacement (``... HOME NAME --replace``, started by a node's keeper at
@@ -33,7 +38,7 @@ import time
 import psutil
 
 from trainjob.backends.local import process_specs, processes
-from trainjob.backends.local.log_writer import note_stop_reason
+from trainjob.backends.local.log_writer import NodeLogWriter, note_stop_reason
 from trainjob.backends.local.node_keeper.keeper import (
     JOB_OVER_EXIT_CODE,
     LEFTOVER_GRACE_SECONDS,
@@ -42,9 +47,15 @@ from trainjob.backends.local.node_keeper.keeper import (
 from trainjob.backends.local.process_specs import ProcessSpec
 from trainjob.backends.local.store import ACTIVE_STATUSES, Store
 from trainjob.backends.local.supervisor import rendezvous
-from trainjob.backends.local.supervisor.environment import PackageInstallError, prepare_environment
+from trainjob.backends.local.supervisor.environment import (
+    InstallStopped,
+    PackageInstallError,
+    environment_dir,
+    prepare_environment,
+)
 from trainjob.backends.local.supervisor.failures import node_failures, pick_root_cause
 from trainjob.backends.local.supervisor.nodes import NodeHandle
+from trainjob.backends.local.supervisor.watchdog import Stall, StallWatchdog
 from trainjob.constants import COMPLETE, CREATED, FAILED, QUEUED, RUNNING, SUSPENDED
 from trainjob.errors import NotFoundError
 
@@ -81,6 +92,8 @@ class Supervisor:
         self.rendezvous_store: object | None = None
         self.grow_requested: float | None = None
         self.last_round: dict = {}
+        #: node-0's log of this attempt already holds the package install (the keeper continues it).
+        self.continue_log = False
 
     # lifecycle
 
@@ -95,6 +108,7 @@ class Supervisor:
         if self.row["status"] not in ACTIVE_STATUSES or self.row["request"] == "delete":
             return JOB_OVER_EXIT_CODE
         self.spec = ProcessSpec.from_dict(self.row["launch"])
+        self.watchdog = StallWatchdog(self.job_dir, self.spec.stall)
         self.metrics_offset = self.row["metrics_offset"]
         me = os.getpid()
         self.store.update_job(self.name, supervisor_pid=me, supervisor_started=processes.start_time(me),
@@ -141,19 +155,54 @@ class Supervisor:
             return
 
     def _python(self, adopted: bool) -> str | None:
-        """The job's interpreter, installing its packages first (not again when adopting running nodes)."""
+        """The job's interpreter: with packages to install, that of their cached environment, installed first if
+        no job did before (not when adopting running nodes). What pip prints goes into node-0's log, and its
+        latest line into the job's message while it runs."""
         if not self.spec.packages:
             return sys.executable
-        installed = self.job_dir / "venv" / "bin" / "python"
-        if adopted and installed.exists():
-            return str(installed)
+        packages = " ".join(self.spec.packages)
+        venv = environment_dir(self.store.home, self.spec.packages, self.spec.pip_index_urls)
+        if adopted and (venv / "bin" / "python").exists():
+            return str(venv / "bin" / "python")
+        log = NodeLogWriter(self.job_dir, 0, self.spec.log_max_bytes)  # node-0's keeper goes on in the same log
+
+        def on_line(line: str) -> None:
+            log.write(f"{line}\n".encode(errors="replace"))
+            if line.strip():  # the job's message while it is Created: `trainjob get` shows how far pip is
+                self.store.transition(self.name, CREATED, "InstallingPackages",
+                                      f"installing {packages}: {line.strip()[:300]}", from_statuses=(CREATED,))
+
         try:
-            python = prepare_environment(self.job_dir / "venv", self.spec.packages, self.spec.pip_index_urls)
+            on_line(f"[trainjob] packages_to_install: {packages} (environment {venv})")
+            prepared = prepare_environment(venv, self.spec.packages, self.spec.pip_index_urls, on_line=on_line,
+                                           should_stop=self._suspend_requested_or_terminating)
+            if prepared.installed:
+                on_line(f"[trainjob] installed in {prepared.seconds:.1f} s; later jobs with the same packages reuse it")
+            else:
+                on_line("[trainjob] already installed by an earlier job: reusing it")
+        except InstallStopped:  # deleted (the job goes with its row) or suspended
+            if not self.terminating:
+                self.store.transition(self.name, SUSPENDED, "Suspended", "suspended while installing packages; "
+                                      "resume to start again", from_statuses=ACTIVE_STATUSES, request=None)
+                self.store.add_event(self.name, "Suspended", "stopped installing packages")
+            return None
         except PackageInstallError as exc:
+            on_line(f"[trainjob] {exc}")
             self._finish(FAILED, "PackageInstallFailed", str(exc))
             return None
-        self.store.add_event(self.name, "PackagesInstalled", f"installed {' '.join(self.spec.packages)}")
-        return python
+        finally:
+            log.close()
+        self.continue_log = True
+        if prepared.installed:
+            self.store.add_event(self.name, "PackagesInstalled", f"installed {packages} in {prepared.seconds:.1f} s "
+                                 f"into the environment cached at {venv}; later jobs with the same packages reuse it")
+        else:
+            self.store.add_event(self.name, "PackagesReused", f"{packages}: reusing the environment cached at {venv} "
+                                 "(installed by an earlier job)")
+        return prepared.python
+
+    def _suspend_requested_or_terminating(self) -> bool:
+        return self._suspend_requested() or self.terminating
 
     def _start_nodes(self, python: str, restarts: int, job_started: float) -> None:
         """Start every node's keeper; the job becomes Running (from Created) in the same store write that records
@@ -163,6 +212,7 @@ class Supervisor:
         self.nodes, self.recorded = [], set()
         self.lost, self.returned, self.grow_requested = {}, set(), None
         self.resize_reasons = ["the node group was restarted"] if restarts else []
+        self.watchdog.reset()
         if self.spec.shrinkable:
             rendezvous.clear_grow(self.job_dir)
             self.rendezvous_port = process_specs.free_port()
@@ -198,7 +248,11 @@ class Supervisor:
             "home": str(self.store.home), "name": self.name, "job_dir": str(self.job_dir), "node": node.index,
             "argv": process_specs.node_argv(node.command, self.python, shrinkable=self.spec.shrinkable), "env": env,
             "cwd": self.spec.cwd, "cpus": node.cpus, "log_max_bytes": self.spec.log_max_bytes,
+            # node-0's log of this attempt starts with the package install: the keeper appends to it
+            "continue_log": self.continue_log and node.index == 0,
         }
+        if node.index == 0:
+            self.continue_log = False
         return NodeHandle.start(self.job_dir, node.index, keeper_spec)
 
     def _adopt_nodes(self) -> bool:
@@ -232,6 +286,8 @@ class Supervisor:
             if self.spec.shrinkable:
                 self._follow_rounds()
                 codes = self._bring_back(codes)
+            if (stall := self.watchdog.check(time.time())) is not None:
+                return self._stalled(stall)
             kept = [code for i, code in enumerate(codes) if i not in self.lost]
             if kept and all(code == 0 for code in kept):
                 self._ingest_metrics()
@@ -284,6 +340,7 @@ class Supervisor:
             self._sweep_node(index)
             rendezvous.record_loss(self.job_dir, index, why, remaining=alive)
             self.lost[index] = now + self.spec.node_backoff_seconds
+            self.watchdog.reset()  # the others pause to go on without it
             self.returned.discard(index)
             self.resize_reasons.append(f"node-{index} was lost")
             self.store.add_event(
@@ -349,6 +406,7 @@ class Supervisor:
             self.nodes[index] = handle
             codes[index] = None
             self.returned.add(index)
+            self.watchdog.reset()
             self.resize_reasons.append(f"node-{index} came back")
             self.store.set_node(self.name, index, pid=handle.pid, pid_started=handle.started, status="Running",
                                 exit_code=None, started=time.time(), finished=None)
@@ -404,6 +462,7 @@ class Supervisor:
                 continue
             why = "; ".join(self.resize_reasons) or "the rendezvous changed"
             self.resize_reasons = []
+            self.watchdog.reset()
             message = f"Resized {before} -> {nodes} nodes ({why})"
             self.store.add_event(self.name, "Resized", message, type="Normal" if nodes > before else "Warning")
             self.store.update_job(
@@ -414,6 +473,21 @@ class Supervisor:
                 self.grow_requested = None
                 rendezvous.clear_grow(self.job_dir)
         self.store.update_job(self.name, elastic_offset=offset, elastic_nodes=self.row["elastic_nodes"])
+
+    def _stalled(self, stall: Stall) -> str | None:
+        """Record a stall (event and message), stop the nodes, then fail the job (``None``) or return the outcome
+        that restarts the node group (``trainjob/stall-action: restart`` with restarts left)."""
+        restart = self.spec.stall.action == "restart" and self.restarts < self.spec.max_restarts
+        then = (f"restarting the node group from its checkpoint (restart {self.restarts + 1} of "
+                f"{self.spec.max_restarts})" if restart else "failing the job")
+        self.store.update_job(self.name, message=f"stalled, {then}: {stall.message}")
+        self._stop_nodes(f"the job stalled ({stall.stuck.summary}); {then}")
+        if restart:
+            self.store.add_event(self.name, "Stalled", stall.message, type="Warning")
+            return f"stalled: {stall.message}"
+        spent = f"; no restarts left (maxRestarts {self.spec.max_restarts})" if self.spec.stall.action == "restart" else ""
+        self._finish(FAILED, "Stalled", stall.message + spent)  # its event is the Stalled event
+        return None
 
     def _settle_failure(self, failed: list[int]) -> str:
         until = time.monotonic() + FAILURE_SETTLE_SECONDS
@@ -483,6 +557,7 @@ class Supervisor:
             if isinstance(record, dict) and isinstance(record.get("time"), int | float):
                 records.append(record)
         self.store.add_metrics(self.name, records, offset=self.metrics_offset + len(complete))
+        self.watchdog.saw(record["time"] for record in records)
         self.metrics_offset += len(complete)
 
 

@@ -8,7 +8,13 @@ process) runs it before the user's code; it then loads the ``sitecustomize`` it 
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 #: The directory to put first on a node's ``PYTHONPATH``.
 SITE_DIR = str(Path(__file__).resolve().parent)
+#: Where each training process's stack dumps go (``rank-<RANK>-<pid>.txt``), and the signal that asks for one:
+#: a real-time signal, which no library that training scripts use takes for itself (SLURM jobs use SIGUSR1/2).
+STACKS_DIR_ENV = "TRAINJOB_STACKS_DIR"
+STACKS_SIGNAL_ENV = "TRAINJOB_STACKS_SIGNAL"
+STACKS_SIGNAL = signal.SIGRTMIN + 3

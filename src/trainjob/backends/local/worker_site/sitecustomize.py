@@ -8,9 +8,14 @@
   frames, each failed rank's traceback cut to its exception line (the rank printed the whole traceback just
   before), and a stop by signal (``SignalException``: the job is being stopped, suspended or deleted, or a peer
   node failed) as one line instead of a traceback that looks like a crash.
+- **A training process** also dumps the Python stacks of all its threads into
+  ``TRAINJOB_STACKS_DIR/rank-<RANK>-<pid>.txt`` when it gets ``TRAINJOB_STACKS_SIGNAL`` (:mod:`faulthandler`,
+  which writes from the signal handler itself, so a rank blocked in a C call answers too): what ``trainjob
+  stacks`` and the stall watchdog read (:mod:`trainjob.backends.local.stacks`).
 
-Processes the training process starts (data loader workers, subprocesses) are left alone. Costs nothing until an
-exception reaches the top: only ``os`` and ``sys`` are touched at start-up.
+Processes the training process starts (data loader workers, subprocesses) are left alone. Costs next to nothing
+at start-up: ``os`` and ``sys``, and for a training process ``faulthandler`` and ``signal`` (built in) and one
+open file.
 """
 
 import os
@@ -18,6 +23,7 @@ import sys
 
 _WORKER_MARK = "TRAINJOB_SITE_WORKER_PID"
 _NODE_MARK = "TRAINJOB_SITE_NODE_PID"
+_STACK_DUMP_FILE = None
 
 
 def _write_error_file(path, exc_type, exc, tb):
@@ -52,6 +58,20 @@ def _install_worker_hook(path):
         previous(exc_type, exc, tb)
 
     sys.excepthook = record_then_report
+
+
+def _register_stack_dumps(directory, signum):
+    import faulthandler
+
+    try:
+        os.makedirs(directory, exist_ok=True)
+        name = f"rank-{os.environ.get('RANK', 'x')}-{os.getpid()}.txt"
+        dump = open(os.path.join(directory, name), "w")  # noqa: SIM115 (open for the process's life)
+        faulthandler.register(int(signum), file=dump, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError):
+        return  # no dumps for this rank; training is not affected
+    global _STACK_DUMP_FILE
+    _STACK_DUMP_FILE = dump  # kept open for the process's life: faulthandler writes to its descriptor
 
 
 def _short_tracebacks(report):
@@ -121,6 +141,8 @@ def _main():
         if error_file and _WORKER_MARK not in env:
             env[_WORKER_MARK] = str(os.getpid())  # the processes it starts inherit the mark and are left alone
             _install_worker_hook(error_file)
+            if env.get("TRAINJOB_STACKS_DIR") and env.get("TRAINJOB_STACKS_SIGNAL"):
+                _register_stack_dumps(env["TRAINJOB_STACKS_DIR"], env["TRAINJOB_STACKS_SIGNAL"])
     elif _NODE_MARK not in env and "TRAINJOB_JOB_DIR" in env:
         env[_NODE_MARK] = str(os.getpid())
         _install_torchrun_hook()
