@@ -111,6 +111,9 @@ class Process:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+    #: What it was started with, so it can be started again the same way (:meth:`ControlPlane.restart`).
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -184,9 +187,22 @@ class ControlPlane:
                 env={**os.environ, **(env or {})},
                 cwd=self.root,
             )
-        process = Process(name, popen, log)
+        process = Process(name, popen, log, list(argv), env)
         self.processes[name] = process
         return process
+
+    def kill(self, name: str) -> None:
+        """SIGKILL component ``name`` (its whole process group), as a crash would; it stays down."""
+        process = self.processes[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.popen.pid, signal.SIGKILL)
+        process.popen.wait()
+
+    def start_again(self, name: str) -> Process:
+        """Start component ``name`` again with the arguments it first had: the same ports, data and certificates."""
+        old = self.processes[name]
+        assert not old.alive(), f"{name} still runs"
+        return self._spawn(name, old.argv, old.env)
 
     def _start_all(self, python_bin: str) -> None:
         bins = self.components["binaries"]
