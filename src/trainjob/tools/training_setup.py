@@ -58,6 +58,8 @@ class TrainingSetup:
     ``parallelize(..., cpu_offload=True)`` does (FSDP2's ``CPUOffloadPolicy``): the shard's parameters, gradients and
     optimizer states all live in host memory and the GPU holds only the blocks being computed. ``schedule`` is the
     pipeline schedule (``1F1B``, ``GPipe`` or ``Interleaved1F1B`` with 2 stages per rank) when ``pp > 1``.
+    ``sequence_parallel`` splits the layer norms' and dropouts' activations over the TP ranks along the sequence
+    (Megatron-LM's ``--sequence-parallel``), so ``seq`` must divide by ``tp``.
     """
 
     params: int | float | None = None
@@ -81,6 +83,7 @@ class TrainingSetup:
     flash_attention: bool = False
     schedule: str = "1F1B"
     cpu_offload: bool = False
+    sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
         errors = self._problems()
@@ -146,6 +149,8 @@ class TrainingSetup:
             )
         if self.heads is not None and self.heads % self.tp:
             fail("heads", f"must be divisible by tp ({self.tp}), got {self.heads}")
+        if self.sequence_parallel and self.seq is not None and self.seq % self.tp:
+            fail("seq", f"must be divisible by tp ({self.tp}) with sequence parallelism, got {self.seq}")
         if self.heads is not None and self.hidden is not None and self.hidden % self.heads:
             fail("hidden", f"must be divisible by heads ({self.heads}), got {self.hidden}")
         if self.global_batch is not None:

@@ -30,8 +30,10 @@ the next, and a block's full gradients (float32) exist until they are reduce-sca
 Activations per layer and micro-batch (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
 Models", 16-bit values, tensor parallelism without sequence parallelism): ``s·b·h·(10 + 24/t + 5·a·s/(h·t))``
 bytes, where the ``5·a·s/(h·t)`` term is the attention score matrices that fused attention kernels
-(FlashAttention, ``flash_attention=True``) never store; with full activation checkpointing only each layer's input (``2·s·b·h``) is kept, plus one layer's
-activations while it is recomputed. With a 1F1B pipeline the first stage holds ``min(pp, m)`` micro-batches of its
+(FlashAttention, ``flash_attention=True``) never store, and that Megatron-LM's selective recomputation recomputes.
+Sequence parallelism (``sequence_parallel=True``) splits the remaining ``10·s·b·h`` over the TP ranks too:
+``s·b·h·(34/t + 5·a·s/(h·t))``. With full activation checkpointing only each layer's input (``2·s·b·h``, ``/t``
+with sequence parallelism) is kept, plus one layer's activations while it is recomputed. With a 1F1B pipeline the first stage holds ``min(pp, m)`` micro-batches of its
 ``layers/pp`` layers; with GPipe all ``m``; interleaved 1F1B with ``v`` stages per rank ``(1 + (p-1)/(p·v))`` times
 1F1B's (Narayanan et al. 2021).
 
@@ -90,8 +92,9 @@ def _activation_bytes(setup: TrainingSetup) -> tuple[float, float] | None:
     assert s is not None and h is not None and a is not None and setup.layers is not None
     scale = setup.value_bytes / 2  # the formula counts 16-bit values
     attention_scores = 0 if setup.flash_attention else 5 * a * s / (h * t)
-    per_layer = s * b * h * (10 + 24 / t + attention_scores) * scale
-    layer_input = 2 * s * b * h * scale
+    split = (34 / t) if setup.sequence_parallel else (10 + 24 / t)
+    per_layer = s * b * h * (split + attention_scores) * scale
+    layer_input = 2 * s * b * h * scale / (t if setup.sequence_parallel else 1)
     m = setup.micro_batches or 1
     in_flight: float = m if setup.schedule == "GPipe" else min(setup.pp, m)
     v = setup.stages_per_rank
