@@ -75,8 +75,11 @@ def test_bad_stall_settings_are_refused_naming_where_they_came_from(job, runtime
     # not armed before the first report
     ([], StallPolicy(), 10_000.0, None),
     # derived: at least the floor ...
-    ([0.0, 1.0, 2.0], StallPolicy(), 302.0, None),
-    ([0.0, 1.0, 2.0], StallPolicy(), 302.5, (300.5, 300.0)),
+    ([0.0, 1.0, 2.0], StallPolicy(), 62.0, None),
+    ([0.0, 1.0, 2.0], StallPolicy(), 62.5, (60.5, 60.0)),
+    # ... and only once there is a pace: one report is not enough
+    ([5.0], StallPolicy(), 10_000.0, None),
+    ([5.0], StallPolicy(timeout=5.0), 10.5, (5.5, 5.0)),
     # ... else 10 x the longest interval between reports (a checkpoint at 100 -> 160 counts)
     ([0.0, 100.0, 160.0, 161.0], StallPolicy(), 1160.0, None),
     ([0.0, 100.0, 160.0, 161.0], StallPolicy(), 1162.0, (1001.0, 1000.0)),

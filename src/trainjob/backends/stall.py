@@ -9,7 +9,7 @@ Once armed, the job has stalled when no report came for longer than its limit (:
 =====================================  ==========================================================================
 ``trainjob/stall-timeout``             the limit
 =====================================  ==========================================================================
-not set                                10 x the longest interval between two reports so far, at least 300 s
+not set                                10 x the longest interval between two reports so far, at least 60 s
                                        (:data:`INTERVAL_FACTOR`, :data:`FLOOR_SECONDS`): checkpoints and
                                        evaluations that ran between reports raise it
 ``600``, ``90s``, ``10m``, ``1h30m``   exactly that, whatever the step times
@@ -42,8 +42,8 @@ job's message.
 (90.0, 'fail')
 >>> clock = ProgressClock()
 >>> clock.saw([100.0, 102.0, 103.0])
->>> clock.overdue(StallPolicy(), now=350.0) is None, clock.overdue(StallPolicy(), now=404.0)
-(True, (301.0, 300.0))
+>>> clock.overdue(StallPolicy(), now=160.0) is None, clock.overdue(StallPolicy(), now=164.0)
+(True, (61.0, 60.0))
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ __all__ = [
 ]
 
 #: The least limit derived from a job's own pace.
-FLOOR_SECONDS = 300.0
+FLOOR_SECONDS = 60.0
 #: A derived limit is this many times the longest interval seen between two reports.
 INTERVAL_FACTOR = 10.0
 STALL_ACTIONS = ("restart", "fail")
@@ -205,8 +205,9 @@ class ProgressClock:
 
     def overdue(self, policy: StallPolicy, now: float) -> tuple[float, float] | None:
         """``(seconds since the last report, the limit)`` once the job has been silent past its limit, else
-        ``None`` (not armed yet, not watched, or in time)."""
-        if self.last is None:
+        ``None`` (not armed yet, not watched, or in time). A limit derived from the job's pace needs two reports
+        (one interval) first: a job that reported once has shown no pace to hold it to."""
+        if self.last is None or (policy.timeout is None and self.longest is None):
             return None
         limit = policy.limit(self.longest)
         silent = now - self.last

@@ -120,3 +120,39 @@ def test_jobs_created_while_the_jobset_controller_is_down_start_when_it_returns(
     print(f"JobSet controller back: the job's pods running {running:.1f} s later")
     assert len(_created_events(k8s, namespace, "while-down")) == 1
     assert time.monotonic() - back < 360
+
+
+#: Reports progress through the status endpoint for a few steps, then stops making progress (a stuck data loader).
+STALLS = """
+import time
+from trainjob.torch import report
+for step in range(6):
+    report({"loss": 1.0 / (step + 1)}, step=step, total_steps=100)
+    time.sleep(1.0)
+time.sleep(600)
+"""
+
+
+def test_a_job_that_stops_reporting_progress_is_failed_as_stalled(k8s: TrainJobCluster, namespace: str) -> None:
+    """The watchdog on Kubernetes works from the progress the status endpoint receives (no log is read): past
+    ``trainjob/stall-timeout`` without a report the job fails with reason ``Stalled`` and its pods are stopped."""
+    k8s.create_job("stuck", namespace, annotations={"trainjob/stall-timeout": "10s"},
+                   trainer={"numNodes": 1, "command": [sys.executable, "-c", STALLS],
+                            "resourcesPerNode": {"requests": {"cpu": "100m"}}})
+    _until(lambda: (k8s.job("stuck", namespace).get("status") or {}).get("trainerStatus"), 120,
+           "a progress report", lambda: k8s.diagnostics("stuck", namespace))
+
+    def stalled() -> dict[str, Any] | None:
+        conditions = (k8s.job("stuck", namespace).get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == "Failed" and c["status"] == "True"), None)
+
+    took = _until(stalled, 120, "Failed as Stalled", lambda: k8s.diagnostics("stuck", namespace))
+    failed = stalled()
+    assert failed is not None and failed["reason"] == "Stalled", failed
+    assert "no progress for" in failed["message"] and "limit 10.0 s" in failed["message"], failed
+    print(f"stalled job failed {took:.1f} s after its first progress report showed (it reports for ~6 s)")
+    _until(lambda: k8s.jobset("stuck", namespace) is None and not k8s.pods("stuck", namespace), 60,
+           "the stuck job's JobSet and pods gone")
+    events = k8s.kubectl("get", "events", "-n", namespace, "--field-selector",
+                         "involvedObject.name=stuck,reason=Stalled", "-o", "json").stdout
+    assert len(json.loads(events)["items"]) == 1

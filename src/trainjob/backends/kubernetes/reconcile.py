@@ -67,6 +67,7 @@ from trainjob.backends.kubernetes.snapshot import SnapshotSigner, has_snapshot
 from trainjob.backends.kubernetes.status_server import StatusEndpoint, inject_status_client
 from trainjob.backends.kubernetes.ttl import ttl_remaining
 from trainjob.backends.kubernetes.views import trainer_pods
+from trainjob.backends.stall import ProgressClock, stall_policy
 from trainjob.constants import LAUNCH_ANNOTATION, TRAINER_NODE
 from trainjob.errors import AlreadyExistsError, NotFoundError, TrainJobError, ValidationError
 from trainjob.runtime import resolve
@@ -116,6 +117,8 @@ class Reconciler:
         self._announced: set[str] = set()
         #: When each job's status was last written (its pod counts are written at most every STATUS_SETTLE_SECONDS).
         self._written: dict[tuple[str, str], float] = {}
+        #: Each running job's progress reports as this process saw them (``trainerStatus.lastUpdatedTime``), by uid.
+        self._clocks: dict[str, ProgressClock] = {}
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """One pass over TrainJob ``namespace/name``; returns seconds until the next pass is due, if any."""
@@ -177,6 +180,14 @@ class Reconciler:
         if remaining is not None and remaining <= 0 and st.finished_condition(new) is None:
             self._fail_past_deadline(job, status, new, now)
             return None
+        if not suspend and st.finished_condition(new) is None and _trainer_started(jobset, trainer):
+            stall_in = self._watch_progress(job, status, new, now)
+            if stall_in is not None and stall_in <= 0:
+                return None  # stalled: failed, and its JobSet deleted
+            if stall_in is not None:
+                remaining = stall_in if remaining is None else min(remaining, stall_in)
+        else:
+            self._clocks.pop(job["metadata"].get("uid", ""), None)
         elastic = progress.is_elastic(jobset, trainer)
         if not suspend and _trainer_started(jobset, trainer) and (self.status_endpoint is None or elastic):
             new = self._observe_trainer(job, new, jobset, trainer)
@@ -529,6 +540,42 @@ class Reconciler:
         self._delete_children(namespace, name)
         self._write_status(namespace, name, old, st.failed(new, "DeadlineExceeded", message, now))
         self.api.post_event(job, "Warning", "DeadlineExceeded", message)
+
+    def _watch_progress(self, job: dict[str, Any], old: dict[str, Any], new: dict[str, Any],
+                        now: float) -> float | None:
+        """The stall watchdog (:mod:`trainjob.backends.stall`) from the progress that reaches the job's status
+        (pushed to the status endpoint, or read from node 0's log): seconds until the job would be overdue, ``None``
+        when it is not watched (no report yet, or ``trainjob/stall-timeout: off``); ``0`` after failing a stalled
+        job. On Kubernetes a stall fails the job (``Stalled``) and deletes its JobSet, whatever
+        ``trainjob/stall-action`` says; the ranks' stacks are not collected there."""
+        meta = job["metadata"]
+        try:
+            policy = stall_policy(meta.get("annotations"), max_restarts=1)
+        except ValidationError as exc:  # checked at submit by trainjob; a job made another way is told here
+            self._fail(job, old, "InvalidStallTimeout", f"{exc} (fix the annotation and create the job again)", now)
+            return 0.0
+        clock = self._clocks.setdefault(meta.get("uid", ""), ProgressClock())
+        stamp = (new.get("trainerStatus") or {}).get("lastUpdatedTime")
+        if isinstance(stamp, str):
+            try:
+                clock.saw([st.parse_timestamp(stamp)])
+            except ValueError:
+                log.warning("TrainJob %s/%s: unreadable trainerStatus.lastUpdatedTime %r", meta["namespace"],
+                            meta["name"], stamp)
+        overdue = clock.overdue(policy, now)
+        if overdue is None:
+            limit = policy.limit(clock.longest)
+            armed = clock.last is not None and (policy.timeout is not None or clock.longest is not None)
+            return clock.last + limit - now + 0.5 if armed and limit is not None and clock.last is not None else None
+        silent, limit = overdue
+        message = (f"no progress for {silent:.1f} s (limit {limit:.1f} s: {policy.explain(clock.longest)}): the job "
+                   "is stuck; its JobSet was deleted (the ranks' stacks are not collected on Kubernetes; run it "
+                   "locally with trainjob stacks to see them)")
+        self._clocks.pop(meta.get("uid", ""), None)
+        self._delete_children(meta["namespace"], meta["name"])
+        self._write_status(meta["namespace"], meta["name"], old, st.failed(new, "Stalled", message, now))
+        self.api.post_event(job, "Warning", "Stalled", message)
+        return 0.0
 
     def _delete_children(self, namespace: str, name: str) -> None:
         for ref in (JOBSETS, COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS):
