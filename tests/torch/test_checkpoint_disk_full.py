@@ -6,10 +6,8 @@ checkpoint the newest and loadable; or, when the job asks, skips the checkpoint 
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import json
-import os
 import re
 import sys
 import textwrap
@@ -18,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from jobtest.filesystems import small_tmpfs
 from torch import nn
 
 import trainjob.torch as tt
@@ -28,28 +27,11 @@ from trainjob.torch.checkpoint_failures import ON_DISK_FULL_ENV, available_bytes
 FILESYSTEM_BYTES = 10 << 20
 
 
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-    return libc
-
-
 @pytest.fixture
 def small_filesystem(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs of :data:`FILESYSTEM_BYTES` at a fresh directory, unmounted afterwards (needs root)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small filesystem needs root")
-    target = tmp_path / "small"
-    target.mkdir()
-    libc = _libc()
-    if libc.mount(b"tmpfs", bytes(target), b"tmpfs", 0, f"size={FILESYSTEM_BYTES}".encode()) != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {os.strerror(ctypes.get_errno())}")
-    try:
-        yield target
-    finally:
-        if libc.umount2(bytes(target), 0) != 0:  # still in use: detach it, so no mount outlives the test
-            libc.umount2(bytes(target), 2)  # MNT_DETACH
+    with small_tmpfs(tmp_path / "small", FILESYSTEM_BYTES) as mounted:
+        yield mounted
 
 
 def _trained(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
