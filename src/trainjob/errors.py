@@ -74,3 +74,12 @@ class DiskFullError(CheckpointError, OSError):
 
     def __reduce__(self) -> tuple[type[DiskFullError], tuple[str, int | None, int | None, str]]:
         return type(self), (self.filename, self.needed, self.free, self.sizes)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says a disk is full: an ``OSError`` with ``ENOSPC``, or SQLite's "database or disk is full"."""
+    import errno
+
+    if isinstance(exc, OSError):
+        return exc.errno == errno.ENOSPC
+    return type(exc).__module__ in ("sqlite3", "_sqlite3") and "disk is full" in str(exc)

@@ -228,15 +228,13 @@ def handle_errors(command: F) -> F:
 
 def disk_full_message(exc: BaseException) -> str | None:
     """What to tell the user when ``exc`` is a full disk under the local store (``ENOSPC``, or SQLite's "database
-    or disk is full"), else ``None``. SQLite rolls back the transaction that did not fit, so the store stays as it
-    was: nothing of the command was kept."""
-    import errno
+    or disk is full"), else ``None``. SQLite rolls back the transaction that did not fit, so the store stays
+    consistent."""
+    from trainjob.errors import is_disk_full
 
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        where = exc.filename or os.environ.get("TRAINJOB_HOME") or "~/.trainjob"
-    elif type(exc).__module__ in ("sqlite3", "_sqlite3") and "disk is full" in str(exc):
-        where = os.environ.get("TRAINJOB_HOME") or "~/.trainjob"
-    else:
+    if not is_disk_full(exc):
         return None
-    return (f"no space left on device: {where}; nothing of this command was kept (the job store is intact): free "
-            "some space (trainjob delete finished jobs, or set TRAINJOB_HOME to a larger disk) and try again")
+    where = getattr(exc, "filename", None) or os.environ.get("TRAINJOB_HOME") or "~/.trainjob"
+    return (f"no space left on device: {where}; the change that did not fit was not made (the job store keeps "
+            "each change whole): free some space (trainjob delete finished jobs, or set TRAINJOB_HOME to a larger "
+            "disk) and try again")

@@ -47,3 +47,37 @@ def test_a_full_disk_under_the_store_is_an_error_that_keeps_the_store_intact(
     (database,) = small_home.glob("*.db")
     with sqlite3.connect(database) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+#: Fills the disk under the job's logs, prints while it is full, frees it and prints once more; exits 0.
+FILLS_THE_DISK = """
+import os, sys, time
+filler = os.path.join(sys.argv[1], "filler")
+with open(filler, "wb") as out:
+    try:
+        while True:
+            out.write(b"\\0" * 65536)
+            out.flush()
+    except OSError:
+        pass
+for i in range(200):
+    print(f"while full {i}", flush=True)
+time.sleep(0.5)
+os.remove(filler)
+time.sleep(0.2)
+print("after", flush=True)
+"""
+
+
+def test_output_on_a_full_disk_is_dropped_without_stopping_training_and_said_once(
+    small_home: Path, local_jobs: Any, tmp_path: Path
+) -> None:
+    script = tmp_path / "fills.py"
+    script.write_text(FILLS_THE_DISK)
+    ran = CliRunner().invoke(cli, ["run", "--name", "fills", "--detach", str(script), "--", str(small_home)])
+    assert ran.exit_code == 0, ran.output
+    job = local_jobs.wait_for_job_status("fills", {types.COMPLETE, types.FAILED}, timeout=120)
+    assert job.status == types.COMPLETE, job
+    text = "\n".join(line.text for line in local_jobs.logs("fills"))
+    assert text.count("of output were dropped here: no space left on device") == 1, text[-3000:]
+    assert "after" in text

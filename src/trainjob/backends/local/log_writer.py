@@ -169,6 +169,11 @@ class NodeLogWriter:
         self.size += len(data)
         self._at_line_start = data.endswith(b"\n")
 
+    @property
+    def at_line_start(self) -> bool:
+        """Whether the last write ended a line."""
+        return self._at_line_start
+
     def mark_stop(self) -> None:
         """Write the stop line (with the reason the supervisor gave) before the node is stopped on request."""
         line = STOP_MARKER.format(node=self.node, reason=_stop_reason(self.job_dir))

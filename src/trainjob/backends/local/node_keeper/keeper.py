@@ -88,6 +88,8 @@ class Keeper:
         self.workers: dict[int, dict[str, Any]] = {}
         self.worker_fds: dict[int, int] = {}
         self.lost_output = 0
+        #: Output dropped since the log last took a write (a full disk), not yet noted in the log.
+        self.unreported_loss = 0
         self.stop_requested = False
         self.stop_deadline: float | None = None
         self.killed = False
@@ -155,6 +157,9 @@ class Keeper:
         ended = self.node_ended or time.time()
         self._stop_leftovers()
         self._drain_output()
+        if self.unreported_loss:
+            with contextlib.suppress(OSError):
+                self.log.write(self._loss_line())
         self.log.close()
         self.copies.empty()
         self._write_exit(self.node.returncode, ended)
@@ -167,9 +172,13 @@ class Keeper:
         data = os.read(self.output, _READ_BYTES)
         if data:
             try:
+                if self.unreported_loss:  # the disk has room again: say what is missing, once, where it is missing
+                    self.log.write(self._loss_line())
+                    self.unreported_loss = 0
                 self.log.write(data)
             except OSError as exc:  # a full disk must not stop training: the output is dropped instead
                 self.lost_output += len(data)
+                self.unreported_loss += len(data)
                 if self.lost_output == len(data):
                     _note(self.index, f"cannot write the node's log ({exc}); dropping output")
             return True
@@ -177,6 +186,11 @@ class Keeper:
             self.output_open = False
             self.poller.unregister(self.output)
         return False
+
+    def _loss_line(self) -> bytes:
+        lead = b"" if self.log.at_line_start else b"\n"
+        return lead + (f"[trainjob] node-{self.index}: {self.unreported_loss} bytes of output were dropped here: "
+                       "no space left on device for the log\n").encode()
 
     def _drain_output(self) -> None:
         deadline = time.monotonic() + 1.0

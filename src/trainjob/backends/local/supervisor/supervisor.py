@@ -57,9 +57,11 @@ from trainjob.backends.local.supervisor.failures import node_failures, pick_root
 from trainjob.backends.local.supervisor.nodes import NodeHandle
 from trainjob.backends.local.supervisor.watchdog import Stall, StallWatchdog
 from trainjob.constants import COMPLETE, CREATED, FAILED, QUEUED, RUNNING, SUSPENDED
-from trainjob.errors import NotFoundError
+from trainjob.errors import NotFoundError, is_disk_full
 
 POLL_SECONDS = 0.05
+#: How long a store write that met a full disk waits before it is tried again.
+DISK_FULL_RETRY_SECONDS = 1.0
 #: After the first node fails, how long to wait for the others' own reports before choosing the root cause.
 FAILURE_SETTLE_SECONDS = 1.5
 #: How long stopped keepers get to stop their nodes (they SIGKILL what is left after their own grace).
@@ -74,6 +76,8 @@ class Supervisor:
 
     def __init__(self, store: Store, name: str, replacing: bool = False) -> None:
         self.store = store
+        #: Whether the supervisor's log already says the store's disk is full.
+        self.disk_full_noted = False
         self.name = name
         self.replacing = replacing
         self.job_dir = store.job_dir(name)
@@ -503,9 +507,17 @@ class Supervisor:
 
     def _record_exit(self, index: int, code: int) -> None:
         if index not in self.recorded:
+            finished = time.time()
+            while True:
+                try:
+                    self.store.set_node(self.name, index, status="Succeeded" if code == 0 else "Failed",
+                                        exit_code=code, finished=finished)
+                    break
+                except Exception as exc:
+                    if not is_disk_full(exc):
+                        raise
+                    self._wait_for_space(exc)
             self.recorded.add(index)
-            self.store.set_node(self.name, index, status="Succeeded" if code == 0 else "Failed", exit_code=code,
-                                finished=time.time())
 
     def _stop_nodes(self, reason: str = "stop requested") -> None:
         running = [node for node in self.nodes if node.poll() is None]
@@ -527,10 +539,28 @@ class Supervisor:
             self.store.set_node(self.name, node.index, status="Stopped", exit_code=node.code, finished=time.time())
 
     def _finish(self, status: str, reason: str, message: str) -> None:
-        with self.store.transaction():  # the status and its event: one write
-            if self.store.transition(self.name, status, reason, message, from_statuses=ACTIVE_STATUSES,
-                                     finished=time.time(), request=None):
-                self.store.add_event(self.name, reason, message, type="Normal" if status == COMPLETE else "Warning")
+        finished = time.time()
+        while True:
+            try:
+                with self.store.transaction():  # the status and its event: one write
+                    if self.store.transition(self.name, status, reason, message, from_statuses=ACTIVE_STATUSES,
+                                             finished=finished, request=None):
+                        self.store.add_event(self.name, reason, message,
+                                             type="Normal" if status == COMPLETE else "Warning")
+                return
+            except Exception as exc:  # the outcome is kept until the disk has room for it
+                if not is_disk_full(exc):
+                    raise
+                self._wait_for_space(exc)
+
+    def _wait_for_space(self, exc: BaseException) -> None:
+        """A store write met a full disk: say so (once), then wait a moment before it is tried again. The nodes
+        train on meanwhile; nothing is lost but output the disk had no room for."""
+        if not self.disk_full_noted:
+            self.disk_full_noted = True
+            print(f"{time.strftime('%H:%M:%S')} the job store's disk is full ({exc}); its state is written once "
+                  "there is room again, and training goes on meanwhile", file=sys.stderr, flush=True)
+        time.sleep(DISK_FULL_RETRY_SECONDS)
 
     def _suspend_requested(self) -> bool:
         request = self.store.get_request(self.name)
@@ -556,7 +586,13 @@ class Supervisor:
                 continue
             if isinstance(record, dict) and isinstance(record.get("time"), int | float):
                 records.append(record)
-        self.store.add_metrics(self.name, records, offset=self.metrics_offset + len(complete))
+        try:
+            self.store.add_metrics(self.name, records, offset=self.metrics_offset + len(complete))
+        except Exception as exc:  # no room for them now: read them again at the next look
+            if not is_disk_full(exc):
+                raise
+            self._wait_for_space(exc)
+            return
         self.watchdog.saw(record["time"] for record in records)
         self.metrics_offset += len(complete)
 

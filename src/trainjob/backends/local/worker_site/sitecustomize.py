@@ -13,6 +13,10 @@
   which writes from the signal handler itself, so a rank blocked in a C call answers too): what ``trainjob
   stacks`` and the stall watchdog read (:mod:`trainjob.backends.local.stacks`).
 
+- **A training process** whose output meets a full disk (torchrun writes each rank's output into a file under the
+  job's logs) drops that output instead of dying of it (``print`` raising ``ENOSPC`` would end the training), and
+  once the disk has room again says, once, how much went missing.
+
 Processes the training process starts (data loader workers, subprocesses) are left alone. Costs next to nothing
 at start-up: ``os`` and ``sys``, and for a training process ``faulthandler`` and ``signal`` (built in) and one
 open file.
@@ -134,6 +138,37 @@ def _load_shadowed_sitecustomize():
         sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}\n")
 
 
+class _DropWhenFull:
+    """A text stream that swallows a full disk's ``ENOSPC`` (the output is dropped) and is otherwise the stream."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._dropped = 0
+
+    def write(self, text):
+        try:
+            if self._dropped:  # room again: say once what is missing, where it is missing
+                self._stream.write(f"[trainjob] {self._dropped} characters of output were dropped here: no space "
+                                   "left on device for the log\n")
+                self._dropped = 0
+            return self._stream.write(text)
+        except OSError as exc:
+            if exc.errno != 28:  # ENOSPC
+                raise
+            self._dropped += len(text)
+            return len(text)
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            if exc.errno != 28:
+                raise
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def _main():
     env = os.environ
     error_file = env.get("TORCHELASTIC_ERROR_FILE")
@@ -143,6 +178,8 @@ def _main():
             _install_worker_hook(error_file)
             if env.get("TRAINJOB_STACKS_DIR") and env.get("TRAINJOB_STACKS_SIGNAL"):
                 _register_stack_dumps(env["TRAINJOB_STACKS_DIR"], env["TRAINJOB_STACKS_SIGNAL"])
+            if sys.stdout is not None and sys.stderr is not None:
+                sys.stdout, sys.stderr = _DropWhenFull(sys.stdout), _DropWhenFull(sys.stderr)
     elif _NODE_MARK not in env and "TRAINJOB_JOB_DIR" in env:
         env[_NODE_MARK] = str(os.getpid())
         _install_torchrun_hook()
