@@ -9,6 +9,12 @@ same batches; each data-parallel replica reads its share of every global batch::
     torchrun --nproc-per-node 4 examples/gpt_3d.py --tp 2 --dp-shard 2 --checkpoint-dir /tmp/gpt
     torchrun --nproc-per-node 4 examples/gpt_3d.py --dp-shard 4 --checkpoint-dir /tmp/gpt --steps 60   # resumes
 
+The parallel sizes, batch sizes and model shape also go by Megatron-LM's flag names, meaning what they mean there
+(and in ``trainjob check`` / ``trainjob plan --megatron-args``, whose layout rules this example applies too)::
+
+    torchrun --nproc-per-node 8 examples/gpt_3d.py --tensor-model-parallel-size 2 \\
+        --pipeline-model-parallel-size 2 --micro-batch-size 2 --global-batch-size 16 --bf16
+
 On CUDA it also prints tokens/s and the model FLOPs utilisation (MFU) against the GPU's dense bf16 peak.
 """
 
@@ -21,6 +27,7 @@ import time
 import torch
 
 import trainjob.torch as tt
+from trainjob.tools.megatron import MegatronArgs, layout_problems
 from trainjob.torch.parallel import SCHEDULES, ParallelDims, PipelineConfig, parallelize
 from trainjob.torch.parallel.gpt import GPT, GPTConfig, transformer_flops_per_token
 
@@ -28,30 +35,68 @@ from trainjob.torch.parallel.gpt import GPT, GPTConfig, transformer_flops_per_to
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
+    parser.add_argument("--tp", "--tensor-model-parallel-size", dest="tp", type=int, default=1,
+                        help="tensor-parallel degree")  # fmt: skip
+    parser.add_argument("--pp", "--pipeline-model-parallel-size", dest="pp", type=int, default=1,
+                        help="pipeline-parallel degree")  # fmt: skip
     parser.add_argument("--dp-replicate", type=int, default=1, help="replicated data-parallel degree (HSDP)")
     parser.add_argument("--dp-shard", type=int, default=-1, help="sharded data-parallel degree; -1: the rest")
     parser.add_argument("--zero-stage", type=int, default=3, choices=[0, 1, 2, 3])
     parser.add_argument("--schedule", default="1F1B", choices=list(SCHEDULES))
     parser.add_argument("--microbatches", type=int, default=None, help="default: the number of stages")
+    parser.add_argument("--micro-batch-size", type=int, default=None,
+                        help="sequences per micro-batch on one data-parallel rank: microbatches = batch / (this × dp)")
     parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument("--mixed-precision", choices=["bf16", "fp16"], default=None)
+    parser.add_argument("--bf16", "--fp16", dest="mixed_precision", action=_Precision, nargs=0,
+                        help="the same as --mixed-precision bf16 / fp16")
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--batch-size", type=int, default=16, help="global batch, in sequences")
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch-size", "--global-batch-size", dest="batch_size", type=int, default=16,
+                        help="global batch, in sequences")
+    parser.add_argument("--seq-len", "--seq-length", dest="seq_len", type=int, default=64)
+    parser.add_argument("--dim", "--hidden-size", dest="dim", type=int, default=64)
+    parser.add_argument("--heads", "--num-attention-heads", dest="heads", type=int, default=4)
+    parser.add_argument("--layers", "--num-layers", dest="layers", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping threshold")
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--checkpoint-dir", default=None, help="resume from and save to this directory")
     parser.add_argument("--save-every", type=int, default=20)
-    return parser.parse_args()
+    return parser.parse_args(argv)
+
+
+class _Precision(argparse.Action):
+    """``--bf16`` / ``--fp16`` (Megatron-LM's switches) set ``mixed_precision`` to the flag's name."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        setattr(namespace, self.dest, option_string.lstrip("-"))
+
+
+def check_layout(args: argparse.Namespace, world_size: int, procs_per_node: int) -> int | None:
+    """Exit naming the flag when Megatron-LM's layout rules refuse the sizes (the rules ``trainjob check`` applies);
+    the micro-batches per step that ``--micro-batch-size`` gives, else ``--microbatches``."""
+    layout = MegatronArgs(tp=args.tp, pp=args.pp, layers=args.layers, hidden=args.dim, heads=args.heads,
+                          seq=args.seq_len, micro_batch=args.micro_batch_size, global_batch=args.batch_size,
+                          sequence_parallel=args.sequence_parallel)  # fmt: skip
+    problems = layout_problems(layout, world_size, procs_per_node)
+    if problems:
+        raise SystemExit("\n".join(f"{p.message}\n  fix: {p.fix}" for p in problems))
+    if args.micro_batch_size is None:
+        return args.microbatches
+    dp = world_size // (args.tp * args.pp)
+    microbatches = args.batch_size // (args.micro_batch_size * dp)
+    if args.microbatches not in (None, microbatches):
+        raise SystemExit(f"--microbatches {args.microbatches} disagrees with --micro-batch-size {args.micro_batch_size}"
+                         f" (--global-batch-size {args.batch_size} / ({args.micro_batch_size} × dp {dp}) = "
+                         f"{microbatches}); give one of them")  # fmt: skip
+    if args.pp == 1 and microbatches > 1:
+        raise SystemExit(f"--micro-batch-size {args.micro_batch_size}: without pipeline parallelism this example runs "
+                         f"a replica's {args.batch_size // dp} sequences as one micro-batch; use --micro-batch-size "
+                         f"{args.batch_size // dp}, or --pipeline-model-parallel-size > 1")  # fmt: skip
+    return microbatches
 
 
 def arithmetic_text(n_sums: int, seed: int = 0) -> torch.Tensor:
@@ -84,6 +129,7 @@ def peak_flops(device: torch.device) -> float | None:
 def main() -> None:
     args = parse_args()
     ctx = tt.init()
+    microbatches = check_layout(args, ctx.world_size, ctx.local_world_size)
     dims = ParallelDims(args.dp_replicate, args.dp_shard, args.tp, args.pp, ctx.world_size)
     tt.print0(dims.layout())
     cfg = GPTConfig(
@@ -100,7 +146,7 @@ def main() -> None:
         activation_checkpointing=args.activation_checkpointing,
         zero_stage=args.zero_stage,
         sequence_parallel=args.sequence_parallel,
-        pipeline=PipelineConfig(schedule=args.schedule, microbatches=args.microbatches),
+        pipeline=PipelineConfig(schedule=args.schedule, microbatches=microbatches),
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     checkpointer = tt.Checkpointer(args.checkpoint_dir, keep_last=2) if args.checkpoint_dir else None

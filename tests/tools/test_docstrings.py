@@ -15,6 +15,7 @@ MODULES = [
     "trainjob.tools.sizing.communication",
     "trainjob.tools.sizing.report",
     "trainjob.tools.checker",
+    "trainjob.tools.megatron",
 ]
 
 

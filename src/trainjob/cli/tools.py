@@ -5,6 +5,8 @@
         --tp 8 --pp 4 --gpus 8 --nodes 8 --dtype fp16 -o json
     trainjob plan --auto --params 70B --gpus 8 --nodes 8 --gpu-memory 80GB --bandwidth intra=300GB/s,inter=25GB/s
     trainjob plan --ds-config ds_config.json --params 7B --gpus 8 --nodes 4 --gpu-memory 80GB
+    trainjob plan --megatron-args "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 ..." \\
+        --gpus 8 --nodes 64 --gpu-memory 80Gi
     trainjob check train.py
     trainjob bench collectives --op all_reduce --nproc 2 --min-bytes 1K --max-bytes 1M
 
@@ -114,15 +116,24 @@ _AUTO_CHOOSES = {"zero": 0, "tp": 1, "pp": 1, "micro_batch": 1, "micro_batches":
     "--ds-config", type=click.Path(dir_okay=False, path_type=Path),
     help="DeepSpeed ds_config.json: ZeRO stage, offload, precision, optimizer and batch sizes come from it.",
 )  # fmt: skip
+@click.option(
+    "--megatron-args",
+    help="A Megatron-LM pretrain_gpt.py command line (or just its flags): layout, shape, batch and precision come "
+    "from it.",
+)
 @click.option("--gpu-tflops", type=float, default=312.0, show_default=True, help="--auto: dense peak per GPU.")
 @click.option("--host-memory", help="--auto: host memory per node for CPU offload (default 2TB).")
 @click.option("--top", type=int, default=5, show_default=True, help="--auto: layouts to print.")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def plan(
     params: str | None, gpu_memory: str | None, bandwidth: tuple[str, ...], output: str, auto: bool,
-    gpu_tflops: float, host_memory: str | None, top: int, ds_config: Path | None, **fields: Any,
+    gpu_tflops: float, host_memory: str | None, top: int, ds_config: Path | None, megatron_args: str | None,
+    **fields: Any,
 ) -> None:  # fmt: skip
     """Estimate per-GPU memory and per-step communication of a training run, or (--auto) find the best layouts."""
+    if megatron_args is not None:
+        _plan_megatron(megatron_args, params, gpu_memory, bandwidth, output, fields)
+        return
     if auto and ds_config is None:
         _search_layouts(params, gpu_memory, bandwidth, output, gpu_tflops, host_memory, top, fields)
         return
@@ -183,6 +194,76 @@ def _ds_config_setup(path: Path, params: float | None, fields: dict[str, Any], g
     for warning in caught:
         note(f"warning: {warning.message}")
     return result
+
+
+# TrainingSetup fields a Megatron-LM command line sets: given with --megatron-args they are refused.
+_MEGATRON_SETS = ("tp", "pp", "layers", "hidden", "heads", "seq", "micro_batch", "micro_batches", "global_batch",
+                  "dtype", "zero", "optimizer", "schedule", "activation_checkpointing", "flash_attention", "offload",
+                  "cpu_offload")  # fmt: skip
+
+
+def _plan_megatron(
+    text: str, params: str | None, gpu_memory: str | None, bandwidth: tuple[str, ...], output: str,
+    fields: dict[str, Any],
+) -> None:  # fmt: skip
+    """``plan --megatron-args``: the planner's estimate for the layout a Megatron-LM command line describes."""
+    import shlex
+
+    from trainjob.tools.megatron import ASSUMPTIONS, find_megatron_launch, megatron_setup, parse_megatron_args
+
+    given = click.get_current_context().get_parameter_source
+    try:
+        for name in (*_MEGATRON_SETS, "ds_config", "auto", "gpu_tflops", "host_memory", "top"):
+            if given(name) == click.core.ParameterSource.COMMANDLINE:
+                raise ValidationError(name, "comes from --megatron-args or does not apply to it; leave it out")
+        try:
+            tokens = shlex.split(text, comments=True)
+        except ValueError as exc:
+            raise ValidationError("megatron_args", f"cannot be split like a shell line: {exc}") from None
+        launch = find_megatron_launch(tokens)
+        try:
+            args = parse_megatron_args(launch.args if launch else tokens)
+            setup = megatron_setup(args, gpus=fields["gpus"], nodes=fields["nodes"], vocab=fields["vocab"],
+                                   params=parse_count(params, field="params") if params else None)  # fmt: skip
+        except ValidationError as exc:
+            # Name the Megatron-LM flag after --megatron-args: "--megatron-args: --num-layers: must be ...".
+            raise ValidationError.combine([
+                ValidationError("megatron_args", f"{e.path}: {e.message}" if e.path else e.message)
+                for e in exc.errors
+            ]) from None
+        capacity = parse_bytes(gpu_memory, field="gpu_memory") if gpu_memory else None
+        intra, inter = _links(bandwidth)
+    except ValidationError as exc:
+        _fail(exc)
+    from trainjob.tools.sizing.report import estimate_tables, estimate_to_dict
+
+    memory, comm = estimate_memory(setup), estimate_communication(setup, intra, inter)
+    if output == "json":
+        data = estimate_to_dict(memory, comm, capacity)
+        data["megatron"] = {"args": {k: v for k, v in vars(args).items() if k != "unresolved"},
+                            "assumptions": list(ASSUMPTIONS)}  # fmt: skip
+        click.echo(json.dumps(data, indent=2))
+        return
+    recompute = {"selective": "selective recomputation", "full": "full recomputation", None: "no recomputation"}
+    layout = (
+        f"Megatron-LM: tp {args.tp} × pp {args.pp} × dp {setup.dp} on {setup.world_size} GPUs, "
+        f"{setup.micro_batches} micro-batches of {setup.micro_batch} per step, {args.dtype}, "
+        f"{'distributed optimizer (ZeRO-1)' if args.distributed_optimizer else 'optimizer states on every dp rank'}, "
+        f"{'sequence parallel' if args.sequence_parallel else 'no sequence parallel'}, {recompute[args.recompute]}"
+        + (", flash attention" if args.flash_attention else "")
+    )
+    console = rich.get_console()
+    console.print(layout, soft_wrap=True, markup=False)
+    console.print("assumptions:\n" + "\n".join(f"  - {line}" for line in ASSUMPTIONS) + "\n", markup=False)
+    rich.print(estimate_tables(memory, comm, capacity))
+    if capacity is not None:
+        fits, gib = memory.total <= capacity, 2**30
+        console.print(
+            f"{'fits' if fits else 'does not fit'}: {memory.total / gib:.1f} GiB per GPU "
+            f"({memory.model_states / gib:.1f} GiB model states + {(memory.total - memory.model_states) / gib:.1f} "
+            f"GiB activations) {'within' if fits else 'over'} {capacity / gib:.0f} GiB",
+            style="green" if fits else "red", markup=False, soft_wrap=True,
+        )  # fmt: skip
 
 
 def _search_layouts(

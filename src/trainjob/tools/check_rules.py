@@ -20,11 +20,13 @@ TJ014  device-from-global-rank         error    ``set_device(rank)``: the global
 TJ015  nccl-env-on-cpu-job             warning  manifest: ``NCCL_*`` variables on a job without GPUs (it uses gloo)
 TJ016  ib-disabled-with-rdma           warning  manifest: ``NCCL_IB_DISABLE=1`` with RDMA devices requested
 TJ017  no-dev-shm-on-multi-gpu         error    manifest: several GPUs per node, no memory-backed ``/dev/shm``
+TJ018  megatron-layout                 error    manifest: a Megatron-LM ``pretrain_gpt.py`` layout that does not fit the
+                                                job's world size, or a flag value it refuses
 =====  ==============================  =======  ========================================================
 
 Rules about ranks (TJ003-TJ005, TJ008, TJ010, TJ012) apply only to scripts that use torch.distributed, DDP, FSDP or
-trainjob.torch. TJ015-TJ017 (:data:`MANIFEST_RULES`) apply to manifests (``trainjob check job.yaml``):
-:mod:`trainjob.runtime.nccl`.
+trainjob.torch. TJ015-TJ018 (:data:`MANIFEST_RULES`) apply to manifests (``trainjob check job.yaml``):
+:mod:`trainjob.runtime.nccl` and :mod:`trainjob.tools.megatron`.
 """
 
 from __future__ import annotations
@@ -288,6 +290,44 @@ def _nccl_rule(rule_id: str) -> Callable[[Any], Iterator[tuple[str, str, str]]]:
     return find
 
 
+def megatron_layout(plan: Any) -> Iterator[tuple[str, str, str]]:
+    """The trainer's Megatron-LM launch checked against ``numNodes × numProcPerNode`` (:mod:`trainjob.tools.megatron`)."""
+    from trainjob.errors import ValidationError
+    from trainjob.tools.megatron import (
+        accepted_values,
+        find_megatron_launch,
+        layout_problems,
+        parse_megatron_args,
+    )
+
+    container = plan.trainer().container()
+    launch = find_megatron_launch([*container.command, *container.args])
+    if launch is None:
+        return
+    if launch.broken_continuations:
+        line, more = launch.broken_continuations[0], len(launch.broken_continuations) - 1
+        yield (
+            line.split()[0],
+            f"{launch.script}: the line '{line}' ends in a backslash followed by spaces"
+            + (f" ({more} more lines do too)" if more else "")
+            + ", so the shell ends the command there: the flags on the lines after it never reach the script",
+            "put the backslash last on the line, and comments on lines of their own",
+        )
+    try:
+        args = parse_megatron_args(launch.args, container.env_dict())
+    except ValidationError as exc:
+        for error in exc.errors:
+            yield (
+                error.path,
+                f"{launch.script}: {error.path}: {error.message}",
+                f"give {error.path} {accepted_values(error.path)}: Megatron-LM stops at start-up on anything else",
+            )
+        return
+    world_size = plan.num_nodes * plan.num_proc_per_node
+    for problem in layout_problems(args, world_size, plan.num_proc_per_node):
+        yield problem.flag, f"{launch.script}: {problem.message}", problem.fix
+
+
 RULES: tuple[Rule, ...] = (
     Rule("TJ001", "sampler-without-set-epoch", "error", sampler_without_set_epoch),
     Rule("TJ002", "shuffle-with-sampler", "error", shuffle_with_sampler),
@@ -310,4 +350,5 @@ MANIFEST_RULES: tuple[Rule, ...] = (
     Rule("TJ015", "nccl-env-on-cpu-job", "warning", _nccl_rule("TJ015"), applies_to="manifest"),
     Rule("TJ016", "ib-disabled-with-rdma", "warning", _nccl_rule("TJ016"), applies_to="manifest"),
     Rule("TJ017", "no-dev-shm-on-multi-gpu", "error", _nccl_rule("TJ017"), applies_to="manifest"),
+    Rule("TJ018", "megatron-layout", "error", megatron_layout, applies_to="manifest"),
 )
