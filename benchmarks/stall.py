@@ -1,0 +1,144 @@
+"""The stall watchdog, measured on real jobs of the local backend: how long after a rank gets stuck the job is caught,
+and whether the stuck rank is the one named.
+
+Each trial is a 2-node job (one process per node, gloo) that reports every ``--step-seconds`` (0.1 s: the issue's
+pace); at step 12 rank 1 gets stuck in one of three ways, in turn:
+
+- ``loader``: its data loader's ``__getitem__`` blocks (a stuck mount);
+- ``sleep``: the training loop sleeps (a hung call outside any collective);
+- ``skip``: rank 1 skips the ``all_reduce`` its peer waits in and waits in a ``barrier`` instead (a
+  rank-dependent branch around a collective).
+
+Every trial checks the ``Stalled`` event names rank 1 (``rank 1 is ...``) and measures, from the job's own last
+progress report, the seconds until the watchdog fired (the figure in the message) and until the job was Failed.
+``--trials`` of them use ``trainjob/stall-timeout: --timeout``; ``--default-trials`` more run with no annotation,
+so the limit is derived from the job's pace (the floor: 60 s)::
+
+    python benchmarks/stall.py --trials 9 --default-trials 1 --json /tmp/stall.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+from compare import report
+
+KINDS = ("loader", "sleep", "skip")
+
+SCRIPT = """
+import os, sys, time
+import torch, torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+import trainjob.torch as tt
+
+KIND, STEP_SECONDS, STALL_STEP, TOTAL = sys.argv[1], float(sys.argv[2]), 12, 100_000
+
+class Batches(Dataset):
+    def __len__(self):
+        return TOTAL
+    def __getitem__(self, index):
+        if KIND == "loader" and index + 1 == STALL_STEP and dist.get_rank() == 1:
+            time.sleep(3600)  # blocked in the data loader
+        return torch.ones(4)
+
+ctx = tt.init()
+for step, batch in enumerate(DataLoader(Batches(), batch_size=1), start=1):
+    if step == STALL_STEP and dist.get_rank() == 1:
+        if KIND == "sleep":
+            time.sleep(3600)  # hung outside any collective
+        if KIND == "skip":
+            dist.barrier()  # skipped the all_reduce its peer waits in
+            time.sleep(3600)
+    dist.all_reduce(batch)
+    tt.report({"loss": 1.0 / step}, step=step)
+    time.sleep(STEP_SECONDS)
+"""
+
+
+def trial(backend: Any, workdir: Path, index: int, kind: str, step_seconds: float, timeout: str | None) -> dict[str, Any]:
+    from trainjob.api import TrainJob
+
+    name = f"stall-{index}-{kind}"
+    script = workdir / "stall_train.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    job = TrainJob.from_dict({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": name, **({"annotations": {"trainjob/stall-timeout": timeout}} if timeout else {})},
+        "spec": {"runtimeRef": {"name": "torch-distributed"},
+                 "trainer": {"numNodes": 2, "numProcPerNode": 1,
+                             "command": ["torchrun", str(script), kind, str(step_seconds)]}},
+    })
+    backend.apply(job)
+    deadline = time.monotonic() + 300
+    while backend.store.get_job(name)["status"] not in ("Failed", "Complete"):
+        if time.monotonic() > deadline:
+            backend.delete_job(name)
+            return {"kind": kind, "limit": timeout or "derived", "named_rank_1": False, "caught_after_s": None,
+                    "failed_after_s": None, "message": "not caught in 300 s"}
+        time.sleep(0.2)
+    row = backend.store.get_job(name)
+    events = [e for e in backend.get_job_events(name) if e.reason == "Stalled"]
+    metrics = (backend.store.job_dir(name) / "metrics.jsonl").read_text().splitlines()
+    last_report = json.loads(metrics[-1])["time"]
+    message = events[0].message if events else row["message"]
+    silent = re.match(r"no progress for ([0-9.]+) s ", message or "")
+    result = {
+        "kind": kind,
+        "limit": timeout or "derived",
+        "named_rank_1": bool(events) and "rank 1 is " in message and "rank 0 is " not in message,
+        "caught_after_s": float(silent[1]) if silent else None,
+        "failed_after_s": (row["finished"] - last_report) if row.get("finished") else None,
+        "message": message,
+    }
+    backend.delete_job(name)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=9, help="trials with an explicit stall-timeout (default 9)")
+    parser.add_argument("--default-trials", type=int, default=1,
+                        help="trials with the derived limit (each takes about a minute; default 1)")
+    parser.add_argument("--timeout", default="5s", help="the explicit trainjob/stall-timeout (default 5s)")
+    parser.add_argument("--step-seconds", type=float, default=0.1, help="the jobs' pace (default 0.1)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"which stalls, in turn (default {','.join(KINDS)})")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+
+    from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
+
+    with tempfile.TemporaryDirectory() as tmp:
+        backend = LocalBackend(LocalProcessBackendConfig(home=Path(tmp) / "home"))
+        kinds = args.kinds.split(",")
+        plan = [(kinds[i % len(kinds)], args.timeout) for i in range(args.trials)]
+        plan += [(kinds[i % len(kinds)], None) for i in range(args.default_trials)]
+        results = [trial(backend, Path(tmp), i, kind, args.step_seconds, timeout)
+                   for i, (kind, timeout) in enumerate(plan)]
+
+    def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        caught = [r["caught_after_s"] for r in rows if r["caught_after_s"] is not None]
+        failed = [r["failed_after_s"] for r in rows if r["failed_after_s"] is not None]
+        return {"trials": len(rows), "named_correctly": sum(r["named_rank_1"] for r in rows),
+                "caught_after_s_median": statistics.median(caught) if caught else None,
+                "failed_after_s_median": statistics.median(failed) if failed else None,
+                "failed_after_s_max": max(failed) if failed else None}
+
+    report({
+        "step_seconds": args.step_seconds,
+        "explicit_timeout": {"timeout": args.timeout, **summary([r for r in results if r["limit"] != "derived"])},
+        "derived_limit": summary([r for r in results if r["limit"] == "derived"]),
+        "trials": results,
+    }, args.json)
+
+
+if __name__ == "__main__":
+    main()
