@@ -92,7 +92,7 @@ BAD_INPUT = [
         "unknown_runtime",
         {"runtime": "torch-distribute"},
         "error: {path}: TrainJob mnist: ClusterTrainingRuntime 'torch-distribute' not found; known "
-        "ClusterTrainingRuntimes: deepspeed-distributed, mpi-distributed, torch-distributed, "
+        "ClusterTrainingRuntimes: deepspeed-distributed, mpi-distributed, ray-distributed, torch-distributed, "
         "torch-distributed-volcano",
     ),
     ("zero_nodes", {"num_nodes": 0}, "error: {path}: spec.trainer.numNodes: must be >= 1, got 0"),

@@ -14,7 +14,8 @@ NODE_ONLY = {"template": {"spec": {"replicatedJobs": [{"name": "node", "template
 def test_the_builtin_runtimes_are_torch_distributed_with_and_without_volcano():
     runtimes = builtin_runtimes()
     assert sorted(runtimes) == [
-        "deepspeed-distributed", "mpi-distributed", "torch-distributed", "torch-distributed-volcano"
+        "deepspeed-distributed", "mpi-distributed", "ray-distributed", "torch-distributed",
+        "torch-distributed-volcano",
     ]
     assert DEFAULT_RUNTIME == "torch-distributed"
     default = runtimes[DEFAULT_RUNTIME]
@@ -47,5 +48,5 @@ def test_an_unknown_runtime_names_the_known_ones():
         find_runtime("torch-distribute")
     assert str(err.value) == (
         "ClusterTrainingRuntime 'torch-distribute' not found; known ClusterTrainingRuntimes: deepspeed-distributed, "
-        "mpi-distributed, torch-distributed, torch-distributed-volcano"
+        "mpi-distributed, ray-distributed, torch-distributed, torch-distributed-volcano"
     )

@@ -48,7 +48,7 @@ def test_every_plugin_finishes_a_phase_before_the_next_phase_starts(make_job):
 
 
 def test_builtin_plugins_have_a_fixed_order():
-    assert [p.name for p in builtin_plugins()] == ["torch", "mpi", "plainml", "coscheduling", "volcano", "jobset"]
+    assert [p.name for p in builtin_plugins()] == ["torch", "mpi", "ray", "plainml", "coscheduling", "volcano", "jobset"]
 
 
 @pytest.fixture
@@ -90,6 +90,7 @@ def test_a_third_party_plugin_registers_through_the_entry_point_group(make_job):
     assert framework.plugin_names() == [
         "torch",
         "mpi",
+        "ray",
         "plainml",
         "coscheduling",
         "volcano",
@@ -252,7 +253,7 @@ def test_the_framework_sorts_plugins_into_phases_once_and_calls_only_the_phases_
 
     framework = Framework([*builtin_plugins(), GangOnly(), Quiet()])
     assert [p.name for p in framework.pod_group_enforcers] == ["coscheduling", "volcano", "gang-only"]
-    assert [p.name for p in framework.validators] == ["torch", "mpi", "plainml", "jobset"]
+    assert [p.name for p in framework.validators] == ["torch", "mpi", "ray", "plainml", "jobset"]
     assert [p.name for p in framework.builders] == ["jobset"]
     plan = framework.resolve(make_job(), builtin_runtimes()["torch-distributed"])
     assert calls == ["pod-group"] and plan.plugins == ["torch", "jobset", "gang-only", "quiet"]

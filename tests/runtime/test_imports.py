@@ -78,7 +78,7 @@ def test_no_runtime_import_is_hidden_in_a_function(module):
 
 def test_plugins_import_the_plugin_base_not_the_framework_or_registry():
     plugins = [m for m in MODULES if m.startswith("trainjob.runtime.plugins.")]
-    assert len(plugins) == 6
+    assert len(plugins) == 7
     for plugin in plugins:
         assert "trainjob.runtime.plugin" in GRAPH[plugin]
         assert not {"trainjob.runtime.framework", "trainjob.runtime.registry"} & GRAPH[plugin], plugin

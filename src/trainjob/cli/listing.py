@@ -11,11 +11,9 @@ does; progress and ages change all the time and are left to ``trainjob top`` and
 
 from __future__ import annotations
 
-import json
-import math
+import sys
 import time
 from collections.abc import Callable
-from json.encoder import encode_basestring_ascii as _escape  # type: ignore[attr-defined]
 from typing import Any
 
 import click
@@ -23,6 +21,7 @@ import click
 from trainjob.cli.jobs_format import LIST_HEADER, list_rows, summary_rows, table
 from trainjob.cli.plumbing import note
 from trainjob.errors import NotFoundError
+from trainjob.json_text import indented_json, indented_json_list
 from trainjob.sdk import types
 
 WATCH_POLL_SECONDS = 1.0
@@ -87,72 +86,13 @@ def _dump(data: Any, output: str) -> str:
     return yaml.safe_dump(data, sort_keys=False).rstrip()
 
 
-class _NotPlainJSON(Exception):
-    """A value :func:`indented_json` leaves to :func:`json.dumps` (a subclass of a JSON type, or another type)."""
-
-
-def indented_json(data: Any) -> str:
-    """``json.dumps(data, indent=2)``, character for character, in about half the time.
-
-    ``json.dumps`` with an indent runs the standard library's pure-Python encoder, a generator per nesting level;
-    ten thousand jobs' resources (``list -o json``) make megabytes of it. Strings are still escaped by the C
-    escaper. Anything but plain ``dict`` (with ``str`` keys), ``list``, ``tuple``, ``str``, ``int``, ``float``,
-    ``bool`` and ``None`` is handed to ``json.dumps`` as a whole, so its output and errors stay the same.
-    """
-    parts: list[str] = []
-    append = parts.append
-
-    def encode(value: Any, level: int) -> None:
-        kind = type(value)
-        if kind is str:
-            append(_escape(value))
-        elif kind is dict:
-            if not value:
-                append("{}")
-                return
-            inner = "\n" + "  " * (level + 1)
-            opening = "{"
-            for key, item in value.items():
-                if type(key) is not str:
-                    raise _NotPlainJSON
-                append(opening + inner + _escape(key) + ": ")
-                opening = ","
-                encode(item, level + 1)
-            append("\n" + "  " * level + "}")
-        elif kind is list or kind is tuple:
-            if not value:
-                append("[]")
-                return
-            inner = "\n" + "  " * (level + 1)
-            opening = "["
-            for item in value:
-                append(opening + inner)
-                opening = ","
-                encode(item, level + 1)
-            append("\n" + "  " * level + "]")
-        elif value is None:
-            append("null")
-        elif value is True:
-            append("true")
-        elif value is False:
-            append("false")
-        elif kind is int:
-            append(int.__repr__(value))
-        elif kind is float and math.isfinite(value):
-            append(float.__repr__(value))
-        else:  # NaN and infinities (as json.dumps spells them), and everything that is not plain JSON
-            raise _NotPlainJSON
-
-    try:
-        encode(data, 0)
-    except (_NotPlainJSON, RecursionError):  # json.dumps says what is wrong with a circular or too deep value
-        return json.dumps(data, indent=2)
-    return "".join(parts)
-
-
 def print_once(client: Any, output: str, matches: Matcher | None) -> None:
     if output == "table" and matches is None:
         click.echo(table(LIST_HEADER, summary_rows(client.list_summaries(), time.time())))
+        return
+    if output == "json" and matches is None and hasattr(client, "list_resource_texts"):
+        # The local backend keeps each job's text; written as is (click.echo would scan megabytes for colours).
+        sys.stdout.write(indented_json_list(client.list_resource_texts(), _document([]), "items") + "\n")
         return
     if output in ("json", "yaml"):
         click.echo(_dump(_document(selected_resources(client, matches)), output))

@@ -1,7 +1,7 @@
 """The runtimes shipped in the package (``runtime/builtin/*.yaml``) and lookup of a job's ``runtimeRef``.
 
 >>> sorted(builtin_runtimes())
-['deepspeed-distributed', 'mpi-distributed', 'torch-distributed', 'torch-distributed-volcano']
+['deepspeed-distributed', 'mpi-distributed', 'ray-distributed', 'torch-distributed', 'torch-distributed-volcano']
 >>> find_runtime("torch-distributed").spec.ml_policy.torch.num_proc_per_node
 'auto'
 """

@@ -1,6 +1,6 @@
 """The plugins the framework runs: the built-ins in a fixed order, then third-party plugins from entry points.
 
-Built-ins, in order: ``torch``, ``mpi``, ``plainml`` (ML policy), ``coscheduling``, ``volcano`` (gang
+Built-ins, in order: ``torch``, ``mpi``, ``ray``, ``plainml`` (ML policy), ``coscheduling``, ``volcano`` (gang
 scheduling), ``jobset`` (final pod templates and JobSet settings). Third-party plugins follow, sorted by
 entry-point name. A third-party plugin is a :class:`~trainjob.runtime.plugin.Plugin` subclass (or instance, or a
 callable returning one) published in the ``trainjob.plugins`` entry-point group; one whose ``name`` equals a
@@ -13,7 +13,7 @@ This module imports the plugins; the plugins import only :mod:`trainjob.runtime.
 circle between the framework and its plugins.
 
 >>> [p.name for p in builtin_plugins()]
-['torch', 'mpi', 'plainml', 'coscheduling', 'volcano', 'jobset']
+['torch', 'mpi', 'ray', 'plainml', 'coscheduling', 'volcano', 'jobset']
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from trainjob.runtime.plugins.coscheduling import CoschedulingPlugin
 from trainjob.runtime.plugins.jobset import JobSetPlugin
 from trainjob.runtime.plugins.mpi import MPIPlugin
 from trainjob.runtime.plugins.plainml import PlainMLPlugin
+from trainjob.runtime.plugins.ray import RayPlugin
 from trainjob.runtime.plugins.torch import TorchPlugin
 from trainjob.runtime.plugins.volcano import VolcanoPlugin
 
@@ -35,6 +36,7 @@ ENTRY_POINT_GROUP = "trainjob.plugins"
 BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     TorchPlugin,
     MPIPlugin,
+    RayPlugin,
     PlainMLPlugin,
     CoschedulingPlugin,
     VolcanoPlugin,

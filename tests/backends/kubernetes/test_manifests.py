@@ -151,7 +151,8 @@ def test_every_install_manifest_passes_kubernetes_schemas() -> None:
     assert [p for o in builtin for p in kubernetes_problems(o)] == []
     assert [p for o in runtimes for p in schema_problems(VALIDATORS[o["kind"]], o)] == []
     assert [o["metadata"]["name"] for o in runtimes] == [
-        "deepspeed-distributed", "mpi-distributed", "torch-distributed", "torch-distributed-volcano"
+        "deepspeed-distributed", "mpi-distributed", "ray-distributed", "torch-distributed",
+        "torch-distributed-volcano",
     ]
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]

@@ -676,12 +676,13 @@ CASES = [
                   PATCH_STATUS, EVENT],
         status={"conditions": [cond("Failed", "True", "RuntimeNotFound",
                                     "spec.runtimeRef.name: ClusterTrainingRuntime 'torch-distribute' not found; "
-                                    "available: deepspeed-distributed, mpi-distributed, torch-distributed, "
-                                    "torch-distributed-volcano (create the runtime, then create the TrainJob again)")]},
+                                    "available: deepspeed-distributed, mpi-distributed, ray-distributed, "
+                                    "torch-distributed, torch-distributed-volcano (create the runtime, then create the "
+                                    "TrainJob again)")]},
         events=[("Warning", "RuntimeNotFound",
                  "spec.runtimeRef.name: ClusterTrainingRuntime 'torch-distribute' not found; available: "
-                 "deepspeed-distributed, mpi-distributed, torch-distributed, torch-distributed-volcano (create the "
-                 "runtime, then create the TrainJob again)")],
+                 "deepspeed-distributed, mpi-distributed, ray-distributed, torch-distributed, "
+                 "torch-distributed-volcano (create the runtime, then create the TrainJob again)")],
         then=no_jobset,
     ),
     Case(

@@ -21,8 +21,10 @@ import signal
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import psutil
+if TYPE_CHECKING:  # psutil (8 ms to import) is imported where used: listing finished jobs never needs it
+    import psutil
 
 JOB_DIR_ENV = "TRAINJOB_JOB_DIR"
 SUPERVISOR_LOCK_FILE = "supervisor.lock"
@@ -32,6 +34,8 @@ def is_alive(pid: int | None, started: float | None) -> bool:
     """Whether ``pid`` still runs and is the process that started at ``started`` (not a reused pid)."""
     if not pid:
         return False
+    import psutil
+
     try:
         process = psutil.Process(pid)
         if process.status() == psutil.STATUS_ZOMBIE:
@@ -42,6 +46,8 @@ def is_alive(pid: int | None, started: float | None) -> bool:
 
 
 def start_time(pid: int) -> float | None:
+    import psutil
+
     try:
         return psutil.Process(pid).create_time()
     except psutil.Error:
@@ -50,6 +56,8 @@ def start_time(pid: int) -> float | None:
 
 def job_processes(job_dir: str, since: float = 0.0) -> list[psutil.Process]:
     """Processes of this user whose environment names ``job_dir``, started at or after ``since``."""
+    import psutil
+
     me = os.getuid()
     found = []
     for process in psutil.process_iter(["uids", "create_time"]):
@@ -73,6 +81,8 @@ def signal_group(pid: int, sig: signal.Signals) -> None:
 
 def stop_processes(processes: Iterable[psutil.Process], grace: float = 3.0) -> None:
     """SIGTERM, wait up to ``grace`` seconds, then SIGKILL whatever is left; returns when all are gone."""
+    import psutil
+
     processes = list(processes)
     for process in processes:
         with contextlib.suppress(psutil.Error):

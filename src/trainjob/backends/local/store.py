@@ -3,7 +3,8 @@
 One database file, ``trainjob.db``, in WAL mode so CLI, SDK and supervisor processes read and write at once;
 each thread gets its own connection, so one ``Store`` (one SDK client) can be shared by threads.
 Tables: ``jobs`` (one row per job: status, counts, progress columns, the TrainJob resource and how to launch
-it), ``nodes`` (one row per node process), ``events`` and ``metrics``. ``list_jobs`` reads only the narrow
+it), ``nodes`` (one row per node process), ``events``, ``metrics`` and ``rendered`` (each job's resource as
+``list -o json`` writes it, kept until triggers drop it when the job's row or its nodes change). ``list_jobs`` reads only the narrow
 columns of one indexed query, so listing ten thousand jobs stays well under a tenth of a second::
 
     store = Store.open()
@@ -94,7 +95,18 @@ CREATE TABLE IF NOT EXISTS metrics (
     metrics TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS metrics_by_job ON metrics(job, time);
-"""
+CREATE TABLE IF NOT EXISTS rendered (
+    name TEXT PRIMARY KEY,
+    text TEXT NOT NULL
+) WITHOUT ROWID;
+""" + "".join(  # a job's kept text goes whenever its row or one of its nodes' rows is written
+    f"CREATE TRIGGER IF NOT EXISTS rendered_{table}_{event.lower()} AFTER {event} ON {table} BEGIN "
+    f"DELETE FROM rendered WHERE name = {row}.{column}; END;\n"
+    for table, column in (("jobs", "name"), ("nodes", "job"))
+    for event, row in (("INSERT", "NEW"), ("UPDATE", "OLD"), ("DELETE", "OLD"))
+)
+#: The schema's last statement: a database without it gets the rest of the schema when opened.
+_SCHEMA_LAST = "rendered_nodes_delete"
 #: Columns added after the first release, with their definitions: added to older databases when opened.
 _ADDED_COLUMNS = {
     "metrics_offset": "INTEGER NOT NULL DEFAULT 0",
@@ -164,7 +176,7 @@ class Store:
         db = self._db
         if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             db.execute("PRAGMA journal_mode = WAL")
-        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'metrics'").fetchone():
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (_SCHEMA_LAST,)).fetchone():
             db.executescript(_SCHEMA)
         self._add_missing_columns(db)
 
@@ -249,12 +261,14 @@ class Store:
         columns = [column[0] for column in cursor.description]
         return [dict(zip(columns, row, strict=True)) for row in cursor]
 
-    def list_full_jobs(self) -> list[dict[str, Any]]:
+    def list_full_jobs(self, unrendered: bool = False) -> list[dict[str, Any]]:
         """The rows of :meth:`list_jobs` with ``resource`` (decoded) too: one query for a listing that shows each
-        job's resource (``trainjob list -o json``)."""
+        job's resource (``trainjob list -o yaml``); ``unrendered``: only the jobs :meth:`renderings` has no text
+        for."""
         cursor = self._db.cursor()
         cursor.row_factory = None
-        cursor.execute(f"SELECT {LIST_COLUMNS}, resource FROM jobs ORDER BY created")
+        where = " WHERE name NOT IN (SELECT name FROM rendered)" if unrendered else ""
+        cursor.execute(f"SELECT {LIST_COLUMNS}, resource FROM jobs{where} ORDER BY created")
         columns = [column[0] for column in cursor.description]
         rows = []
         loads = json.loads
@@ -272,6 +286,21 @@ class Store:
         cursor = self._db.cursor()
         cursor.row_factory = None
         return cursor.execute(f"SELECT {SUMMARY_COLUMNS} FROM jobs ORDER BY created").fetchall()
+
+    def renderings(self) -> list[tuple[Any, ...]]:
+        """``(name, status, text, supervisor_pid, supervisor_started)`` of every job, oldest first: ``text`` is what
+        :meth:`save_renderings` was given for the job, or ``None`` once the job's row or its nodes changed since
+        (the schema's triggers drop it)."""
+        cursor = self._db.cursor()
+        cursor.row_factory = None
+        return cursor.execute(
+            "SELECT jobs.name, status, text, supervisor_pid, supervisor_started FROM jobs "
+            "LEFT JOIN rendered ON rendered.name = jobs.name ORDER BY created"
+        ).fetchall()
+
+    def save_renderings(self, texts: dict[str, str]) -> None:
+        """Keep each job's text (by name) for :meth:`renderings`; in the transaction that read what it shows."""
+        self._db.executemany("INSERT OR REPLACE INTO rendered (name, text) VALUES (?, ?)", texts.items())
 
     def has_status(self, status: str) -> bool:
         """Whether any job has ``status`` (one indexed lookup)."""

@@ -1,4 +1,5 @@
-"""The plainml plugin: runtimes without a framework policy (no ``mlPolicy``, or one with only ``numNodes``).
+"""The plainml plugin: runtimes without a framework policy (no ``mlPolicy``, or one with only ``numNodes``), Ray
+runtimes (:mod:`~trainjob.runtime.plugins.ray`) aside.
 
 The trainer job gets ``spec.trainer.numNodes`` pods (else the runtime's ``mlPolicy.numNodes``, else 1), one
 process each; ``spec.trainer.env`` is already on the container and no ``PET_*`` variable is added, so any
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from trainjob.errors import ValidationError
 from trainjob.runtime.plugin import Context, MLPolicyEnforcer, Plugin, Validator
+from trainjob.runtime.plugins.ray import is_ray_runtime
 from trainjob.runtime.trainer_spec import requested_num_nodes
 
 
@@ -19,6 +21,8 @@ class PlainMLPlugin(Plugin, Validator, MLPolicyEnforcer):
 
     def enabled(self, ctx: Context) -> bool:
         policy = ctx.runtime.spec.ml_policy
+        if is_ray_runtime(ctx.runtime):
+            return False
         return policy is None or all(
             getattr(policy, name) is None for name in ("torch", "mpi", "flux", "jax", "xgboost")
         )

@@ -114,7 +114,16 @@ def _check_shell(args: list[str], cwd: str, provided: Path | None) -> None:
 
 
 def _resolve(path: str, cwd: str) -> Path:
-    return Path(cwd, os.path.expanduser(path))
+    resolved = Path(cwd, os.path.expanduser(path))
+    try:
+        resolved.exists()
+    except OSError as exc:  # a name the filesystem cannot even look up (too long, ...)
+        raise ValidationError(FIELD, f"{_short(path)}: not a usable path ({exc.strerror})") from None
+    return resolved
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _under(path: Path, provided: Path | None) -> bool:
