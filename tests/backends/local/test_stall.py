@@ -113,7 +113,8 @@ def test_a_stalled_job_fails_naming_the_stuck_rank_and_its_frame(backend, script
 def test_a_stalled_elastic_job_restarts_from_its_checkpoint(backend, script):
     train = script("train.py", TRAIN)
     runtime = elastic_runtime("torch-elastic-2", min_nodes=2, max_nodes=2, max_restarts=1)
-    job = _stall_job("restarted", train, "4s", runtime="torch-elastic-2")
+    # Well above a step on a loaded 2-core machine (a checkpoint save included), so only the planted stall counts.
+    job = _stall_job("restarted", train, "12s", runtime="torch-elastic-2")
     backend.apply(job, [runtime])
     backend.wait_for_job_status("restarted", {"Complete"}, timeout=150, polling_interval=0.2)
     reasons = [e.reason for e in backend.get_job_events("restarted")]
