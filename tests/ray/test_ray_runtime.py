@@ -14,9 +14,9 @@ import re
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 from jobtest.local import trainjob_resource, wait_until
+from jobtest.ray import ray_processes
 from jobtest.tiers import starts
 
 from trainjob.errors import ValidationError
@@ -98,16 +98,6 @@ def test_s3_storage_without_pyarrow_is_refused_naming_what_to_install(python_wit
 # Real Ray jobs.
 
 
-def _ray_processes() -> list[str]:
-    """Ray's daemons and workers running on this machine now."""
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        line = " ".join(process.info["cmdline"] or [])
-        if re.search(r"(raylet|gcs_server|ray::|ray/_private/workers|default_worker\.py|ray\.scripts\.scripts)", line):
-            found.append(line[:160])
-    return found
-
-
 def _final_loss(output: str) -> float:
     return float(re.findall(r"final loss ([0-9.]+)", output)[-1])
 
@@ -117,14 +107,14 @@ def _final_loss(output: str) -> float:
 def test_seed_ray_train_script_on_two_nodes_completes_reports_and_trains_like_plain_ray(
     local_jobs, subprocesses, tmp_path: Path
 ):
-    assert not _ray_processes(), "Ray is already running on this machine; this test counts Ray's processes"
+    assert not ray_processes(), "Ray is already running on this machine; this test counts Ray's processes"
     plain_storage, job_storage = tmp_path / "plain", tmp_path / "job"
     env = {**os.environ, "EPOCHS": str(EPOCHS), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
     plain = subprocesses.run([sys.executable, str(SEED_SCRIPT), str(plain_storage)], env=env, cwd=tmp_path,
                              capture_output=True, text=True, timeout=JOB_TIMEOUT)
     assert plain.returncode == 0, plain.stderr[-3000:]
-    wait_until(lambda: not _ray_processes(), timeout=30)  # plain Ray stops its own cluster as the driver exits
+    wait_until(lambda: not ray_processes(), timeout=30)  # plain Ray stops its own cluster as the driver exits
 
     job = trainjob_resource("ray-seed", ["python", str(SEED_SCRIPT), str(job_storage)], runtime="ray-distributed",
                             num_nodes=2, env=[{"name": "EPOCHS", "value": str(EPOCHS)}])
@@ -146,7 +136,7 @@ def test_seed_ray_train_script_on_two_nodes_completes_reports_and_trains_like_pl
     # the same training as under plain Ray
     print(f"final loss: trainjob {_final_loss(log)}, plain ray {_final_loss(plain.stdout)}; reports {done.progress.step}")
     assert _final_loss(log) == pytest.approx(_final_loss(plain.stdout), rel=1e-3)
-    wait_until(lambda: not _ray_processes(), timeout=30)
+    wait_until(lambda: not ray_processes(), timeout=30)
 
 
 @needs_ray
@@ -164,7 +154,7 @@ def test_a_failing_train_func_fails_the_job_with_rays_error_after_rays_own_resta
     # FailureConfig(max_failures=1): Ray ran train_func twice; trainjob restarted nothing
     assert attempts.read_text().count("attempt") == 2
     assert done.restarts == 0
-    wait_until(lambda: not _ray_processes(), timeout=30)
+    wait_until(lambda: not ray_processes(), timeout=30)
 
 
 def test_ray_imports_in_the_interpreter_the_jobs_use():

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
+from jobtest.ray import ray_processes
 from kubetest.cluster import TrainJobCluster, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -24,15 +23,6 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("ray") is None and not os.environ.get("TRAINJOB_REQUIRE_RAY"),
     reason="Ray is not installed (pip install 'trainjob[ray]'); TRAINJOB_REQUIRE_RAY=1 makes this a failure",
 )
-
-
-def _ray_processes() -> list[str]:
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        line = " ".join(process.info["cmdline"] or [])
-        if re.search(r"(raylet|gcs_server|ray::|ray/_private/workers|default_worker\.py)", line):
-            found.append(line[:160])
-    return found
 
 
 def test_the_seed_ray_train_script_runs_as_a_trainjob_on_the_cluster(
@@ -51,6 +41,6 @@ def test_the_seed_ray_train_script_runs_as_a_trainjob_on_the_cluster(
     assert "loss" in metrics, trainer_status
     checkpoints = [p for p in (storage / "my-training").glob("checkpoint_*") if p.is_dir()]
     assert len(checkpoints) == 3, sorted(p.name for p in (storage / "my-training").iterdir())
-    wait_for(lambda: not _ray_processes(), timeout=60, what="no Ray process left")
+    wait_for(lambda: not ray_processes(), timeout=60, what="no Ray process left")
     print(f"Ray TrainJob on the cluster: Complete, loss {metrics['loss']}, {len(checkpoints)} checkpoints kept",
           file=sys.stderr)
