@@ -38,7 +38,7 @@ def test_volumes_environment_and_termination_message(k8s: TrainJobCluster, names
     )
     script = (
         'echo "rank=$RANK lr=$LR host=$(hostname) ns=$NS" && cat /etc/cfg/lr && echo shared > /data/out.txt '
-        '&& echo scratch > /scratch/x && ls /var/run/secrets/kubernetes.io/serviceaccount '
+        '&& echo scratch > /scratch/x && ls /var/run/secrets/kubernetes.io/serviceaccount && echo mine > /run/pod-only '
         '&& echo "bad things happened" > /dev/termination-log && exit 3'
     )
     pod = {
@@ -77,6 +77,8 @@ def test_volumes_environment_and_termination_message(k8s: TrainJobCluster, names
     terminated = done["status"]["containerStatuses"][0]["state"]["terminated"]
     assert (done["status"]["phase"], terminated["exitCode"]) == ("Failed", 3)
     assert terminated["message"].strip() == "bad things happened"
+    # the container's /run (where the token is mounted) is its own: a host process never sees a pod's mount points
+    assert not Path("/run/pod-only").exists()
     log = k8s.api.core.read_namespaced_pod_log("volumes", namespace)
     assert f"rank=5 lr=0.1 host=worker-5 ns={namespace}" in log
     assert "0.1" in log.splitlines()[1] and "token" in log

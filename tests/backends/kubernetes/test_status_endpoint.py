@@ -97,6 +97,10 @@ def test_each_pods_token_writes_its_own_jobs_status_and_nothing_else(
     assert job["status"]["trainerStatus"] == {"progressPercentage": 10, "estimatedRemainingSeconds": 30,
                                               "metrics": [{"name": "loss", "value": "2.5"}],
                                               "lastUpdatedTime": "2026-11-24T10:00:00Z"}
+    # Two more reports from job-a within the interval (posted as soon as the first is seen, well inside its 5 s):
+    # they wait, and only the newest is written, once the interval has passed.
+    assert post(url_a, ca, report(30, "1.2"), token_a)[0] == 200
+    assert post(url_a, ca, report(40, "1.1"), token_a)[0] == 200
 
     code, answer = post(url_b, ca, report(99, "0.1"), token_a)  # job-a's pod writing job-b's status
     assert code == 403 and f"TrainJob {namespace}/job-a, not {namespace}/job-b" in answer["message"], answer
@@ -114,11 +118,6 @@ def test_each_pods_token_writes_its_own_jobs_status_and_nothing_else(
 
     wait_for(lambda: ((k8s.api.get(TRAINJOBS, namespace, "job-b") or {}).get("status") or {}).get(
         "trainerStatus", {}).get("progressPercentage") == 20, 30, "job-b's trainerStatus")
-    assert k8s.api.get(TRAINJOBS, namespace, "job-a")["status"]["trainerStatus"]["progressPercentage"] == 10
-
-    # Two more reports from job-a within the interval: they wait, and the newest is written once.
-    assert post(url_a, ca, report(30, "1.2"), token_a)[0] == 200
-    assert post(url_a, ca, report(40, "1.1"), token_a)[0] == 200
     wait_for(lambda: k8s.api.get(TRAINJOBS, namespace, "job-a")["status"]["trainerStatus"]["progressPercentage"]
              == 40, 30, "job-a's newest report")
 
@@ -128,6 +127,10 @@ def test_each_pods_token_writes_its_own_jobs_status_and_nothing_else(
                      and r["objectRef"].get("subresource") == "status"]
     progress_writes = [r for r in status_writes if r["objectRef"].get("name") == "job-a"]
     assert len(progress_writes) == 2, [r["requestURI"] for r in status_writes]  # 10%, then 40% (30% replaced)
+    # the reports are stamped a day before this machine's clock (a pod on a skewed node): the stall watchdog goes
+    # by when reports arrive, so job-a is not taken for stuck
+    conditions = k8s.api.get(TRAINJOBS, namespace, "job-a")["status"].get("conditions") or []
+    assert not [c for c in conditions if c["type"] == "Failed"], conditions
     assert not [r for r in mine if r["objectRef"].get("resource") == "pods" and r["verb"] == "list"]
     assert not [r for r in mine if r["objectRef"].get("subresource") == "log"]
     reviews = [r for r in requests if (r.get("objectRef") or {}).get("resource") == "tokenreviews"]

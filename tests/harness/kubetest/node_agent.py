@@ -9,7 +9,8 @@ it reports pod phase, readiness, container exit codes and termination messages b
   of every pod in the namespace, and the pod's UTS host name;
 - each container runs as local processes with its ``command``/``args`` and environment (``$(VAR)``, downward API
   such as ``batch.kubernetes.io/job-completion-index``, config maps, secrets), in a private mount namespace where
-  emptyDir / hostPath / configMap / secret / projected / PVC volumes are bind-mounted at their ``mountPath`` and
+  emptyDir / hostPath / configMap / secret / projected / PVC volumes are bind-mounted at their ``mountPath``, a
+  mount point under ``/run`` (the service account token's) is made in the container's own layer over ``/run``, and
   ``/dev/termination-log`` is the container's own file; the image is not run (an Event says so);
 - ``restartPolicy`` Never / OnFailure / Always, init containers, deletion with the grace period (SIGTERM, then
   SIGKILL; a finished or deleted pod loses every process left in its network namespace, as a container's cgroup
@@ -76,6 +77,11 @@ def set_condition(
         conditions[kind]["reason"] = reason
 
 
+def _under_run(path: Path) -> bool:
+    """Whether ``path`` (existing or not) lies under /run, through /var/run or not."""
+    return Path(os.path.realpath(path)).is_relative_to("/run")
+
+
 def _run(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, text=True)
 
@@ -135,6 +141,8 @@ class NodeAgent:
         self.netns_prefix = f"tjk{tag}p"
         self.serial = 0
         self.created_termination_log = False
+        #: directories this agent created on the host for pods' mounts, and how many running pods use each
+        self.made_dirs: dict[Path, int] = {}
 
     # -- node ----------------------------------------------------------------------------------------------------
 
@@ -490,13 +498,22 @@ class NodeAgent:
         state.message_path = cdir / f"{state.restarts}.termination-log"
         state.message_path.write_text("")
         script = [f"hostname {shlex.quote(podspec.pod_hostname(pod))}"]
-        for mount in container.get("volumeMounts") or []:
+        mounts = container.get("volumeMounts") or []
+        if any(_under_run(Path(m["mountPath"])) for m in mounts):
+            # /run is per boot and per container: the container gets its own layer over the host's /run, so the
+            # mount points Kubernetes adds to every pod (/var/run/secrets/...) never appear on the host
+            upper, work = cdir / "run-upper", cdir / "run-work"
+            upper.mkdir(exist_ok=True)
+            work.mkdir(exist_ok=True)
+            script.append(f"mount -t overlay pod-run -o lowerdir=/run,upperdir={shlex.quote(str(upper))},"
+                          f"workdir={shlex.quote(str(work))} /run")
+        for mount in mounts:
             kind, source = sources[mount["name"]]
             target = Path(mount["mountPath"])
-            if not target.exists():
-                missing = [p for p in [target, *target.parents] if not p.exists()]
-                target.mkdir(parents=True, exist_ok=True)
-                run.created_dirs.extend(missing)
+            if _under_run(target):
+                script.append(f"mkdir -p {shlex.quote(str(target))}")
+            elif not target.exists() or target in self.made_dirs:
+                self._make_host_dir(run, target)
             if mount.get("subPath"):
                 source = source / mount["subPath"]
                 source.mkdir(parents=True, exist_ok=True)
@@ -510,9 +527,8 @@ class NodeAgent:
         if Path(message_target).exists():
             script.append(f"mount --bind {shlex.quote(str(state.message_path))} {shlex.quote(message_target)}")
         workdir = container.get("workingDir")
-        if workdir and not Path(workdir).exists():
-            run.created_dirs.extend([p for p in [Path(workdir), *Path(workdir).parents] if not p.exists()])
-            Path(workdir).mkdir(parents=True, exist_ok=True)
+        if workdir and (not Path(workdir).exists() or Path(workdir) in self.made_dirs):
+            self._make_host_dir(run, Path(workdir))
         script.append(f"cd {shlex.quote(workdir or str(cdir))}")
         script.append('exec "$@"')
         popen = subprocess.Popen(
@@ -691,10 +707,29 @@ class NodeAgent:
                     os.killpg(state.popen.pid, signal.SIGKILL)
         run.cleaned = True
         self._remove_pod_network(run)
-        for path in sorted(set(run.created_dirs), key=lambda p: len(p.parts), reverse=True):
-            with contextlib.suppress(OSError):
-                path.rmdir()
+        self._release_host_dirs(run.created_dirs)
+        run.created_dirs.clear()
         self.refresh_hosts()
+
+    def _make_host_dir(self, run: PodRun, path: Path) -> None:
+        """Create a mount point (or working directory) outside /run on the host, counting the pods that use it: it
+        goes when the last of them does, not when the first that created it does."""
+        with self.lock:
+            chain = [p for p in [path, *path.parents] if not p.exists() or p in self.made_dirs]
+            path.mkdir(parents=True, exist_ok=True)
+            for directory in chain:
+                self.made_dirs[directory] = self.made_dirs.get(directory, 0) + 1
+            run.created_dirs.extend(chain)
+
+    def _release_host_dirs(self, dirs: list[Path]) -> None:
+        with self.lock:
+            for directory in dirs:
+                self.made_dirs[directory] = self.made_dirs.get(directory, 1) - 1
+            gone = [d for d in set(dirs) if self.made_dirs.get(d, 0) <= 0]
+            for directory in sorted(gone, key=lambda p: len(p.parts), reverse=True):
+                self.made_dirs.pop(directory, None)
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
 
     def _write_status(self, run: PodRun) -> None:
         from kubernetes.client.exceptions import ApiException

@@ -113,21 +113,24 @@ class Reconciler:
         self.cache = cache
         #: Where the pods push their progress (:mod:`.status_server`); ``None``: it is read from node 0's log.
         self.status_endpoint = status_endpoint
-        #: JobSets (by uid) whose JobSetCreated event this process posted.
-        self._announced: set[str] = set()
+        #: The JobSet (uid) whose JobSetCreated event this process posted, by job; forgotten with the job.
+        self._announced: dict[tuple[str, str], str] = {}
         #: When each job's status was last written (its pod counts are written at most every STATUS_SETTLE_SECONDS).
         self._written: dict[tuple[str, str], float] = {}
-        #: Each running job's progress reports as this process saw them (``trainerStatus.lastUpdatedTime``), by uid.
-        self._clocks: dict[str, ProgressClock] = {}
+        #: Each running job's progress as this process saw it arrive, by job: (job uid, the last
+        #: ``trainerStatus`` seen, its clock); forgotten when the job finishes or goes.
+        self._clocks: dict[tuple[str, str], tuple[str, str | None, ProgressClock]] = {}
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """One pass over TrainJob ``namespace/name``; returns seconds until the next pass is due, if any."""
         job = self._read(TRAINJOBS, namespace, name)
         if job is None or job["metadata"].get("deletionTimestamp") or not is_managed_here(job):
+            self._forget(namespace, name)
             return None
         status: dict[str, Any] = dict(job.get("status") or {})
         now = self.clock()
         if st.finished_condition(status) is not None:
+            self._forget(namespace, name)
             return self._expire(job, now)
         spec = job.get("spec") or {}
 
@@ -160,7 +163,7 @@ class Reconciler:
             if not _owned_by(jobset, job):  # the create met one the cache had not shown yet
                 return 1.0 if _left_by_a_namesake(jobset) else 0.0
         else:
-            if not status and jobset["metadata"].get("uid") not in self._announced:
+            if not status and self._announced.get((namespace, name)) != jobset["metadata"].get("uid"):
                 self._announce(job, jobset)  # made by a pass (another replica's?) that ended before its event
             if bool((jobset.get("spec") or {}).get("suspend")) != suspend:
                 change: dict[str, Any] = {"suspend": suspend}
@@ -187,7 +190,7 @@ class Reconciler:
             if stall_in is not None:
                 remaining = stall_in if remaining is None else min(remaining, stall_in)
         else:
-            self._clocks.pop(job["metadata"].get("uid", ""), None)
+            self._clocks.pop((namespace, name), None)
         elastic = progress.is_elastic(jobset, trainer)
         if not suspend and _trainer_started(jobset, trainer) and (self.status_endpoint is None or elastic):
             new = self._observe_trainer(job, new, jobset, trainer)
@@ -377,7 +380,8 @@ class Reconciler:
                 self.api.post_event(job, "Normal", "ExtendedResourceLimitsSet", change)
             self._announce(job, created)
             log.info("created JobSet %s/%s", job["metadata"]["namespace"], job["metadata"]["name"])
-        elif not status and _owned_by(created, job) and created["metadata"].get("uid") not in self._announced:
+        elif not status and _owned_by(created, job) and self._announced.get(
+                (job["metadata"]["namespace"], job["metadata"]["name"])) != created["metadata"].get("uid"):
             self._announce(job, created)  # the create met the JobSet a pass that ended before its event made
         return created
 
@@ -428,7 +432,12 @@ class Reconciler:
         self.api.post_event(job, "Normal", "JobSetCreated", f"created JobSet {name}",
                             name=f"{name}.{uid}" if uid else None)
         if uid:
-            self._announced.add(uid)
+            self._announced[(job["metadata"]["namespace"], name)] = uid
+
+    def _forget(self, namespace: str, name: str) -> None:
+        """Drop what this process remembered of a job that finished or went."""
+        self._announced.pop((namespace, name), None)
+        self._clocks.pop((namespace, name), None)
 
     def _observe_trainer(
         self, job: dict[str, Any], status: dict[str, Any], jobset: dict[str, Any], trainer: str
@@ -554,14 +563,18 @@ class Reconciler:
         except ValidationError as exc:  # checked at submit by trainjob; a job made another way is told here
             self._fail(job, old, "InvalidStallTimeout", f"{exc} (fix the annotation and create the job again)", now)
             return 0.0
-        clock = self._clocks.setdefault(meta.get("uid", ""), ProgressClock())
-        stamp = (new.get("trainerStatus") or {}).get("lastUpdatedTime")
-        if isinstance(stamp, str):
-            try:
-                clock.saw([st.parse_timestamp(stamp)])
-            except ValueError:
-                log.warning("TrainJob %s/%s: unreadable trainerStatus.lastUpdatedTime %r", meta["namespace"],
-                            meta["name"], stamp)
+        # A report counts when this process sees a new one arrive, by its own clock: the pod's clock (which stamps
+        # lastUpdatedTime) may be off by any amount, and a skewed node must not make a healthy job look stuck.
+        key, uid = (meta["namespace"], meta["name"]), meta.get("uid", "")
+        seen_uid, seen_stamp, clock = self._clocks.get(key) or (uid, None, ProgressClock())
+        if seen_uid != uid:  # a namesake of a job that went
+            seen_stamp, clock = None, ProgressClock()
+        trainer_status = new.get("trainerStatus") or {}
+        stamp = json.dumps(trainer_status, sort_keys=True) if trainer_status.get("lastUpdatedTime") else None
+        if stamp is not None and stamp != seen_stamp:
+            clock.saw([now])
+            seen_stamp = stamp
+        self._clocks[key] = (uid, seen_stamp, clock)
         overdue = clock.overdue(policy, now)
         if overdue is None:
             limit = policy.limit(clock.longest)
@@ -571,7 +584,7 @@ class Reconciler:
         message = (f"no progress for {silent:.1f} s (limit {limit:.1f} s: {policy.explain(clock.longest)}): the job "
                    "is stuck; its JobSet was deleted (the ranks' stacks are not collected on Kubernetes; run it "
                    "locally with trainjob stacks to see them)")
-        self._clocks.pop(meta.get("uid", ""), None)
+        self._clocks.pop((meta["namespace"], meta["name"]), None)
         self._delete_children(meta["namespace"], meta["name"])
         self._write_status(meta["namespace"], meta["name"], old, st.failed(new, "Stalled", message, now))
         self.api.post_event(job, "Warning", "Stalled", message)
