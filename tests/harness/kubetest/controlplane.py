@@ -147,6 +147,9 @@ class ControlPlane:
     #: The rate limit of kube-controller-manager's and kube-scheduler's API clients (burst twice that); None keeps
     #: their defaults (20 and 50 queries per second), too few for thousands of pods (``benchmarks/reconcile.py``).
     client_qps: int | None = None
+    #: (component, Unix time) of every ``start_again``: a restarted kube-apiserver refuses requests for a moment,
+    #: until its RBAC caches have loaded.
+    restarts: list[tuple[str, float]] = field(default_factory=list)
 
     # -- life cycle -------------------------------------------------------------------------------------------------
 
@@ -202,6 +205,7 @@ class ControlPlane:
         """Start component ``name`` again with the arguments it first had: the same ports, data and certificates."""
         old = self.processes[name]
         assert not old.alive(), f"{name} still runs"
+        self.restarts.append((name, time.time()))
         return self._spawn(name, old.argv, old.env)
 
     def _start_all(self, python_bin: str) -> None:
