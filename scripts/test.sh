@@ -19,11 +19,6 @@ if [ "$fast" = 0 ]; then
   else
     echo "test.sh: Go not found: the Kubernetes tests will be skipped (set TRAINJOB_REQUIRE_CLUSTER=1 to fail instead)"
   fi
-  # DeepSpeed's CPU ops, compiled once per machine (minutes the first time) rather than inside a test
-  start=$SECONDS
-  TRAINJOB_DEEPSPEED_OPS=$(.venv/bin/python scripts/deepspeed_ops.py)
-  export TRAINJOB_DEEPSPEED_OPS
-  echo "test.sh: DeepSpeed CPU ops ready in $((SECONDS - start)) s"
 fi
 # The 25 slowest tests close the report, so what a change costs shows in every run.
 exec .venv/bin/python -m pytest -q --durations=25 "$@"

@@ -32,18 +32,14 @@ STEPS = 12
 if importlib.util.find_spec("deepspeed") is None and not os.environ.get("TRAINJOB_REQUIRE_DEEPSPEED"):
     pytest.skip("DeepSpeed is not installed (pip install 'trainjob[deepspeed]')", allow_module_level=True)
 
-#: Without prebuilt ops the first job compiles DeepSpeed's CPU ops (CPU Adam, shared-memory comm): about 5 minutes
-#: on 2 busy cores.
+#: The first job compiles DeepSpeed's CPU ops (CPU Adam, shared-memory comm): about 5 minutes on 2 busy cores.
 pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
 def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the jobs find DeepSpeed's CPU ops: the ones ``scripts/test.sh`` built once per machine
-    (``scripts/deepspeed_ops.py``, named by ``TRAINJOB_DEEPSPEED_OPS``), else a temp dir they compile into on first
-    use (minutes), once per module."""
-    prebuilt = os.environ.get("TRAINJOB_DEEPSPEED_OPS")
-    return Path(prebuilt) if prebuilt else tmp_path_factory.mktemp("torch_extensions")
+    """Ops DeepSpeed did not prebuild compile on first use (minutes): once per module, in a temp dir."""
+    return tmp_path_factory.mktemp("torch_extensions")
 
 
 def _env(extensions: Path) -> dict[str, str]:
