@@ -512,7 +512,7 @@ class NodeAgent:
             target = Path(mount["mountPath"])
             if _under_run(target):
                 script.append(f"mkdir -p {shlex.quote(str(target))}")
-            elif not target.exists() or target in self.made_dirs:
+            else:
                 self._make_host_dir(run, target)
             if mount.get("subPath"):
                 source = source / mount["subPath"]
@@ -527,7 +527,7 @@ class NodeAgent:
         if Path(message_target).exists():
             script.append(f"mount --bind {shlex.quote(str(state.message_path))} {shlex.quote(message_target)}")
         workdir = container.get("workingDir")
-        if workdir and (not Path(workdir).exists() or Path(workdir) in self.made_dirs):
+        if workdir:
             self._make_host_dir(run, Path(workdir))
         script.append(f"cd {shlex.quote(workdir or str(cdir))}")
         script.append('exec "$@"')
@@ -713,8 +713,11 @@ class NodeAgent:
 
     def _make_host_dir(self, run: PodRun, path: Path) -> None:
         """Create a mount point (or working directory) outside /run on the host, counting the pods that use it: it
-        goes when the last of them does, not when the first that created it does."""
+        goes when the last of them does, not when the first that created it does. A directory the host already had
+        is left as it is."""
         with self.lock:
+            if path.exists() and path not in self.made_dirs:
+                return
             chain = [p for p in [path, *path.parents] if not p.exists() or p in self.made_dirs]
             path.mkdir(parents=True, exist_ok=True)
             for directory in chain:

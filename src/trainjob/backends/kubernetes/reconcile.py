@@ -119,7 +119,7 @@ class Reconciler:
         self._written: dict[tuple[str, str], float] = {}
         #: Each running job's progress as this process saw it arrive, by job: (job uid, the last
         #: ``trainerStatus`` seen, its clock); forgotten when the job finishes or goes.
-        self._clocks: dict[tuple[str, str], tuple[str, str | None, ProgressClock]] = {}
+        self._clocks: dict[tuple[str, str], tuple[str, dict[str, Any] | None, ProgressClock]] = {}
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """One pass over TrainJob ``namespace/name``; returns seconds until the next pass is due, if any."""
@@ -566,15 +566,14 @@ class Reconciler:
         # A report counts when this process sees a new one arrive, by its own clock: the pod's clock (which stamps
         # lastUpdatedTime) may be off by any amount, and a skewed node must not make a healthy job look stuck.
         key, uid = (meta["namespace"], meta["name"]), meta.get("uid", "")
-        seen_uid, seen_stamp, clock = self._clocks.get(key) or (uid, None, ProgressClock())
+        seen_uid, seen, clock = self._clocks.get(key) or (uid, None, ProgressClock())
         if seen_uid != uid:  # a namesake of a job that went
-            seen_stamp, clock = None, ProgressClock()
+            seen, clock = None, ProgressClock()
         trainer_status = new.get("trainerStatus") or {}
-        stamp = json.dumps(trainer_status, sort_keys=True) if trainer_status.get("lastUpdatedTime") else None
-        if stamp is not None and stamp != seen_stamp:
+        if trainer_status.get("lastUpdatedTime") and trainer_status != seen:
             clock.saw([now])
-            seen_stamp = stamp
-        self._clocks[key] = (uid, seen_stamp, clock)
+            seen = trainer_status
+        self._clocks[key] = (uid, seen, clock)
         overdue = clock.overdue(policy, now)
         if overdue is None:
             limit = policy.limit(clock.longest)
@@ -584,7 +583,7 @@ class Reconciler:
         message = (f"no progress for {silent:.1f} s (limit {limit:.1f} s: {policy.explain(clock.longest)}): the job "
                    "is stuck; its JobSet was deleted (the ranks' stacks are not collected on Kubernetes; run it "
                    "locally with trainjob stacks to see them)")
-        self._clocks.pop((meta["namespace"], meta["name"]), None)
+        self._clocks.pop(key, None)
         self._delete_children(meta["namespace"], meta["name"])
         self._write_status(meta["namespace"], meta["name"], old, st.failed(new, "Stalled", message, now))
         self.api.post_event(job, "Warning", "Stalled", message)
