@@ -1,6 +1,7 @@
 """The cluster's own faults, with a job training: the API server or etcd killed (SIGKILL) and started again on the
 same data, and the JobSet controller down while jobs are created. Each time the job completes, with one JobSet (the
-same one) and one ``JobSetCreated`` event, and nothing has to be done to the operator or the job.
+same one) and one ``JobSetCreated`` event, and nothing has to be done to the operator or the job. A node lost with
+the job's pods on it: they are replaced on the node left and resume from the checkpoint.
 
 Each test prints how long from the fault to recovered, for the record.
 """
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 from kubetest.cluster import TrainJobCluster
+from kubetest.controlplane import NODE_NAME
 
 STEPS = 24
 STEP_SECONDS = 0.5
@@ -156,3 +158,86 @@ def test_a_job_that_stops_reporting_progress_is_failed_as_stalled(k8s: TrainJobC
     events = k8s.kubectl("get", "events", "-n", namespace, "--field-selector",
                          "involvedObject.name=stuck,reason=Stalled", "-o", "json").stdout
     assert len(json.loads(events)["items"]) == 1
+
+
+#: Two nodes training 40 steps of 0.5 s; each node's step is its checkpoint, in a directory both nodes share (as a
+#: claim on network storage would be), and a node starts from it.
+RESUMES = """
+import json, os, sys, time
+from pathlib import Path
+state = Path(sys.argv[1]) / f"node-{os.environ['PET_NODE_RANK']}.json"
+start = json.loads(state.read_text())["step"] if state.exists() else 0
+print(f"node {os.environ['PET_NODE_RANK']} resumes at step {start}", flush=True)
+for step in range(start, 40):
+    time.sleep(0.5)
+    state.write_text(json.dumps({"step": step + 1}))
+print("done", flush=True)
+"""
+LOST = "lost-node"
+OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
+
+
+def test_a_lost_nodes_pods_are_replaced_on_the_node_left_and_resume(
+    k8s: TrainJobCluster, namespace: str, workdir: Any
+) -> None:
+    """A second node runs the job; its agent and every process of its pods are SIGKILLed (the machine is gone). The
+    Node goes NotReady once its heartbeats lapse; its pods cannot finish terminating without a kubelet, so, as
+    Kubernetes documents for a node that was shut down, the node is tainted ``out-of-service``: its pods are evicted
+    and deleted. The built-in runtime's podFailurePolicy ignores a pod marked ``DisruptionTarget``, so the Job
+    controller replaces both without spending one of the JobSet's ``maxRestarts``; the new pods run on the node left,
+    from the checkpoint, in the same JobSet."""
+    cp, core = k8s.cp, k8s.api.core
+    cp.add_node(LOST)
+    try:
+        core.patch_node(NODE_NAME, {"spec": {"unschedulable": True}})  # the job starts on the node to be lost
+        try:
+            k8s.create_job("lost", namespace,
+                           trainer={"numNodes": 2, "command": [sys.executable, "-c", RESUMES, str(workdir)],
+                                    "resourcesPerNode": {"requests": {"cpu": "1"}}})
+            _until(lambda: _running(k8s, namespace, "lost"), 120, "lost running",
+                   lambda: k8s.diagnostics("lost", namespace))
+        finally:
+            core.patch_node(NODE_NAME, {"spec": {"unschedulable": False}})
+        assert {p["spec"]["nodeName"] for p in k8s.pods("lost", namespace)} == {LOST}
+        uid = k8s.jobset("lost", namespace)["metadata"]["uid"]
+
+        def step(node: int) -> int:
+            path = workdir / f"node-{node}.json"
+            return int(json.loads(path.read_text())["step"]) if path.exists() else 0
+
+        _until(lambda: min(step(0), step(1)) >= 4, 60, "4 steps trained")
+        lost_at = time.monotonic()
+        cp.lose_node(LOST)
+
+        def ready(name: str) -> str:
+            conditions = core.read_node(name).status.conditions or []
+            return next((c.status for c in conditions if c.type == "Ready"), "Unknown")
+
+        not_ready = _until(lambda: ready(LOST) != "True", 120, f"{LOST} NotReady")
+        node = core.read_node(LOST)
+        core.patch_node(LOST, {"spec": {"taints": [*(t.to_dict() for t in node.spec.taints or []), OUT_OF_SERVICE]}})
+        stopped_at = min(step(0), step(1))
+
+        def running_on_the_node_left() -> bool:
+            pods = k8s.pods("lost", namespace)
+            return _running(k8s, namespace, "lost") and {p["spec"]["nodeName"] for p in pods} == {NODE_NAME}
+
+        moved = _until(running_on_the_node_left, 180, "the group running again on the node left",
+                       lambda: k8s.diagnostics("lost", namespace))
+        _until(lambda: _complete(k8s, namespace, "lost"), 180, "lost Complete",
+                      lambda: k8s.diagnostics("lost", namespace))
+        print(f"node lost: NotReady {not_ready:.1f} s after the kill; its pods running again on the node left "
+              f"{not_ready + moved:.1f} s after it (tainted out-of-service at NotReady); Complete after "
+              f"{time.monotonic() - lost_at:.1f} s")
+        jobset = k8s.jobset("lost", namespace)
+        assert jobset is not None and jobset["metadata"]["uid"] == uid, "the same JobSet"
+        assert (jobset.get("status") or {}).get("restarts") == 0, "an eviction spends none of maxRestarts"
+        jobs = k8s.batch_jobs("lost", namespace)
+        assert [(j["status"].get("succeeded"), j["status"].get("failed", 0)) for j in jobs] == [(2, 0)], jobs
+        assert len(_created_events(k8s, namespace, "lost")) == 1
+        logs = k8s.kubectl("logs", "-n", namespace, "-l", "jobset.sigs.k8s.io/jobset-name=lost", "--tail=-1").stdout
+        resumed = sorted(int(line.rsplit(" ", 1)[1]) for line in logs.splitlines() if "resumes at step" in line)
+        assert len(resumed) == 2 and min(resumed) >= stopped_at > 0, (resumed, stopped_at, logs[-2000:])
+        assert logs.count("done") == 2, logs[-2000:]
+    finally:
+        cp.remove_node(LOST)

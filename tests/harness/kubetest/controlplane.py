@@ -150,6 +150,8 @@ class ControlPlane:
     #: (component, Unix time) of every ``start_again``: a restarted kube-apiserver refuses requests for a moment,
     #: until its RBAC caches have loaded.
     restarts: list[tuple[str, float]] = field(default_factory=list)
+    #: The directory of this environment's python, torchrun and trainjob, first on a container's PATH.
+    python_bin: str = ""
 
     # -- life cycle -------------------------------------------------------------------------------------------------
 
@@ -294,6 +296,10 @@ class ControlPlane:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--controllers=*,-bootstrapsigner,-tokencleaner",
                 "--concurrent-job-syncs=10",
+                # A node whose heartbeats stop is NotReady after 25 s (50 s by default), so a test of a lost node
+                # takes seconds, not minutes; a longer silence of the only node (the API server restarted) is a
+                # full disruption, in which the controller evicts nothing.
+                "--node-monitor-grace-period=25s",
                 *([f"--kube-api-qps={self.client_qps}", f"--kube-api-burst={2 * self.client_qps}"]
                   if self.client_qps is not None else []),
                 "--v=1",
@@ -516,34 +522,83 @@ class ControlPlane:
 
     # -- the node -------------------------------------------------------------------------------------------------
 
-    def _start_node_agent(self, python_bin: str) -> None:
-        node_kubeconfig = self._component_kubeconfig(
-            "node-agent", f"system:node:{NODE_NAME}", organization="system:nodes"
-        )
-        serving = self.ca.issue("node-agent-serving", ips=["127.0.0.1"], dns=["localhost"])
+    def _start_node_agent(self, python_bin: str, name: str = NODE_NAME) -> None:
+        self.python_bin = python_bin
+        component = "node-agent" if name == NODE_NAME else f"node-agent-{name}"
+        node_kubeconfig = self._component_kubeconfig(component, f"system:node:{name}", organization="system:nodes")
+        serving = self.ca.issue(f"{component}-serving", ips=["127.0.0.1"], dns=["localhost"])
         env = {
             "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]),
             # What a container finds on PATH: this environment's python, torchrun and trainjob first.
             "TRAINJOB_NODE_PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
         }
         self._spawn(
-            "node-agent",
+            component,
             [
                 sys.executable,
                 "-m",
                 "kubetest.node_agent",
                 f"--kubeconfig={node_kubeconfig}",
-                f"--node-name={NODE_NAME}",
-                f"--root={self.root / 'node'}",
+                f"--node-name={name}",
+                f"--root={self.root / ('node' if name == NODE_NAME else name)}",
                 f"--serving-cert={serving[0]}",
                 f"--serving-key={serving[1]}",
                 f"--client-ca={self.ca.cert_path}",
             ],
             env=env,
         )
-        self.wait_node_ready()
+        self.wait_node_ready(timeout=60.0, name=name)
 
-    def wait_node_ready(self, timeout: float = 60.0) -> None:
+    def add_node(self, name: str) -> None:
+        """A second node: another node agent, registered as Node ``name``. Its pods reach the pods of their own node
+        only (each agent has its own bridge), so a job is placed on one node or the other, not across both."""
+        self._start_node_agent(self.python_bin, name)
+
+    def lose_node(self, name: str) -> None:
+        """Node ``name``'s machine is gone: its agent SIGKILLed (no heartbeat, no status from then on) and every
+        process of its pods with it, as a power loss would. The Node and its pods stay in the API server, as they
+        would; :meth:`remove_node` clears them away afterwards."""
+        process = self.processes.pop(f"node-agent-{name}")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.popen.pid, signal.SIGKILL)
+        process.popen.wait()
+        tag = f"tjk{process.popen.pid % 100000}"  # the agent's bridge, and the prefix of its pods' namespaces
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
+        namespaces = [line.split()[0] for line in listed if line.startswith(f"{tag}p")]
+        for _ in range(50):
+            pids = [int(pid) for netns in namespaces
+                    for pid in subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout.split()
+                    if pid.isdigit()]
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        for netns in namespaces:
+            subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+            shutil.rmtree(Path("/etc/netns") / netns, ignore_errors=True)
+        subprocess.run(["ip", "link", "del", tag[:15]], capture_output=True)
+        with contextlib.suppress(OSError):
+            Path("/etc/netns").rmdir()
+
+    def remove_node(self, name: str) -> None:
+        """Take node ``name`` out of the cluster: its pods deleted at once (no kubelet is left to confirm), then the
+        Node; its agent stopped first if it still runs."""
+        import kubernetes.client
+
+        agent = self.processes.pop(f"node-agent-{name}", None)
+        if agent is not None:
+            agent.stop(grace=15.0)
+        with self.client() as api:
+            core = kubernetes.client.CoreV1Api(api)
+            for pod in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items:
+                with contextlib.suppress(kubernetes.client.ApiException):
+                    core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
+            with contextlib.suppress(kubernetes.client.ApiException):
+                core.delete_node(name)
+
+    def wait_node_ready(self, timeout: float = 60.0, name: str = NODE_NAME) -> None:
         import kubernetes.client
 
         deadline = time.monotonic() + timeout
@@ -552,10 +607,11 @@ class ControlPlane:
             while time.monotonic() < deadline:
                 self.check_alive()
                 with contextlib.suppress(kubernetes.client.ApiException):
-                    node = core.read_node(NODE_NAME)
+                    node = core.read_node(name)
                     ready = [c for c in node.status.conditions or [] if c.type == "Ready"]
                     taints = [t.key for t in node.spec.taints or []]
                     if ready and ready[0].status == "True" and not taints:
                         return
                 time.sleep(0.3)
-        raise TimeoutError(f"node {NODE_NAME} not Ready after {timeout:g} s:\n{self.processes['node-agent'].tail()}")
+        agent = self.processes["node-agent" if name == NODE_NAME else f"node-agent-{name}"]
+        raise TimeoutError(f"node {name} not Ready after {timeout:g} s:\n{agent.tail()}")
