@@ -24,6 +24,7 @@ import pytest
 from jobtest.local import delete_all_jobs, processes_under, trainjob_resource
 
 from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.process_specs import passed_env
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "deepspeed"
 SCRIPT = EXAMPLES / "train.py"
@@ -56,8 +57,11 @@ def backend(trainjob_home: Path):
 
 def _one_process(torchrun, tmp_path: Path, extensions: Path, config: str, *extra: str, nproc: int = 1) -> dict:
     result = tmp_path / f"{config}-{nproc}-{'-'.join(extra) or 'deepspeed'}.json"
+    # The environment a job's node gets (not all of this one's): a variable that changes DeepSpeed's compile
+    # command would have the job and this run rebuild each other's ops, minutes each time.
     proc = torchrun(SCRIPT, "--deepspeed_config", str(EXAMPLES / f"{config}.json"), "--steps", str(STEPS),
-                    "--result", str(result), *extra, nproc=nproc, env=_env(extensions), timeout=480)  # fmt: skip
+                    "--result", str(result), *extra, nproc=nproc, env=_env(extensions), timeout=480,
+                    base_env=passed_env(os.environ))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(result.read_text())
 

@@ -21,9 +21,12 @@ What follows a stall is ``trainjob/stall-action``:
 ===========  ===================================================================================================
 ``restart``  stop the node group and start it again; the training script resumes from its checkpoint. Restarts
              count against ``elasticPolicy.maxRestarts``; a stall with none left fails the job. Refused on a job
-             without restarts (``maxRestarts`` unset or 0)
+             without restarts (``maxRestarts`` unset or 0). On Kubernetes the pods are evicted and the Job
+             controller replaces them, and the budget is the JobSet's ``failurePolicy.maxRestarts``, shared with
+             its own restarts
 ``fail``     stop the nodes; the job fails with reason ``Stalled``
-not set      ``restart`` for a job with ``elasticPolicy.maxRestarts >= 1``, else ``fail``: what a failed node does
+not set      ``restart`` for a job with restarts (``elasticPolicy.maxRestarts >= 1``; on Kubernetes
+             ``failurePolicy.maxRestarts >= 1``, as the built-in runtimes have), else ``fail``: what a failed node does
 ===========  ===================================================================================================
 
 Both annotations are read from the TrainJob, else from its runtime (so a runtime can set them for all its jobs)::

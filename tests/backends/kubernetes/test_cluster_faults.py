@@ -138,7 +138,7 @@ time.sleep(600)
 def test_a_job_that_stops_reporting_progress_is_failed_as_stalled(k8s: TrainJobCluster, namespace: str) -> None:
     """The watchdog on Kubernetes works from the progress the status endpoint receives (no log is read): past
     ``trainjob/stall-timeout`` without a report the job fails with reason ``Stalled`` and its pods are stopped."""
-    k8s.create_job("stuck", namespace, annotations={"trainjob/stall-timeout": "10s"},
+    k8s.create_job("stuck", namespace, annotations={"trainjob/stall-timeout": "10s", "trainjob/stall-action": "fail"},
                    trainer={"numNodes": 1, "command": [sys.executable, "-c", STALLS],
                             "resourcesPerNode": {"requests": {"cpu": "100m"}}})
     _until(lambda: (k8s.job("stuck", namespace).get("status") or {}).get("trainerStatus"), 120,
@@ -159,6 +159,45 @@ def test_a_job_that_stops_reporting_progress_is_failed_as_stalled(k8s: TrainJobC
                          "involvedObject.name=stuck,reason=Stalled", "-o", "json").stdout
     assert len(json.loads(events)["items"]) == 1
 
+
+
+#: Reports 6 steps of progress; its first run hangs after the third (a stuck data loader), a run after that finishes.
+STALLS_ONCE = """
+import sys, time
+from pathlib import Path
+from trainjob.torch import report
+marker = Path(sys.argv[1])
+first = not marker.exists()
+marker.touch()
+for step in range(6):
+    report({"loss": 1.0 / (step + 1)}, step=step + 1, total_steps=6)
+    time.sleep(1.0)
+    if first and step == 2:
+        time.sleep(600)
+print("finished", flush=True)
+"""
+
+
+def test_a_stalled_job_restarts_its_node_group_and_completes(k8s: TrainJobCluster, namespace: str, workdir: Any) -> None:
+    """``trainjob/stall-action: restart`` on Kubernetes: the operator evicts the stuck job's pods, the Job controller
+    replaces them (the runtime ignores an eviction), and the restart is counted against ``failurePolicy.maxRestarts``
+    in ``trainjob/stall-restarts``; the job completes."""
+    k8s.create_job("restarts", namespace,
+                   annotations={"trainjob/stall-timeout": "10s", "trainjob/stall-action": "restart"},
+                   trainer={"numNodes": 1, "command": [sys.executable, "-c", STALLS_ONCE, str(workdir / "ran")],
+                            "resourcesPerNode": {"requests": {"cpu": "100m"}}})
+    started = time.monotonic()
+    done = k8s.wait_for_condition("restarts", "Complete", namespace=namespace, timeout=240)
+    print(f"stalled job restarted and Complete {time.monotonic() - started:.1f} s after it was created "
+          "(it reports for ~3 s, then nothing for the 10 s limit)")
+    events = json.loads(k8s.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                    "involvedObject.name=restarts,reason=Stalled", "-o", "json").stdout)["items"]
+    assert len(events) == 1 and "restarting its node group (restart 1 of 3)" in events[0]["message"], events
+    assert done["metadata"]["annotations"]["trainjob/stall-restarts"] == "1"
+    logs = k8s.kubectl("logs", "-n", namespace, "-l", "jobset.sigs.k8s.io/jobset-name=restarts", "--tail=-1").stdout
+    assert "finished" in logs, logs[-2000:]
+    jobs = k8s.batch_jobs("restarts", namespace)
+    assert [j["status"].get("failed", 0) for j in jobs] == [0], "an eviction is not a failure of the Job"
 
 #: Two nodes training 40 steps of 0.5 s; each node's step is its checkpoint, in a directory both nodes share (as a
 #: claim on network storage would be), and a node starts from it.

@@ -188,6 +188,11 @@ class MemoryApi(KubeApi):
         self._collect_garbage(gone["metadata"]["uid"])
         return True
 
+    def evict(self, namespace: str, name: str) -> bool:
+        """The pod marked ``DisruptionTarget`` and gone (no kubelet here to give it a grace period)."""
+        self._record("create", "pods/eviction", f"{namespace}/{name}")
+        return self.pods.pop((namespace, name), None) is not None
+
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         self._record("list", "pods", namespace)
         return [

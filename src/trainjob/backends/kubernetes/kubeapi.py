@@ -150,6 +150,18 @@ class KubeApi:
             raise _backend_error(exc, f"list pods {label_selector}") from exc
         return list(json.loads(listing.data).get("items", []))
 
+    def evict(self, namespace: str, name: str) -> bool:
+        """Evict a pod through the Eviction API (the API server marks it ``DisruptionTarget`` and deletes it with
+        its grace period); ``False`` when it is gone already."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        try:
+            self.core.create_namespaced_pod_eviction(name, namespace, body)
+        except Exception as exc:
+            if _status(exc) == 404:
+                return False
+            raise _backend_error(exc, f"evict pod {name}") from exc
+        return True
+
     def read_log(self, namespace: str, pod: dict[str, Any], container: str, tail_lines: int = 200) -> str:
         """The last ``tail_lines`` lines of a container's log (through the API server's ``pods/log``)."""
         try:

@@ -94,6 +94,9 @@ def rbac() -> list[dict[str, Any]]:
         # the status endpoint checks the pods' projected tokens (audience trainer.kubeflow.org)
         {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        # A stalled job's node group restarted (trainjob/stall-action: restart): its pods evicted, so the Job
+        # controller replaces them as it does preempted ones.
+        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
         # PyTorchJobs (kubeflow.org/v1): whether their CRD is trainjob's, the jobs (delete: their TTL), their
         # status, and the pods and headless services the operator runs them with.
         {"apiGroups": [CRDS.group], "resources": [CRDS.plural], "verbs": ["get"],

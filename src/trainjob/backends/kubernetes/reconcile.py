@@ -82,6 +82,9 @@ DEFAULT_TRAINER = TRAINER_NODE
 STATUS_SETTLE_SECONDS = 1.0
 #: How many restarts of the JobSet (``status.restarts``) the operator has reported as ``Restarting`` events.
 RESTARTS_ANNOTATION = "trainjob/restarts-reported"
+#: How many times the stall watchdog restarted the job's node group (``trainjob/stall-action: restart``); with the
+#: JobSet's own restarts they spend the runtime's ``failurePolicy.maxRestarts``.
+STALL_RESTARTS_ANNOTATION = "trainjob/stall-restarts"
 
 
 def is_managed_here(job: dict[str, Any]) -> bool:
@@ -184,13 +187,14 @@ class Reconciler:
             self._fail_past_deadline(job, status, new, now)
             return None
         if not suspend and st.finished_condition(new) is None and _trainer_started(jobset, trainer):
-            stall_in = self._watch_progress(job, status, new, now)
+            stall_in = self._watch_progress(job, status, new, jobset, now)
             if stall_in is not None and stall_in <= 0:
                 return None  # stalled: failed, and its JobSet deleted
             if stall_in is not None:
                 remaining = stall_in if remaining is None else min(remaining, stall_in)
-        else:
-            self._clocks.pop((namespace, name), None)
+        elif (namespace, name) in self._clocks:  # suspended, or its pods replaced: unarmed until a new report
+            seen_uid, seen, _ = self._clocks[(namespace, name)]
+            self._clocks[(namespace, name)] = (seen_uid, seen, ProgressClock())
         elastic = progress.is_elastic(jobset, trainer)
         if not suspend and _trainer_started(jobset, trainer) and (self.status_endpoint is None or elastic):
             new = self._observe_trainer(job, new, jobset, trainer)
@@ -551,15 +555,19 @@ class Reconciler:
         self.api.post_event(job, "Warning", "DeadlineExceeded", message)
 
     def _watch_progress(self, job: dict[str, Any], old: dict[str, Any], new: dict[str, Any],
-                        now: float) -> float | None:
+                        jobset: dict[str, Any], now: float) -> float | None:
         """The stall watchdog (:mod:`trainjob.backends.stall`) from the progress that reaches the job's status
         (pushed to the status endpoint, or read from node 0's log): seconds until the job would be overdue, ``None``
-        when it is not watched (no report yet, or ``trainjob/stall-timeout: off``); ``0`` after failing a stalled
-        job. On Kubernetes a stall fails the job (``Stalled``) and deletes its JobSet, whatever
-        ``trainjob/stall-action`` says; the ranks' stacks are not collected there."""
+        when it is not watched (no report yet, ``trainjob/stall-timeout: off``, or its node group just restarted);
+        ``0`` after failing a stalled job. A stall restarts the node group when ``trainjob/stall-action`` says
+        ``restart`` (the default where the JobSet has ``failurePolicy.maxRestarts``) and restarts are left: the
+        pods are evicted, and the Job controller replaces them as it does preempted ones (the built-in runtimes
+        ignore a ``DisruptionTarget`` pod). Otherwise the job fails (``Stalled``) and its JobSet is deleted. The
+        ranks' stacks are not collected on Kubernetes."""
         meta = job["metadata"]
+        budget = int(((jobset.get("spec") or {}).get("failurePolicy") or {}).get("maxRestarts") or 0)
         try:
-            policy = stall_policy(meta.get("annotations"), max_restarts=1)
+            policy = stall_policy(meta.get("annotations"), max_restarts=budget)
         except ValidationError as exc:  # checked at submit by trainjob; a job made another way is told here
             self._fail(job, old, "InvalidStallTimeout", f"{exc} (fix the annotation and create the job again)", now)
             return 0.0
@@ -580,12 +588,35 @@ class Reconciler:
             armed = clock.last is not None and (policy.timeout is not None or clock.longest is not None)
             return clock.last + limit - now + 0.5 if armed and limit is not None and clock.last is not None else None
         silent, limit = overdue
-        message = (f"no progress for {silent:.1f} s (limit {limit:.1f} s: {policy.explain(clock.longest)}): the job "
-                   "is stuck; its JobSet was deleted (the ranks' stacks are not collected on Kubernetes; run it "
+        stuck = f"no progress for {silent:.1f} s (limit {limit:.1f} s: {policy.explain(clock.longest)}): the job is stuck"
+        annotations = meta.get("annotations") or {}
+        restarted = int(annotations.get(STALL_RESTARTS_ANNOTATION, "0") or 0)
+        spent = restarted + int((jobset.get("status") or {}).get("restarts") or 0)
+        namespace, name = meta["namespace"], meta["name"]
+        if policy.action == "restart" and spent < budget:
+            message = (f"{stuck}; restarting its node group (restart {spent + 1} of {budget}), from its last "
+                       "checkpoint when the script keeps one (the ranks' stacks are not collected on Kubernetes)")
+            # the count first: were the pods evicted and the count then lost, the next stall would restart again
+            # past the budget
+            self._stored(TRAINJOBS, self.api.patch(
+                TRAINJOBS, namespace, name, {"metadata": {"annotations": {STALL_RESTARTS_ANNOTATION: str(restarted + 1)}}}
+            ))
+            self.api.post_event(job, "Warning", "Stalled", message)
+            for pod in self.api.list_pods(namespace, f"{JOBSET_NAME_LABEL}={name}"):
+                if not pod["metadata"].get("deletionTimestamp") and \
+                        (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                    self.api.evict(namespace, pod["metadata"]["name"])
+            # unarmed until the new group reports: the last report of the old one does not count
+            self._clocks[key] = (uid, trainer_status, ProgressClock())
+            log.info("TrainJob %s/%s stalled: node group restarted (%d of %d)", namespace, name, spent + 1, budget)
+            return None
+        if policy.action == "restart":
+            stuck += f"; no restart left ({spent} of {budget} spent)"
+        message = (f"{stuck}; its JobSet was deleted (the ranks' stacks are not collected on Kubernetes; run it "
                    "locally with trainjob stacks to see them)")
         self._clocks.pop(key, None)
-        self._delete_children(meta["namespace"], meta["name"])
-        self._write_status(meta["namespace"], meta["name"], old, st.failed(new, "Stalled", message, now))
+        self._delete_children(namespace, name)
+        self._write_status(namespace, name, old, st.failed(new, "Stalled", message, now))
         self.api.post_event(job, "Warning", "Stalled", message)
         return 0.0
 
