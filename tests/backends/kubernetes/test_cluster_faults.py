@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -160,6 +161,48 @@ def test_a_job_that_stops_reporting_progress_is_failed_as_stalled(k8s: TrainJobC
     assert len(json.loads(events)["items"]) == 1
 
 
+
+
+#: Two ranks training; rank 1's data loader blocks at step 8 (a stuck mount), so rank 0 waits in all_reduce.
+STUCK_RANK = """
+import time
+import torch, torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+import trainjob.torch as tt
+
+class Batches(Dataset):
+    def __len__(self):
+        return 1000
+    def __getitem__(self, index):
+        if index == 8 and dist.get_rank() == 1:
+            time.sleep(600)
+        return torch.ones(4)
+
+dist.init_process_group("gloo")
+for step, batch in enumerate(DataLoader(Batches(), batch_size=1), start=1):
+    dist.all_reduce(batch)
+    tt.report({"loss": 1.0 / step}, step=step, total_steps=1000)
+    time.sleep(0.2)
+"""
+
+
+def test_a_stalled_jobs_stuck_rank_is_named_from_the_stacks_it_wrote(
+    k8s: TrainJobCluster, namespace: str, workdir: Any
+) -> None:
+    """Each rank watches its own reports (the operator sets ``TRAINJOB_STALL_DUMP``): silent for half the limit, it
+    writes its stacks to its log; the operator, finding the job stalled, reads them and names the rank that is not
+    in the collective the others wait in, with its frame."""
+    script = workdir / "stuck_rank.py"
+    script.write_text(STUCK_RANK)
+    k8s.create_job("named", namespace,
+                   annotations={"trainjob/stall-timeout": "20s", "trainjob/stall-action": "fail"},
+                   trainer={"numNodes": 2, "command": [str(Path(sys.executable).parent / "torchrun"), str(script)],
+                            "resourcesPerNode": {"requests": {"cpu": "100m"}}})
+    failed = k8s.wait_for_condition("named", "Failed", namespace=namespace, timeout=240)
+    condition = next(c for c in failed["status"]["conditions"] if c["type"] == "Failed")
+    assert condition["reason"] == "Stalled", condition
+    assert "rank 1 is not in the all_reduce that rank 0 waits in: rank 1 is in __getitem__ (stuck_rank.py:12)" \
+        in condition["message"], condition["message"]
 
 #: Reports 6 steps of progress; its first run hangs after the third (a stuck data loader), a run after that finishes.
 STALLS_ONCE = """

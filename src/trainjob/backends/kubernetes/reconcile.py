@@ -67,7 +67,8 @@ from trainjob.backends.kubernetes.snapshot import SnapshotSigner, has_snapshot
 from trainjob.backends.kubernetes.status_server import StatusEndpoint, inject_status_client
 from trainjob.backends.kubernetes.ttl import ttl_remaining
 from trainjob.backends.kubernetes.views import trainer_pods
-from trainjob.backends.stall import ProgressClock, stall_policy
+from trainjob.backends.stacks import RankStacks, dumps_in_log, find_stuck_ranks
+from trainjob.backends.stall import STALL_DUMP_ENV, ProgressClock, dump_setting, stall_policy
 from trainjob.constants import LAUNCH_ANNOTATION, TRAINER_NODE
 from trainjob.errors import AlreadyExistsError, NotFoundError, TrainJobError, ValidationError
 from trainjob.runtime import resolve
@@ -360,6 +361,7 @@ class Reconciler:
             if obj["kind"] == JOBSETS.kind:  # the snapshot and launch values travel with the JobSet's create
                 if self.status_endpoint is not None:
                     inject_status_client(obj, self.status_endpoint)
+                _inject_stall_dumps(obj, job)
                 obj["metadata"].setdefault("annotations", {}).update(self.signer.annotations(job, snapshot))
                 obj["metadata"]["annotations"][LAUNCH_ANNOTATION] = json.dumps(launch.to_dict(), sort_keys=True)
             try:
@@ -562,8 +564,9 @@ class Reconciler:
         ``0`` after failing a stalled job. A stall restarts the node group when ``trainjob/stall-action`` says
         ``restart`` (the default where the JobSet has ``failurePolicy.maxRestarts``) and restarts are left: the
         pods are evicted, and the Job controller replaces them as it does preempted ones (the built-in runtimes
-        ignore a ``DisruptionTarget`` pod). Otherwise the job fails (``Stalled``) and its JobSet is deleted. The
-        ranks' stacks are not collected on Kubernetes."""
+        ignore a ``DisruptionTarget`` pod). Otherwise the job fails (``Stalled``) and its JobSet is deleted. Either
+        way the ``Stalled`` event names the stuck ranks, from the stacks each rank wrote to its log by then
+        (:mod:`trainjob.torch.watchdog`)."""
         meta = job["metadata"]
         budget = int(((jobset.get("spec") or {}).get("failurePolicy") or {}).get("maxRestarts") or 0)
         try:
@@ -589,13 +592,15 @@ class Reconciler:
             return clock.last + limit - now + 0.5 if armed and limit is not None and clock.last is not None else None
         silent, limit = overdue
         stuck = f"no progress for {silent:.1f} s (limit {limit:.1f} s: {policy.explain(clock.longest)}): the job is stuck"
+        named = self._name_stuck_ranks(meta["namespace"], meta["name"], jobset)
+        stuck += f": {named}" if named else " (no rank wrote its stacks to its log)"
         annotations = meta.get("annotations") or {}
         restarted = int(annotations.get(STALL_RESTARTS_ANNOTATION, "0") or 0)
         spent = restarted + int((jobset.get("status") or {}).get("restarts") or 0)
         namespace, name = meta["namespace"], meta["name"]
         if policy.action == "restart" and spent < budget:
             message = (f"{stuck}; restarting its node group (restart {spent + 1} of {budget}), from its last "
-                       "checkpoint when the script keeps one (the ranks' stacks are not collected on Kubernetes)")
+                       "checkpoint when the script keeps one")
             # the count first: were the pods evicted and the count then lost, the next stall would restart again
             # past the budget
             self._stored(TRAINJOBS, self.api.patch(
@@ -612,13 +617,27 @@ class Reconciler:
             return None
         if policy.action == "restart":
             stuck += f"; no restart left ({spent} of {budget} spent)"
-        message = (f"{stuck}; its JobSet was deleted (the ranks' stacks are not collected on Kubernetes; run it "
-                   "locally with trainjob stacks to see them)")
+        message = f"{stuck}; its JobSet was deleted (the ranks' stacks are in their pods' logs)"
         self._clocks.pop(key, None)
         self._delete_children(namespace, name)
         self._write_status(namespace, name, old, st.failed(new, "Stalled", message, now))
         self.api.post_event(job, "Warning", "Stalled", message)
         return 0.0
+
+    def _name_stuck_ranks(self, namespace: str, name: str, jobset: dict[str, Any]) -> str | None:
+        """Which ranks the stalled job waits for, and where they are, from the stacks the ranks wrote to their
+        pods' logs (:func:`trainjob.backends.stacks.dumps_in_log`); ``None`` when none did."""
+        dumps: dict[int, str] = {}
+        try:
+            pods = trainer_pods(self.api.list_pods(namespace, f"{JOBSET_NAME_LABEL}={name}"), trainer_name(jobset))
+            for pod in pods.values():
+                if (pod.get("status") or {}).get("phase") == "Running":
+                    dumps.update(dumps_in_log(self.api.read_log(namespace, pod, _container_name(pod), tail_lines=5000)))
+        except TrainJobError as exc:  # the stacks are best effort: the stall is acted on either way
+            log.warning("cannot read the stacks of stalled TrainJob %s/%s: %s", namespace, name, exc)
+        if not dumps:
+            return None
+        return find_stuck_ranks([RankStacks(rank, text) for rank, text in sorted(dumps.items())]).summary
 
     def _delete_children(self, namespace: str, name: str) -> None:
         for ref in (JOBSETS, COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS):
@@ -745,6 +764,21 @@ def _grew(message: str) -> bool | None:
         return int(words[3]) > int(words[1])
     except (IndexError, ValueError):
         return None
+
+
+def _inject_stall_dumps(jobset: dict[str, Any], job: dict[str, Any]) -> None:
+    """Tell every container of ``jobset``'s pods when a rank that stops reporting writes its stacks to its log
+    (:data:`~trainjob.backends.stall.STALL_DUMP_ENV`; a variable the container sets itself is kept)."""
+    try:
+        policy = stall_policy((job.get("metadata") or {}).get("annotations"), max_restarts=1)
+    except ValidationError:  # the watchdog fails the job with the reason once it runs
+        return
+    variable = {"name": STALL_DUMP_ENV, "value": dump_setting(policy)}
+    for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        pod = ((rj.get("template") or {}).get("spec") or {}).get("template", {}).get("spec") or {}
+        for container in pod.get("containers") or []:
+            if not any(e.get("name") == STALL_DUMP_ENV for e in container.get("env") or []):
+                container["env"] = [*(container.get("env") or []), variable]
 
 
 def _trainer_started(jobset: dict[str, Any], trainer: str) -> bool:

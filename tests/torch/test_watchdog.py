@@ -1,0 +1,56 @@
+"""A rank's own stall watchdog (what a Kubernetes job's ranks run): silent past its limit, it writes every thread's
+stack to stderr once, prefixed with its rank, in the form the operator reads back (``dumps_in_log``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+from jobtest.tiers import starts
+
+from trainjob.backends.stacks import RankStacks, dumps_in_log, find_stuck_ranks
+
+SCRIPT = """
+import time
+import trainjob.torch as tt
+
+def stuck_here():
+    time.sleep(4)
+
+for step in range(3):
+    tt.report({"loss": 1.0}, step=step)
+stuck_here()
+tt.report({"loss": 0.5}, step=3)
+time.sleep(2.5)
+"""
+
+
+@pytest.fixture
+@starts("procs")
+def rank() -> Callable[[dict[str, str]], subprocess.CompletedProcess[str]]:
+    """Run SCRIPT as a rank with ``env``."""
+
+    def run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([sys.executable, "-c", SCRIPT], env={"PATH": "/usr/bin:/bin", **env},
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc
+
+    return run
+
+
+def test_a_silent_rank_writes_its_stacks_once_and_again_after_a_new_report(rank) -> None:
+    proc = rank({"RANK": "1", "TRAINJOB_STALL_DUMP": "1.5"})
+    assert proc.stderr.count("[trainjob-stacks rank 1] no progress for ") == 2, proc.stderr  # once per silence
+    dumps = dumps_in_log(proc.stderr)
+    assert list(dumps) == [1]
+    # the latest dump: after the last report, in the final sleep of the script itself
+    found = find_stuck_ranks([RankStacks(1, dumps[1])])
+    assert found.stuck == [1] and "<module> (<string>:12)" in found.summary, (found, dumps[1])
+    assert '[trainjob-stacks rank 1]   File "<string>", line 6 in stuck_here' in proc.stderr  # the first silence
+
+
+def test_no_watchdog_unless_the_operator_asks(rank) -> None:
+    assert "trainjob-stacks" not in rank({"RANK": "0"}).stderr
