@@ -15,6 +15,14 @@ progress report, the seconds until the watchdog fired (the figure in the message
 so the limit is derived from the job's pace (the floor: 60 s)::
 
     python benchmarks/stall.py --trials 9 --default-trials 1 --json /tmp/stall.json
+
+With ``--kubernetes`` the same trials run as TrainJobs on the test control plane (built from Go modules, as the
+tests build it; root) under trainjob's operator: the watchdog works from the progress the pods push to the
+operator's status endpoint, and the stuck rank is named from the stacks each rank wrote to its own log
+(``trainjob.torch.watchdog``); the seconds are from the last progress report the pod stamped to the job's
+``Failed`` condition, by the API server's clock (whole seconds)::
+
+    python benchmarks/stall.py --kubernetes --trials 9 --default-trials 1
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from compare import report
+
+from trainjob.backends.kubernetes.resources import TRAINJOBS
 
 KINDS = ("loader", "sleep", "skip")
 
@@ -103,6 +113,71 @@ def trial(backend: Any, workdir: Path, index: int, kind: str, step_seconds: floa
     return result
 
 
+def trial_kubernetes(cluster: Any, workdir: Path, index: int, kind: str, step_seconds: float,
+                     timeout: str | None) -> dict[str, Any]:
+    import datetime
+    import sys
+
+    name, namespace = f"stall-{index}-{kind}", "stall"
+    script = workdir / "stall_train.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    annotations = {"trainjob/stall-action": "fail", **({"trainjob/stall-timeout": timeout} if timeout else {})}
+    cluster.create_job(name, namespace, annotations=annotations, trainer={
+        "numNodes": 2, "command": [str(Path(sys.executable).parent / "torchrun"), str(script), kind, str(step_seconds)],
+        "resourcesPerNode": {"requests": {"cpu": "100m"}}})
+    deadline = time.monotonic() + 300
+    while True:
+        job = cluster.job(name, namespace)
+        done = [c for c in (job.get("status") or {}).get("conditions") or []
+                if c["type"] in ("Failed", "Complete") and c["status"] == "True"]
+        if done or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    message = done[0]["message"] if done else "not caught in 300 s"
+
+    def stamp(text: str) -> float:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+    last_report = ((job.get("status") or {}).get("trainerStatus") or {}).get("lastUpdatedTime")
+    silent = re.match(r"no progress for ([0-9.]+) s ", message)
+    result = {
+        "kind": kind,
+        "limit": timeout or "derived",
+        "named_rank_1": bool(done) and done[0].get("reason") == "Stalled" and "rank 1 is " in message
+        and "rank 0 is " not in message,
+        "caught_after_s": float(silent[1]) if silent else None,
+        "failed_after_s": stamp(done[0]["lastTransitionTime"]) - stamp(last_report) if done and last_report else None,
+        "message": message,
+    }
+    cluster.api.delete(TRAINJOBS, namespace, name, propagation="Background")
+    while cluster.pods(name, namespace) and time.monotonic() < deadline + 120:
+        time.sleep(0.5)
+    return result
+
+
+def run_kubernetes(plan: list[tuple[str, str | None]], step_seconds: float, tmp: Path) -> list[dict[str, Any]]:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "harness"))
+    from kubetest.cluster import TrainJobCluster
+    from kubetest.controlplane import ControlPlane
+
+    workdir = tmp / "work"
+    workdir.mkdir()
+    for path in (tmp, workdir):  # the pods run the script from here
+        path.chmod(0o755)
+    with ControlPlane.start(tmp / "cluster") as cp:
+        cluster = TrainJobCluster(cp, tmp / "trainjob")
+        cluster.install()
+        cluster.operator.start()
+        try:
+            cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "stall"}}])
+            return [trial_kubernetes(cluster, workdir, i, kind, step_seconds, timeout)
+                    for i, (kind, timeout) in enumerate(plan)]
+        finally:
+            cluster.operator.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=9, help="trials with an explicit stall-timeout (default 9)")
@@ -111,18 +186,23 @@ def main() -> None:
     parser.add_argument("--timeout", default="5s", help="the explicit trainjob/stall-timeout (default 5s)")
     parser.add_argument("--step-seconds", type=float, default=0.1, help="the jobs' pace (default 0.1)")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"which stalls, in turn (default {','.join(KINDS)})")
+    parser.add_argument("--kubernetes", action="store_true",
+                        help="run the trials as TrainJobs on the test control plane under trainjob's operator")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
 
     from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 
+    kinds = args.kinds.split(",")
+    plan: list[tuple[str, str | None]] = [(kinds[i % len(kinds)], args.timeout) for i in range(args.trials)]
+    plan += [(kinds[i % len(kinds)], None) for i in range(args.default_trials)]
     with tempfile.TemporaryDirectory() as tmp:
-        backend = LocalBackend(LocalProcessBackendConfig(home=Path(tmp) / "home"))
-        kinds = args.kinds.split(",")
-        plan = [(kinds[i % len(kinds)], args.timeout) for i in range(args.trials)]
-        plan += [(kinds[i % len(kinds)], None) for i in range(args.default_trials)]
-        results = [trial(backend, Path(tmp), i, kind, args.step_seconds, timeout)
-                   for i, (kind, timeout) in enumerate(plan)]
+        if args.kubernetes:
+            results = run_kubernetes(plan, args.step_seconds, Path(tmp))
+        else:
+            backend = LocalBackend(LocalProcessBackendConfig(home=Path(tmp) / "home"))
+            results = [trial(backend, Path(tmp), i, kind, args.step_seconds, timeout)
+                       for i, (kind, timeout) in enumerate(plan)]
 
     def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         caught = [r["caught_after_s"] for r in rows if r["caught_after_s"] is not None]
@@ -133,6 +213,7 @@ def main() -> None:
                 "failed_after_s_max": max(failed) if failed else None}
 
     report({
+        "backend": "kubernetes" if args.kubernetes else "local",
         "step_seconds": args.step_seconds,
         "explicit_timeout": {"timeout": args.timeout, **summary([r for r in results if r["limit"] != "derived"])},
         "derived_limit": summary([r for r in results if r["limit"] == "derived"]),
