@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,8 +32,7 @@ def torchrun(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run ``torchrun --standalone --nproc-per-node=N script args...`` on this machine and capture its output."""
 
     def run(script: Path, *args: str, nproc: int = 2, max_restarts: int = 0, env: dict[str, str] | None = None,
-            timeout: float = 150, base_env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        """``base_env`` (this process's environment unless given) under ``env``."""
+            timeout: float = 150) -> subprocess.CompletedProcess[str]:
         command = [
             sys.executable, "-m", "torch.distributed.run",
             "--nnodes=1", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
@@ -41,7 +40,10 @@ def torchrun(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
             str(script), *args,
         ]  # fmt: skip
         full_env = {
-            **(os.environ if base_env is None else base_env),
+            **os.environ,
+            # this environment's bin first, as in an activated virtual environment and in a job's nodes: the
+            # tools a run finds there (DeepSpeed's JIT builds call ninja) are the ones its jobs find
+            "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
             "OMP_NUM_THREADS": "1",
             # A restarted worker group must not find the previous attempt's gloo addresses in a shared store.
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",

@@ -24,7 +24,6 @@ import pytest
 from jobtest.local import delete_all_jobs, processes_under, trainjob_resource
 
 from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
-from trainjob.backends.local.process_specs import passed_env
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "deepspeed"
 SCRIPT = EXAMPLES / "train.py"
@@ -39,7 +38,9 @@ pytestmark = pytest.mark.timeout(900)
 
 @pytest.fixture(scope="module")
 def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Ops DeepSpeed did not prebuild compile on first use (minutes): once per module, in a temp dir."""
+    """Ops DeepSpeed did not prebuild compile on first use (minutes): once per module, in a temp dir. Once only
+    because the jobs and the reference runs find the same ninja (this environment's, first on both PATHs): two
+    ninja versions record a build differently, and each would rebuild what the other built."""
     return tmp_path_factory.mktemp("torch_extensions")
 
 
@@ -57,11 +58,8 @@ def backend(trainjob_home: Path):
 
 def _one_process(torchrun, tmp_path: Path, extensions: Path, config: str, *extra: str, nproc: int = 1) -> dict:
     result = tmp_path / f"{config}-{nproc}-{'-'.join(extra) or 'deepspeed'}.json"
-    # The environment a job's node gets (not all of this one's): a variable that changes DeepSpeed's compile
-    # command would have the job and this run rebuild each other's ops, minutes each time.
     proc = torchrun(SCRIPT, "--deepspeed_config", str(EXAMPLES / f"{config}.json"), "--steps", str(STEPS),
-                    "--result", str(result), *extra, nproc=nproc, env=_env(extensions), timeout=480,
-                    base_env=passed_env(os.environ))  # fmt: skip
+                    "--result", str(result), *extra, nproc=nproc, env=_env(extensions), timeout=480)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(result.read_text())
 
