@@ -167,6 +167,7 @@ def run_kubernetes(plan: list[tuple[str, str | None]], step_seconds: float, tmp:
     for path in (tmp, workdir):  # the pods run the script from here
         path.chmod(0o755)
     with ControlPlane.start(tmp / "cluster") as cp:
+        (tmp / "trainjob").mkdir()
         cluster = TrainJobCluster(cp, tmp / "trainjob")
         cluster.install()
         cluster.operator.start()
