@@ -71,6 +71,12 @@ CONVERSION_WARNINGS_ANNOTATION = f"{ANNOTATION_PREFIX}conversion-warnings"
 #: The stall watchdog (:mod:`trainjob.backends.stall`): how long without progress is a stall, and what follows it.
 STALL_TIMEOUT_ANNOTATION = f"{ANNOTATION_PREFIX}stall-timeout"
 STALL_ACTION_ANNOTATION = f"{ANNOTATION_PREFIX}stall-action"
+#: The stall watchdog's derived limit: this many times the longest interval between two reports, at least the floor.
+STALL_INTERVAL_FACTOR = 10.0
+STALL_FLOOR_SECONDS = 60.0
+#: In a Kubernetes job's pods: when a rank that stops reporting dumps its own stacks to its log
+#: (:mod:`trainjob.torch.watchdog`): ``auto``, seconds, or ``off``.
+STALL_DUMP_ENV = "TRAINJOB_STALL_DUMP"
 
 # --- torchrun's environment (torchrun reads PET_<OPTION> as --<option>) -----------------------------------------
 PET_PREFIX = "PET_"

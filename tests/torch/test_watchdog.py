@@ -10,7 +10,8 @@ from collections.abc import Callable
 import pytest
 from jobtest.tiers import starts
 
-from trainjob.backends.stacks import RankStacks, dumps_in_log, find_stuck_ranks
+from trainjob.backends.stacks import RankStacks, find_stuck_ranks
+from trainjob.stall_dumps import dumps_in_log
 
 SCRIPT = """
 import time

@@ -43,8 +43,6 @@ __all__ = [
     "RankStacks",
     "StuckRanks",
     "ThreadStack",
-    "dump_for_log",
-    "dumps_in_log",
     "find_stuck_ranks",
     "format_stacks",
     "parse_dump",
@@ -54,9 +52,6 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[(?P<name>[
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<function>.*)$')
 _LIBRARY = re.compile(r"/(?:site-packages|dist-packages)/|/lib/python3\.\d+/|^<")
 _SHORT = re.compile(r"^.*/(?:site-packages|dist-packages|lib/python3\.\d+)/")
-#: A line of a dump a rank wrote to its log itself (:mod:`trainjob.torch.watchdog`), whatever precedes it.
-_LOG_LINE = re.compile(r"\[trainjob-stacks rank (?P<rank>\d+)\] (?P<text>.*)$")
-_LOG_HEADER = "no progress for "
 #: Frames that only wrap a collective (c10d's logging decorator) and name none.
 _WRAPPERS = frozenset({"wrapper", "inner"})
 
@@ -88,37 +83,6 @@ class ThreadStack:
     ident: str
     current: bool
     frames: list[Frame] = field(default_factory=list)
-
-
-def dump_for_log(rank: int, silent: float, dump: str) -> str:
-    """The lines rank ``rank`` writes to its log for ``dump`` (:mod:`faulthandler`'s format) after ``silent``
-    seconds without progress, each prefixed so that ranks writing at once stay apart (:func:`dumps_in_log` reads
-    them)."""
-    prefix = f"[trainjob-stacks rank {rank}] "
-    return "".join(f"{prefix}{line}\n" for line in [f"{_LOG_HEADER}{silent:.0f} s; its stacks:", *dump.splitlines()])
-
-
-def dumps_in_log(log: str) -> dict[int, str]:
-    """Each rank's latest dump in ``log`` (a pod's log; a line may start with anything before the prefix, such as
-    torchrun's ``[rank1]:``), in :mod:`faulthandler`'s format.
-
-    >>> log = "step 3\\n[rank1]:[trainjob-stacks rank 1] no progress for 31 s; its stacks:\\n"
-    >>> log += "[trainjob-stacks rank 1] Thread 0x1 (most recent call first):\\n"
-    >>> log += '[trainjob-stacks rank 1]   File "train.py", line 9 in <module>\\n'
-    >>> dumps_in_log(log)
-    {1: 'Thread 0x1 (most recent call first):\\n  File "train.py", line 9 in <module>\\n'}
-    """
-    dumps: dict[int, list[str]] = {}
-    for line in log.splitlines():
-        match = _LOG_LINE.search(line)
-        if match is None:
-            continue
-        rank, text = int(match["rank"]), match["text"]
-        if text.startswith(_LOG_HEADER):
-            dumps[rank] = []
-        elif rank in dumps:
-            dumps[rank].append(text)
-    return {rank: "".join(f"{line}\n" for line in lines) for rank, lines in sorted(dumps.items())}
 
 
 def parse_dump(text: str) -> list[ThreadStack]:

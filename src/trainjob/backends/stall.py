@@ -56,7 +56,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainjob.constants import STALL_ACTION_ANNOTATION, STALL_TIMEOUT_ANNOTATION
+from trainjob.constants import (
+    STALL_ACTION_ANNOTATION,
+    STALL_FLOOR_SECONDS,
+    STALL_INTERVAL_FACTOR,
+    STALL_TIMEOUT_ANNOTATION,
+)
 from trainjob.errors import ValidationError
 
 if TYPE_CHECKING:
@@ -66,24 +71,19 @@ __all__ = [
     "FLOOR_SECONDS",
     "INTERVAL_FACTOR",
     "STALL_ACTIONS",
-    "STALL_DUMP_ENV",
     "ProgressClock",
     "StallPolicy",
     "checked_stall_policy",
-    "dump_after",
     "dump_setting",
     "parse_stall_timeout",
     "stall_policy",
 ]
 
 #: The least limit derived from a job's own pace.
-FLOOR_SECONDS = 60.0
+FLOOR_SECONDS = STALL_FLOOR_SECONDS
 #: A derived limit is this many times the longest interval seen between two reports.
-INTERVAL_FACTOR = 10.0
+INTERVAL_FACTOR = STALL_INTERVAL_FACTOR
 STALL_ACTIONS = ("restart", "fail")
-#: In a Kubernetes job's pods: when a rank that stops reporting dumps its own stacks to its log
-#: (:mod:`trainjob.torch.watchdog`): ``auto``, seconds, or ``off``.
-STALL_DUMP_ENV = "TRAINJOB_STALL_DUMP"
 _DURATION = re.compile(r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?$")
 _ACCEPTED_TIMEOUTS = 'a duration ("600" seconds, "90s", "10m", "1h30m") greater than 0, or "off"'
 
@@ -123,32 +123,11 @@ class StallPolicy:
 
 
 def dump_setting(policy: StallPolicy) -> str:
-    """:data:`STALL_DUMP_ENV` for a job watched by ``policy``: half its explicit limit, ``auto`` (half the derived
-    rule, :func:`dump_after`), or ``off``."""
+    """``TRAINJOB_STALL_DUMP`` for a job watched by ``policy``: half its explicit limit, ``auto`` (half the derived
+    rule, :func:`trainjob.stall_dumps.dump_after`), or ``off``."""
     if not policy.watched:
         return "off"
     return "auto" if policy.timeout is None else f"{policy.timeout / 2:g}"
-
-
-def dump_after(setting: str | None, longest: float | None) -> float | None:
-    """Seconds without a report after which a rank dumps its own stacks (:data:`STALL_DUMP_ENV` is ``setting``,
-    ``longest`` the longest interval between its reports so far); ``None``: not yet, or never. ``auto`` is half
-    the watchdog's derived limit, so the stacks are in the log before the job is found stalled.
-
-    >>> dump_after("auto", 0.1), dump_after("auto", 12.0), dump_after("auto", None), dump_after("7.5", None)
-    (30.0, 60.0, None, 7.5)
-    >>> dump_after("off", 1.0), dump_after(None, 1.0), dump_after("soon", 1.0)
-    (None, None, None)
-    """
-    if not setting or setting == "off":
-        return None
-    if setting == "auto":
-        return None if longest is None else max(FLOOR_SECONDS, INTERVAL_FACTOR * longest) / 2
-    try:
-        seconds = float(setting)
-    except ValueError:
-        return None
-    return seconds if seconds > 0 else None
 
 
 def parse_stall_timeout(value: str, field: str = f"metadata.annotations[{STALL_TIMEOUT_ANNOTATION}]") -> float | None:

@@ -4,11 +4,11 @@ The operator cannot signal a pod's processes, so on Kubernetes every rank watche
 ``TRAINJOB_STALL_DUMP`` in the job's pods (``auto``, or the seconds after which to dump: half the job's
 ``trainjob/stall-timeout``); a rank then counts its own calls of :func:`trainjob.torch.report` (every rank calls
 it: only rank 0 records). When a rank has not reported for longer than that
-(:func:`trainjob.backends.stall.dump_after`: half the operator's own limit, so the dump is in the log before the
+(:func:`trainjob.stall_dumps.dump_after`: half the operator's own limit, so the dump is in the log before the
 operator acts), it writes every thread's stack once, in :mod:`faulthandler`'s format, each line prefixed with
 ``[trainjob-stacks rank N]`` so that ranks writing at once stay apart. The operator reads them from the pods' logs
-when it finds the job stalled and names the stuck rank (:func:`trainjob.backends.stacks.dumps_in_log`,
-:func:`~trainjob.backends.stacks.find_stuck_ranks`). A new report arms it again.
+when it finds the job stalled and names the stuck rank (:func:`trainjob.stall_dumps.dumps_in_log`,
+:func:`trainjob.backends.stacks.find_stuck_ranks`). A new report arms it again.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import tempfile
 import threading
 import time
 
-from trainjob.backends.stacks import dump_for_log
-from trainjob.backends.stall import STALL_DUMP_ENV, dump_after
+from trainjob.constants import STALL_DUMP_ENV
+from trainjob.stall_dumps import dump_after, dump_for_log
 
 __all__ = ["beat"]
 

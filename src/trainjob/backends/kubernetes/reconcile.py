@@ -67,13 +67,14 @@ from trainjob.backends.kubernetes.snapshot import SnapshotSigner, has_snapshot
 from trainjob.backends.kubernetes.status_server import StatusEndpoint, inject_status_client
 from trainjob.backends.kubernetes.ttl import ttl_remaining
 from trainjob.backends.kubernetes.views import trainer_pods
-from trainjob.backends.stacks import RankStacks, dumps_in_log, find_stuck_ranks
-from trainjob.backends.stall import STALL_DUMP_ENV, ProgressClock, dump_setting, stall_policy
-from trainjob.constants import LAUNCH_ANNOTATION, TRAINER_NODE
+from trainjob.backends.stacks import RankStacks, find_stuck_ranks
+from trainjob.backends.stall import ProgressClock, dump_setting, stall_policy
+from trainjob.constants import LAUNCH_ANNOTATION, STALL_DUMP_ENV, TRAINER_NODE
 from trainjob.errors import AlreadyExistsError, NotFoundError, TrainJobError, ValidationError
 from trainjob.runtime import resolve
 from trainjob.runtime.launch import LaunchValues, resolve_launch_values
 from trainjob.runtime.render import render_objects
+from trainjob.stall_dumps import dumps_in_log
 
 log = logging.getLogger("trainjob.operator")
 
@@ -626,7 +627,7 @@ class Reconciler:
 
     def _name_stuck_ranks(self, namespace: str, name: str, jobset: dict[str, Any]) -> str | None:
         """Which ranks the stalled job waits for, and where they are, from the stacks the ranks wrote to their
-        pods' logs (:func:`trainjob.backends.stacks.dumps_in_log`); ``None`` when none did."""
+        pods' logs (:func:`trainjob.stall_dumps.dumps_in_log`); ``None`` when none did."""
         dumps: dict[int, str] = {}
         try:
             pods = trainer_pods(self.api.list_pods(namespace, f"{JOBSET_NAME_LABEL}={name}"), trainer_name(jobset))
@@ -768,7 +769,7 @@ def _grew(message: str) -> bool | None:
 
 def _inject_stall_dumps(jobset: dict[str, Any], job: dict[str, Any]) -> None:
     """Tell every container of ``jobset``'s pods when a rank that stops reporting writes its stacks to its log
-    (:data:`~trainjob.backends.stall.STALL_DUMP_ENV`; a variable the container sets itself is kept)."""
+    (``TRAINJOB_STALL_DUMP``; a variable the container sets itself is kept)."""
     try:
         policy = stall_policy((job.get("metadata") or {}).get("annotations"), max_restarts=1)
     except ValidationError:  # the watchdog fails the job with the reason once it runs

@@ -1,0 +1,69 @@
+"""Stacks a Kubernetes job's ranks write to their own logs when they stop reporting (:mod:`trainjob.torch.watchdog`)
+and the operator reads back when it finds the job stalled: when a rank writes them, and their format (the
+:mod:`faulthandler` dump, each line prefixed with ``[trainjob-stacks rank N]`` so that ranks writing at once stay
+apart). Shared by the ranks and the operator, below both.
+"""
+
+from __future__ import annotations
+
+import re
+
+from trainjob.constants import STALL_FLOOR_SECONDS, STALL_INTERVAL_FACTOR
+
+__all__ = ["dump_after", "dump_for_log", "dumps_in_log"]
+
+#: A line of a dump a rank wrote to its log, whatever precedes it (torchrun's ``[rank1]:``).
+_LOG_LINE = re.compile(r"\[trainjob-stacks rank (?P<rank>\d+)\] (?P<text>.*)$")
+_LOG_HEADER = "no progress for "
+
+
+def dump_after(setting: str | None, longest: float | None) -> float | None:
+    """Seconds without a report after which a rank dumps its own stacks (``TRAINJOB_STALL_DUMP`` is ``setting``,
+    ``longest`` the longest interval between its reports so far); ``None``: not yet, or never. ``auto`` is half
+    the watchdog's derived limit, so the stacks are in the log before the job is found stalled.
+
+    >>> dump_after("auto", 0.1), dump_after("auto", 12.0), dump_after("auto", None), dump_after("7.5", None)
+    (30.0, 60.0, None, 7.5)
+    >>> dump_after("off", 1.0), dump_after(None, 1.0), dump_after("soon", 1.0)
+    (None, None, None)
+    """
+    if not setting or setting == "off":
+        return None
+    if setting == "auto":
+        return None if longest is None else max(STALL_FLOOR_SECONDS, STALL_INTERVAL_FACTOR * longest) / 2
+    try:
+        seconds = float(setting)
+    except ValueError:
+        return None
+    return seconds if seconds > 0 else None
+
+
+def dump_for_log(rank: int, silent: float, dump: str) -> str:
+    """The lines rank ``rank`` writes to its log for ``dump`` (:mod:`faulthandler`'s format) after ``silent``
+    seconds without progress, each prefixed so that ranks writing at once stay apart (:func:`dumps_in_log` reads
+    them)."""
+    prefix = f"[trainjob-stacks rank {rank}] "
+    return "".join(f"{prefix}{line}\n" for line in [f"{_LOG_HEADER}{silent:.0f} s; its stacks:", *dump.splitlines()])
+
+
+def dumps_in_log(log: str) -> dict[int, str]:
+    """Each rank's latest dump in ``log`` (a pod's log; a line may start with anything before the prefix, such as
+    torchrun's ``[rank1]:``), in :mod:`faulthandler`'s format.
+
+    >>> log = "step 3\\n[rank1]:[trainjob-stacks rank 1] no progress for 31 s; its stacks:\\n"
+    >>> log += "[trainjob-stacks rank 1] Thread 0x1 (most recent call first):\\n"
+    >>> log += '[trainjob-stacks rank 1]   File "train.py", line 9 in <module>\\n'
+    >>> dumps_in_log(log)
+    {1: 'Thread 0x1 (most recent call first):\\n  File "train.py", line 9 in <module>\\n'}
+    """
+    dumps: dict[int, list[str]] = {}
+    for line in log.splitlines():
+        match = _LOG_LINE.search(line)
+        if match is None:
+            continue
+        rank, text = int(match["rank"]), match["text"]
+        if text.startswith(_LOG_HEADER):
+            dumps[rank] = []
+        elif rank in dumps:
+            dumps[rank].append(text)
+    return {rank: "".join(f"{line}\n" for line in lines) for rank, lines in sorted(dumps.items())}
