@@ -48,9 +48,6 @@ class KubeModel(BaseModel):
         extra="forbid",
         strict=True,
         validate_assignment=True,
-        # a model's validator is built when it is first used, not at import: a command that validates a TrainJob
-        # does not pay for the other models (PyTorchJob, MPIJob ...)
-        defer_build=True,
     )
 
     @classmethod
