@@ -996,3 +996,46 @@ def test_pod_counts_moving_in_a_burst_are_written_once_when_it_settles_and_condi
         jobset_condition("Failed", "FailedJobs", "jobset failed due to job")]})
     reconciler.reconcile(NS, NAME)
     assert any(c["type"] == "Failed" for c in api.stored(TRAINJOBS, NS, NAME)["status"]["conditions"])
+
+
+RANK_0_IN_ALL_REDUCE = """[trainjob-stacks rank 0] no progress for 6 s; its stacks:
+[trainjob-stacks rank 0] Thread 0x1 (most recent call first):
+[trainjob-stacks rank 0]   File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2810 in all_reduce
+[trainjob-stacks rank 0]   File "/job/train.py", line 30 in <module>
+"""
+RANK_1_IN_LOADER = """step 7
+[trainjob-stacks rank 1] no progress for 6 s; its stacks:
+[trainjob-stacks rank 1] Thread 0x2 (most recent call first):
+[trainjob-stacks rank 1]   File "/job/train.py", line 12 in __getitem__
+[trainjob-stacks rank 1]   File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 733 in __next__
+[trainjob-stacks rank 1]   File "/job/train.py", line 28 in <module>
+"""
+
+
+@pytest.mark.parametrize(("node_1_log", "named"), [
+    (RANK_1_IN_LOADER, "rank 1 is not in the all_reduce that rank 0 waits in: rank 1 is in __getitem__ (train.py:12)"),
+    ("step 7\n", "rank 1 wrote no stacks (a rank writes them only when it reports through trainjob.torch.report, "
+                 "and not while it holds the GIL); of the others: every rank waits in all_reduce"),
+])
+def test_a_stalled_job_is_failed_naming_its_stuck_rank_from_the_stacks_in_the_pods_logs(
+    node_1_log: str, named: str
+) -> None:
+    clock, api = cluster_with(trainjob(annotations={"trainjob/stall-timeout": "10s", "trainjob/stall-action": "fail"}))
+    world = World(api, Reconciler(api, SIGNER, clock=clock, cache=SyncedWatchCache(api),
+                                  status_endpoint=StatusEndpoint("https://10.0.0.1:8443", "CA")), clock)
+    first_pass(world)
+    container = api.stored(JOBSETS, NS, NAME)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+        "containers"][0]
+    assert {"name": "TRAINJOB_STALL_DUMP", "value": "5"} in container["env"]  # the ranks dump at half the limit
+    jobset_reports(**trainer_jobs(active=2, ready=2))(world)
+    for node, log in ((0, RANK_0_IN_ALL_REDUCE), (1, node_1_log)):  # as the kubelet keeps them: time, then line
+        pod_runs(node, "Running", "".join(f"2027-01-15T08:00:0{node}Z {line}\n" for line in log.splitlines()))(world)
+    api.set_status(TRAINJOBS, NS, NAME, {**api.stored(TRAINJOBS, NS, NAME).get("status", {}), "trainerStatus": {
+        "progressPercentage": 7, "lastUpdatedTime": timestamp(START + 1)}})
+    at(1)(world)
+    another_pass(world)  # the report arrives: the watchdog is armed
+    at(12)(world)
+    another_pass(world)
+    failed = next(c for c in api.stored(TRAINJOBS, NS, NAME)["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "Stalled" and named in failed["message"], failed["message"]
+    assert [e["reason"] for e in api.events if e["reason"] == "Stalled"] == ["Stalled"]

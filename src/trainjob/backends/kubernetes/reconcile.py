@@ -638,7 +638,17 @@ class Reconciler:
             log.warning("cannot read the stacks of stalled TrainJob %s/%s: %s", namespace, name, exc)
         if not dumps:
             return None
-        return find_stuck_ranks([RankStacks(rank, text) for rank, text in sorted(dumps.items())]).summary
+        summary = find_stuck_ranks([RankStacks(rank, text) for rank, text in sorted(dumps.items())]).summary
+        # A static job's ranks are all known: one that wrote nothing is named first, as the likeliest culprit.
+        launch = json.loads(((jobset.get("metadata") or {}).get("annotations") or {}).get(LAUNCH_ANNOTATION) or "{}")
+        if launch.get("elastic") or not launch.get("numNodes") or not launch.get("numProcPerNode"):
+            return summary
+        silent = sorted(set(range(int(launch["numNodes"]) * int(launch["numProcPerNode"]))) - set(dumps))
+        if not silent:
+            return summary
+        which = f"rank {silent[0]}" if len(silent) == 1 else f"ranks {', '.join(map(str, silent))}"
+        return (f"{which} wrote no stacks (a rank writes them only when it reports through trainjob.torch.report, "
+                f"and not while it holds the GIL); of the others: {summary}")
 
     def _delete_children(self, namespace: str, name: str) -> None:
         for ref in (JOBSETS, COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS):
