@@ -618,7 +618,7 @@ class Reconciler:
             return None
         if policy.action == "restart":
             stuck += f"; no restart left ({spent} of {budget} spent)"
-        message = f"{stuck}; its JobSet was deleted (the ranks' stacks are in their pods' logs)"
+        message = f"{stuck}; its JobSet was deleted"
         self._clocks.pop(key, None)
         self._delete_children(namespace, name)
         self._write_status(namespace, name, old, st.failed(new, "Stalled", message, now))
