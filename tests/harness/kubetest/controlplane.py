@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from kubetest.node_agent import agent_tag, kill_netns_processes, remove_netns
 from kubetest.pki import CertificateAuthority, service_account_key
 
 REPO = Path(__file__).resolve().parents[3]
@@ -562,22 +563,12 @@ class ControlPlane:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.popen.pid, signal.SIGKILL)
         process.popen.wait()
-        tag = f"tjk{process.popen.pid % 100000}"  # the agent's bridge, and the prefix of its pods' namespaces
+        tag = agent_tag(process.popen.pid)  # its bridge, and the prefix of its pods' network namespaces
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
         namespaces = [line.split()[0] for line in listed if line.startswith(f"{tag}p")]
-        for _ in range(50):
-            pids = [int(pid) for netns in namespaces
-                    for pid in subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout.split()
-                    if pid.isdigit()]
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.1)
+        kill_netns_processes(namespaces)
         for netns in namespaces:
-            subprocess.run(["ip", "netns", "del", netns], capture_output=True)
-            shutil.rmtree(Path("/etc/netns") / netns, ignore_errors=True)
+            remove_netns(netns)
         subprocess.run(["ip", "link", "del", tag[:15]], capture_output=True)
         with contextlib.suppress(OSError):
             Path("/etc/netns").rmdir()

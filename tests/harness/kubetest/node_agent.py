@@ -82,6 +82,34 @@ def _under_run(path: Path) -> bool:
     return Path(os.path.realpath(path)).is_relative_to("/run")
 
 
+def agent_tag(pid: int) -> str:
+    """The name of the bridge of the agent whose process is ``pid``, and the start of its pods' network
+    namespaces' names (``{tag}p{n}``)."""
+    return f"tjk{pid % 100000}"
+
+
+def kill_netns_processes(namespaces: list[str]) -> bool:
+    """SIGKILL every process in the network namespaces ``namespaces`` until none is left; ``False`` when some
+    survive 5 s of it."""
+    for _ in range(50):
+        pids = [int(pid) for netns in namespaces
+                for pid in subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout.split()
+                if pid.isdigit()]
+        if not pids:
+            return True
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    return False
+
+
+def remove_netns(netns: str) -> None:
+    """Delete a pod's network namespace (its veth goes with it) and its /etc/netns files."""
+    subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+    shutil.rmtree(Path("/etc/netns") / netns, ignore_errors=True)
+
+
 def _run(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, text=True)
 
@@ -134,11 +162,11 @@ class NodeAgent:
         self.pods: dict[str, PodRun] = {}
         self.lock = threading.RLock()
         self.stop_event = threading.Event()
-        tag = f"{os.getpid() % 100000}"
-        self.bridge = f"tjk{tag}"[:15]
+        tag = agent_tag(os.getpid())
+        self.bridge = tag[:15]
         self.subnet = ipaddress.ip_network(f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}.0/24")
         self.free_addresses = [str(a) for a in list(self.subnet.hosts())[1:]]
-        self.netns_prefix = f"tjk{tag}p"
+        self.netns_prefix = f"{tag}p"
         self.serial = 0
         self.created_termination_log = False
         #: directories this agent created on the host for pods' mounts, and how many running pods use each
@@ -278,21 +306,12 @@ class NodeAgent:
         """SIGKILL every process left in the pod, as the container runtime does with a container's cgroup: the
         processes a container started in sessions of their own (torchrun's workers) escape its process group, but
         not the pod's network namespace."""
-        for _ in range(50):
-            listed = subprocess.run(["ip", "netns", "pids", run.netns], capture_output=True, text=True)
-            pids = [int(pid) for pid in listed.stdout.split() if pid.isdigit()]
-            if not pids:
-                return
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.1)
-        log.warning("processes of pod netns %s survive SIGKILL", run.netns)
+        if not kill_netns_processes([run.netns]):
+            log.warning("processes of pod netns %s survive SIGKILL", run.netns)
 
     def _remove_pod_network(self, run: PodRun) -> None:
         self._kill_pod_processes(run)
-        subprocess.run(["ip", "netns", "del", run.netns], capture_output=True)
-        shutil.rmtree(Path("/etc/netns") / run.netns, ignore_errors=True)
+        remove_netns(run.netns)
         self.free_addresses.append(run.address)
 
     def refresh_hosts(self) -> None:
