@@ -1,7 +1,8 @@
 """The cluster's own faults, with a job training: the API server or etcd killed (SIGKILL) and started again on the
 same data, and the JobSet controller down while jobs are created. Each time the job completes, with one JobSet (the
 same one) and one ``JobSetCreated`` event, and nothing has to be done to the operator or the job. A node lost with
-the job's pods on it: they are replaced on the node left and resume from the checkpoint.
+jobs on it: a static job's pods are replaced on the node left and resume from the checkpoint; an elastic job spread
+over both nodes goes on at the node left, then grows back.
 
 Each test prints how long from the fault to recovered, for the record.
 """
@@ -259,20 +260,83 @@ LOST = "lost-node"
 OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
 
 
-def test_a_lost_nodes_pods_are_replaced_on_the_node_left_and_resume(
+#: Keeps the elastic job's pods from being scheduled until the test places them, one at a time.
+PLACEMENT_GATE = "trainjob.dev/placed-by-test"
+ELASTIC_WORKER = Path(__file__).resolve().parents[1] / "local" / "elastic_worker.py"
+ELASTIC_STEPS = 160
+
+
+def _index(pod: dict[str, Any]) -> str:
+    return pod["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index", "")
+
+
+def _place(k8s: TrainJobCluster, namespace: str, job: str, index: str, node: str, skip: set[str] = frozenset()) -> str:
+    """Let node ``index``'s pod of ``job`` (one not in ``skip``, by uid) be scheduled and wait until it is bound to
+    ``node`` (the only schedulable one then); its uid."""
+    def gated() -> dict[str, Any] | None:
+        return next((p for p in k8s.pods(job, namespace) if _index(p) == index and p["metadata"]["uid"] not in skip
+                     and not p["metadata"].get("deletionTimestamp")), None)
+
+    _until(gated, 60, f"{job} node {index}'s pod")
+    pod = gated()
+    k8s.api.core.patch_namespaced_pod(pod["metadata"]["name"], namespace,
+                                      [{"op": "remove", "path": "/spec/schedulingGates"}])
+    uid: str = pod["metadata"]["uid"]
+    _until(lambda: any(p["metadata"]["uid"] == uid and p["spec"].get("nodeName") == node
+                       for p in k8s.pods(job, namespace)), 60, f"{job} node {index} on {node}",
+           lambda: k8s.diagnostics(job, namespace))
+    return uid
+
+
+def _rounds(out: Path) -> list[dict[str, Any]]:
+    path = out / "rounds.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_lost_node_static_pods_move_and_an_elastic_job_shrinks_to_the_node_left(
     k8s: TrainJobCluster, namespace: str, workdir: Any
 ) -> None:
-    """A second node runs the job; its agent and every process of its pods are SIGKILLed (the machine is gone). The
-    Node goes NotReady once its heartbeats lapse; its pods cannot finish terminating without a kubelet, so, as
-    Kubernetes documents for a node that was shut down, the node is tainted ``out-of-service``: its pods are evicted
-    and deleted. The built-in runtime's podFailurePolicy ignores a pod marked ``DisruptionTarget``, so the Job
-    controller replaces both without spending one of the JobSet's ``maxRestarts``; the new pods run on the node left,
-    from the checkpoint, in the same JobSet."""
+    """A second node is lost (its agent and every process of its pods SIGKILLed: the machine is gone) with two jobs
+    on it. The Node goes NotReady once its heartbeats lapse; its pods cannot finish terminating without a kubelet, so,
+    as Kubernetes documents for a node that was shut down, the node is tainted ``out-of-service``: its pods are
+    evicted and deleted.
+
+    - A static job whose two pods both ran there: the built-in runtime's podFailurePolicy ignores a pod marked
+      ``DisruptionTarget``, so the Job controller replaces both without spending one of the JobSet's
+      ``maxRestarts``; the new pods run on the node left, from the checkpoint, in the same JobSet.
+    - An elastic job (1 to 2 nodes) spread over both nodes, its rendezvous on the node left: it goes on at 1 node
+      from its checkpoint once the lost node's rendezvous keep-alives lapse, well before the node is even NotReady;
+      its replaced pod (placed on the node left) joins again and it grows back to 2."""
     cp, core = k8s.cp, k8s.api.core
+    elastic_out = workdir / "elastic"
+    elastic_out.mkdir()
+
+    def gated_elastic(spec: dict[str, Any]) -> None:
+        spec["mlPolicy"].pop("numNodes", None)
+        spec["mlPolicy"]["torch"]["elasticPolicy"] = {"minNodes": 1, "maxNodes": 2, "maxRestarts": 5}
+        for rj in spec["template"]["spec"]["replicatedJobs"]:
+            rj["template"]["spec"]["backoffLimit"] = 2
+            rj["template"]["spec"]["template"]["spec"]["schedulingGates"] = [{"name": PLACEMENT_GATE}]
+
+    k8s.namespaced_runtime(namespace, "elastic-placed", gated_elastic)
     cp.add_node(LOST)
     try:
-        core.patch_node(NODE_NAME, {"spec": {"unschedulable": True}})  # the job starts on the node to be lost
+        core.patch_node(LOST, {"spec": {"unschedulable": True}})
+        k8s.create_job("shrink", namespace, runtime="elastic-placed", runtime_kind="TrainingRuntime", trainer={
+            "command": [str(Path(sys.executable).parent / "torchrun"), str(ELASTIC_WORKER), str(ELASTIC_STEPS),
+                        "10", "40", "linear"],
+            "env": [{"name": "ELASTIC_OUT", "value": str(elastic_out)}, {"name": "ELASTIC_STEP_SECONDS", "value": "0.25"}],
+            "resourcesPerNode": {"requests": {"cpu": "1"}},
+        })
+        _place(k8s, namespace, "shrink", "0", NODE_NAME)  # the rendezvous' host stays
+        core.patch_node(NODE_NAME, {"spec": {"unschedulable": True}})
+        core.patch_node(LOST, {"spec": {"unschedulable": False}})
         try:
+            lost_pod = _place(k8s, namespace, "shrink", "1", LOST)
+            _until(lambda: any(r["world_size"] == 2 for r in _rounds(elastic_out)), 120,
+                   "the elastic job training across both nodes", lambda: k8s.diagnostics("shrink", namespace))
+            _until(lambda: (elastic_out / "ckpt").exists() and any((elastic_out / "ckpt").iterdir()), 60,
+                   "the elastic job's first checkpoint")
             k8s.create_job("lost", namespace,
                            trainer={"numNodes": 2, "command": [sys.executable, "-c", RESUMES, str(workdir)],
                                     "resourcesPerNode": {"requests": {"cpu": "1"}}})
@@ -288,14 +352,27 @@ def test_a_lost_nodes_pods_are_replaced_on_the_node_left_and_resume(
             return int(json.loads(path.read_text())["step"]) if path.exists() else 0
 
         _until(lambda: min(step(0), step(1)) >= 4, 60, "4 steps trained")
-        lost_at = time.monotonic()
+        lost_at, lost_wall = time.monotonic(), time.time()
         cp.lose_node(LOST)
 
         def ready(name: str) -> str:
             conditions = core.read_node(name).status.conditions or []
             return next((c.status for c in conditions if c.type == "Ready"), "Unknown")
 
-        not_ready = _until(lambda: ready(LOST) != "True", 120, f"{LOST} NotReady")
+        seen: dict[str, float] = {}
+
+        def shrunk_and_not_ready() -> bool:  # when each was first seen
+            if "shrunk" not in seen and any(r["world_size"] == 1 and r["time"] > lost_wall for r in _rounds(elastic_out)):
+                seen["shrunk"] = time.monotonic() - lost_at
+            if "not_ready" not in seen and ready(LOST) != "True":
+                seen["not_ready"] = time.monotonic() - lost_at
+            return len(seen) == 2
+
+        _until(shrunk_and_not_ready, 120, f"the elastic job going on at 1 node and {LOST} NotReady",
+               lambda: f"{seen}\n{k8s.diagnostics('shrink', namespace)}")
+        first_shrunk = next(r for r in _rounds(elastic_out) if r["world_size"] == 1)
+        assert first_shrunk["step"] > 0, "it resumed from a checkpoint, not from the start"
+        not_ready = seen["not_ready"]
         node = core.read_node(LOST)
         core.patch_node(LOST, {"spec": {"taints": [*(t.to_dict() for t in node.spec.taints or []), OUT_OF_SERVICE]}})
         stopped_at = min(step(0), step(1))
@@ -304,13 +381,23 @@ def test_a_lost_nodes_pods_are_replaced_on_the_node_left_and_resume(
             pods = k8s.pods("lost", namespace)
             return _running(k8s, namespace, "lost") and {p["spec"]["nodeName"] for p in pods} == {NODE_NAME}
 
-        moved = _until(running_on_the_node_left, 180, "the group running again on the node left",
-                       lambda: k8s.diagnostics("lost", namespace))
+        tainted = time.monotonic() - lost_at
+        _until(running_on_the_node_left, 180, "the group running again on the node left",
+               lambda: k8s.diagnostics("lost", namespace))
+        moved = time.monotonic() - lost_at
+        _place(k8s, namespace, "shrink", "1", NODE_NAME, skip={lost_pod})  # the replaced pod, on the node left
+        _until(lambda: [r for r in _rounds(elastic_out) if r["world_size"] == 2 and r["time"] > first_shrunk["time"]],
+               180, "the elastic job grown back to 2 nodes", lambda: k8s.diagnostics("shrink", namespace))
         _until(lambda: _complete(k8s, namespace, "lost"), 180, "lost Complete",
-                      lambda: k8s.diagnostics("lost", namespace))
-        print(f"node lost: NotReady {not_ready:.1f} s after the kill; its pods running again on the node left "
-              f"{not_ready + moved:.1f} s after it (tainted out-of-service at NotReady); Complete after "
-              f"{time.monotonic() - lost_at:.1f} s")
+               lambda: k8s.diagnostics("lost", namespace))
+        static_done = time.monotonic() - lost_at
+        _until(lambda: _complete(k8s, namespace, "shrink"), 240, "shrink Complete",
+               lambda: k8s.diagnostics("shrink", namespace))
+        print(f"node lost: the elastic job went on at 1 node {first_shrunk['time'] - lost_wall:.1f} s after the kill; "
+              f"NotReady {not_ready:.1f} s after it; the static job's pods running again on the node left "
+              f"{moved:.1f} s after it (tainted out-of-service {tainted:.1f} s after it), Complete after "
+              f"{static_done:.1f} s; the elastic job Complete after {time.monotonic() - lost_at:.1f} s")
+
         jobset = k8s.jobset("lost", namespace)
         assert jobset is not None and jobset["metadata"]["uid"] == uid, "the same JobSet"
         assert (jobset.get("status") or {}).get("restarts") == 0, "an eviction spends none of maxRestarts"
@@ -321,5 +408,11 @@ def test_a_lost_nodes_pods_are_replaced_on_the_node_left_and_resume(
         resumed = sorted(int(line.rsplit(" ", 1)[1]) for line in logs.splitlines() if "resumes at step" in line)
         assert len(resumed) == 2 and min(resumed) >= stopped_at > 0, (resumed, stopped_at, logs[-2000:])
         assert logs.count("done") == 2, logs[-2000:]
+
+        final = json.loads((elastic_out / "final.json").read_text())
+        assert final["step"] == ELASTIC_STEPS and final["loss"] < 0.05, final
+        resized = [e["message"] for e in k8s.api.list_events(namespace, "shrink") if e["reason"] == "Resized"]
+        assert any(m.startswith("Resized 2 -> 1 nodes") for m in resized), resized
+        assert (k8s.jobset("shrink", namespace).get("status") or {}).get("restarts", 0) == 0, "torchrun's own restarts"
     finally:
         cp.remove_node(LOST)

@@ -523,6 +523,11 @@ class ControlPlane:
 
     # -- the node -------------------------------------------------------------------------------------------------
 
+    @property
+    def hosts_dir(self) -> Path:
+        """Where the node agents publish their pods' names and addresses to each other."""
+        return self.root / "hosts"
+
     def _start_node_agent(self, python_bin: str, name: str = NODE_NAME) -> None:
         self.python_bin = python_bin
         component = "node-agent" if name == NODE_NAME else f"node-agent-{name}"
@@ -545,14 +550,15 @@ class ControlPlane:
                 f"--serving-cert={serving[0]}",
                 f"--serving-key={serving[1]}",
                 f"--client-ca={self.ca.cert_path}",
+                f"--hosts-dir={self.hosts_dir}",
             ],
             env=env,
         )
         self.wait_node_ready(timeout=60.0, name=name)
 
     def add_node(self, name: str) -> None:
-        """A second node: another node agent, registered as Node ``name``. Its pods reach the pods of their own node
-        only (each agent has its own bridge), so a job is placed on one node or the other, not across both."""
+        """A second node: another node agent, registered as Node ``name``. Each agent has its own bridge and pod
+        subnet; the host forwards between them, so a job's pods reach each other across nodes by name and address."""
         self._start_node_agent(self.python_bin, name)
 
     def lose_node(self, name: str) -> None:
@@ -572,6 +578,8 @@ class ControlPlane:
         subprocess.run(["ip", "link", "del", tag[:15]], capture_output=True)
         with contextlib.suppress(OSError):
             Path("/etc/netns").rmdir()
+        with contextlib.suppress(OSError):  # its pods' names go with them, as their DNS records would
+            (self.hosts_dir / f"{name}.json").unlink()
 
     def remove_node(self, name: str) -> None:
         """Take node ``name`` out of the cluster: its pods deleted at once (no kubelet is left to confirm), then the

@@ -5,8 +5,11 @@ CPU/memory capacity, a Lease heartbeat and a Ready condition) as ``system:node:<
 Node authorizer and NodeRestriction admission apply to it; it runs every pod the real scheduler binds to it, and
 it reports pod phase, readiness, container exit codes and termination messages back. What it does per pod:
 
-- one network namespace per pod (a veth into a bridge), with ``/etc/hosts`` resolving ``{hostname}.{subdomain}``
-  of every pod in the namespace, and the pod's UTS host name;
+- one network namespace per pod (a veth into the agent's bridge, a default route through it), with ``/etc/hosts``
+  resolving ``{hostname}.{subdomain}`` of every pod in the namespace, and the pod's UTS host name. Pods on other
+  agents' nodes are reached through the host, which forwards between the agents' bridges (each bridge forwards;
+  the host's ``ip_forward`` is left alone); their names come from the files the agents share in ``--hosts-dir``
+  (each writes its own pods' there), in place of the cluster's DNS;
 - each container runs as local processes with its ``command``/``args`` and environment (``$(VAR)``, downward API
   such as ``batch.kubernetes.io/job-completion-index``, config maps, secrets), in a private mount namespace where
   emptyDir / hostPath / configMap / secret / projected / PVC volumes are bind-mounted at their ``mountPath``, a
@@ -110,6 +113,18 @@ def remove_netns(netns: str) -> None:
     shutil.rmtree(Path("/etc/netns") / netns, ignore_errors=True)
 
 
+def free_subnet(pid: int) -> ipaddress.IPv4Network:
+    """The pod subnet of the agent whose process is ``pid``: a /24 of 10.200-249.x.0 picked from its pid, moved on
+    past any that an address of this machine (another agent's bridge) is already in."""
+    taken = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout.split()
+    addresses = [ipaddress.ip_interface(word).ip for word in taken if "/" in word and word[0].isdigit()]
+    for step in range(250):
+        subnet = ipaddress.ip_network(f"10.{200 + pid % 50}.{(pid + step) % 250}.0/24")
+        if not any(address in subnet for address in addresses):
+            return subnet
+    raise RuntimeError("no free pod subnet on this machine")
+
+
 def _run(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, text=True)
 
@@ -148,7 +163,8 @@ class PodRun:
 
 
 class NodeAgent:
-    def __init__(self, kubeconfig: str, node_name: str, root: Path, path_env: str, log_server: LogServer) -> None:
+    def __init__(self, kubeconfig: str, node_name: str, root: Path, path_env: str, log_server: LogServer,
+                 hosts_dir: Path | None = None) -> None:
         import kubernetes.client
         import kubernetes.config
 
@@ -164,13 +180,16 @@ class NodeAgent:
         self.stop_event = threading.Event()
         tag = agent_tag(os.getpid())
         self.bridge = tag[:15]
-        self.subnet = ipaddress.ip_network(f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}.0/24")
+        self.subnet = free_subnet(os.getpid())
         self.free_addresses = [str(a) for a in list(self.subnet.hosts())[1:]]
         self.netns_prefix = f"{tag}p"
         self.serial = 0
         self.created_termination_log = False
         #: directories this agent created on the host for pods' mounts, and how many running pods use each
         self.made_dirs: dict[Path, int] = {}
+        #: where every agent of the cluster writes its pods' host names (``{node}.json``), and what was last read
+        self.hosts_dir = hosts_dir
+        self.others_seen: tuple[tuple[str, int], ...] = ()
 
     # -- node ----------------------------------------------------------------------------------------------------
 
@@ -275,6 +294,8 @@ class NodeAgent:
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"{self.subnet.network_address + 1}/{self.subnet.prefixlen}", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
+        # pods of other nodes are behind other bridges: forward what comes in on this one (gone with the bridge)
+        Path(f"/proc/sys/net/ipv4/conf/{self.bridge}/forwarding").write_text("1")
         devices = Path("/dev/termination-log")
         if not devices.exists():  # the mount point of every container's own termination-message file
             devices.touch()
@@ -282,6 +303,9 @@ class NodeAgent:
 
     def teardown_network(self) -> None:
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        if self.hosts_dir is not None:
+            with contextlib.suppress(OSError):
+                (self.hosts_dir / f"{self.node_name}.json").unlink()
         if self.created_termination_log:
             with contextlib.suppress(OSError):
                 Path("/dev/termination-log").unlink()
@@ -299,6 +323,7 @@ class NodeAgent:
         _run("ip", "-n", run.netns, "link", "set", peer, "name", "eth0")
         _run("ip", "-n", run.netns, "addr", "add", f"{run.address}/{self.subnet.prefixlen}", "dev", "eth0")
         _run("ip", "-n", run.netns, "link", "set", "eth0", "up")
+        _run("ip", "-n", run.netns, "route", "add", "default", "via", str(self.subnet.network_address + 1))
         (Path("/etc/netns") / run.netns).mkdir(parents=True, exist_ok=True)
         (Path("/etc/netns") / run.netns / "hosts").touch()
 
@@ -315,19 +340,55 @@ class NodeAgent:
         self.free_addresses.append(run.address)
 
     def refresh_hosts(self) -> None:
-        """Rewrite every pod's /etc/hosts in place (the file is bind-mounted into running pods)."""
+        """Rewrite every pod's /etc/hosts in place (the file is bind-mounted into running pods): the pods of its
+        namespace on this node and, from the other agents' files, on theirs; this node's are published first."""
         with self.lock:
             runs = [r for r in self.pods.values() if not r.cleaned]
+            entries = [(r.pod["metadata"]["namespace"], r.address, " ".join(podspec.pod_host_names(r.pod)))
+                       for r in runs]
+            others = self._publish_hosts(entries)
             for run in runs:
                 namespace = run.pod["metadata"]["namespace"]
                 lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
-                for other in runs:
-                    if other is run or other.pod["metadata"]["namespace"] == namespace:
-                        lines.append(f"{other.address} {' '.join(podspec.pod_host_names(other.pod))}")
+                for other, (other_ns, address, names) in zip(runs, entries, strict=True):
+                    if other is run or other_ns == namespace:
+                        lines.append(f"{address} {names}")
+                lines += [f"{address} {names}" for other_ns, address, names in others if other_ns == namespace]
                 path = Path("/etc/netns") / run.netns / "hosts"
                 with contextlib.suppress(OSError), path.open("r+") as f:
                     f.write("\n".join(lines) + "\n")
                     f.truncate()
+
+    def _publish_hosts(self, entries: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+        """Write this node's pods' names into the shared hosts directory; the other nodes' entries as they are now."""
+        if self.hosts_dir is None:
+            return []
+        self.hosts_dir.mkdir(parents=True, exist_ok=True)
+        mine = self.hosts_dir / f"{self.node_name}.json"
+        staged = mine.with_name(f".{mine.name}.{os.getpid()}")
+        staged.write_text(json.dumps(entries))
+        staged.replace(mine)
+        others: list[tuple[str, str, str]] = []
+        seen = []
+        for path in sorted(self.hosts_dir.glob("*.json")):
+            if path == mine:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                seen.append((path.name, path.stat().st_mtime_ns))
+                others += [tuple(entry) for entry in json.loads(path.read_text())]
+        self.others_seen = tuple(seen)
+        return others
+
+    def _others_changed(self) -> bool:
+        """Whether another node's published names changed since this node's pods' hosts were last written."""
+        if self.hosts_dir is None or not self.pods:
+            return False
+        seen = []
+        for path in sorted(self.hosts_dir.glob("*.json")):
+            if path.name != f"{self.node_name}.json":
+                with contextlib.suppress(OSError):
+                    seen.append((path.name, path.stat().st_mtime_ns))
+        return tuple(seen) != self.others_seen
 
     # -- the API --------------------------------------------------------------------------------------------------
 
@@ -396,6 +457,8 @@ class NodeAgent:
         for run in list(self.pods.values()):
             if not run.stopping:
                 self._advance(run)
+        if self._others_changed():
+            self.refresh_hosts()
 
     def _start_pod(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
@@ -858,12 +921,13 @@ def main() -> None:
     parser.add_argument("--serving-cert", required=True)
     parser.add_argument("--serving-key", required=True)
     parser.add_argument("--client-ca", required=True)
+    parser.add_argument("--hosts-dir", type=Path, help="shared by the cluster's agents: each pod's name and address")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args.root.mkdir(parents=True, exist_ok=True)
     server = LogServer(args.serving_cert, args.serving_key, args.client_ca)
     agent = NodeAgent(args.kubeconfig, args.node_name, args.root,
-                      os.environ.get("TRAINJOB_NODE_PATH", "/usr/local/bin:/usr/bin:/bin"), server)
+                      os.environ.get("TRAINJOB_NODE_PATH", "/usr/local/bin:/usr/bin:/bin"), server, args.hosts_dir)
     signal.signal(signal.SIGTERM, lambda *_: agent.stop_event.set())
     agent.run()
 
