@@ -77,6 +77,10 @@ STALL_FLOOR_SECONDS = 60.0
 #: In a Kubernetes job's pods: when a rank that stops reporting dumps its own stacks to its log
 #: (:mod:`trainjob.torch.watchdog`): ``auto``, seconds, or ``off``.
 STALL_DUMP_ENV = "TRAINJOB_STALL_DUMP"
+#: ``trainjob stacks NAME`` on Kubernetes: the pod annotation it sets to a new value to ask the pod's ranks for
+#: their stacks, and the file of the pods' status-client volume the kubelet writes it into (a downward-API item).
+STACKS_REQUEST_ANNOTATION = "trainjob/stacks-request"
+STACKS_REQUEST_FILE = "stacks-request"
 
 # --- torchrun's environment (torchrun reads PET_<OPTION> as --<option>) -----------------------------------------
 PET_PREFIX = "PET_"

@@ -1,7 +1,8 @@
-"""Stacks a Kubernetes job's ranks write to their own logs when they stop reporting (:mod:`trainjob.torch.watchdog`)
-and the operator reads back when it finds the job stalled: when a rank writes them, and their format (the
-:mod:`faulthandler` dump, each line prefixed with ``[trainjob-stacks rank N]`` so that ranks writing at once stay
-apart). Shared by the ranks and the operator, below both.
+"""Stacks a Kubernetes job's ranks write to their own logs (:mod:`trainjob.torch.watchdog`), when they stop
+reporting (the operator reads them back when it finds the job stalled) or when ``trainjob stacks NAME`` asks (it
+reads them back itself): when a rank writes them, and their format (the :mod:`faulthandler` dump, each line prefixed
+with ``[trainjob-stacks rank N]`` so that ranks writing at once stay apart, after a header that says why). Shared
+by the ranks, the operator and the CLI, below all three.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ __all__ = ["dump_after", "dump_for_log", "dumps_in_log"]
 #: A line of a dump a rank wrote to its log, whatever precedes it (torchrun's ``[rank1]:``).
 _LOG_LINE = re.compile(r"\[trainjob-stacks rank (?P<rank>\d+)\] (?P<text>.*)$")
 _LOG_HEADER = "no progress for "
+_REQUEST_HEADER = "stacks on request "
 
 
 def dump_after(setting: str | None, longest: float | None) -> float | None:
@@ -38,32 +40,40 @@ def dump_after(setting: str | None, longest: float | None) -> float | None:
     return seconds if seconds > 0 else None
 
 
-def dump_for_log(rank: int, silent: float, dump: str) -> str:
+def dump_for_log(rank: int, silent: float, dump: str, request: str | None = None) -> str:
     """The lines rank ``rank`` writes to its log for ``dump`` (:mod:`faulthandler`'s format) after ``silent``
-    seconds without progress, each prefixed so that ranks writing at once stay apart (:func:`dumps_in_log` reads
-    them)."""
+    seconds without progress, or answering ``trainjob stacks``' request ``request``, each prefixed so that ranks
+    writing at once stay apart (:func:`dumps_in_log` reads them)."""
     prefix = f"[trainjob-stacks rank {rank}] "
-    return "".join(f"{prefix}{line}\n" for line in [f"{_LOG_HEADER}{silent:.0f} s; its stacks:", *dump.splitlines()])
+    header = f"{_REQUEST_HEADER}{request}:" if request is not None else f"{_LOG_HEADER}{silent:.0f} s; its stacks:"
+    return "".join(f"{prefix}{line}\n" for line in [header, *dump.splitlines()])
 
 
-def dumps_in_log(log: str) -> dict[int, str]:
+def dumps_in_log(log: str, request: str | None = None) -> dict[int, str]:
     """Each rank's latest dump in ``log`` (a pod's log; a line may start with anything before the prefix, such as
-    torchrun's ``[rank1]:``), in :mod:`faulthandler`'s format.
+    torchrun's ``[rank1]:``), in :mod:`faulthandler`'s format; with ``request``, only the dumps answering it.
 
     >>> log = "step 3\\n[rank1]:[trainjob-stacks rank 1] no progress for 31 s; its stacks:\\n"
     >>> log += "[trainjob-stacks rank 1] Thread 0x1 (most recent call first):\\n"
     >>> log += '[trainjob-stacks rank 1]   File "train.py", line 9 in <module>\\n'
     >>> dumps_in_log(log)
     {1: 'Thread 0x1 (most recent call first):\\n  File "train.py", line 9 in <module>\\n'}
+    >>> dumps_in_log(log, request="17"), dumps_in_log(dump_for_log(2, 0, "Thread 0x2:", request="17"), request="17")
+    ({}, {2: 'Thread 0x2:\\n'})
     """
     dumps: dict[int, list[str]] = {}
+    reading: set[int] = set()
     for line in log.splitlines():
         match = _LOG_LINE.search(line)
         if match is None:
             continue
         rank, text = int(match["rank"]), match["text"]
-        if text.startswith(_LOG_HEADER):
-            dumps[rank] = []
-        elif rank in dumps:
+        if text.startswith((_LOG_HEADER, _REQUEST_HEADER)):
+            if request is None or text == f"{_REQUEST_HEADER}{request}:":
+                dumps[rank] = []
+                reading.add(rank)
+            else:
+                reading.discard(rank)
+        elif rank in reading:
             dumps[rank].append(text)
     return {rank: "".join(f"{line}\n" for line in lines) for rank, lines in sorted(dumps.items())}

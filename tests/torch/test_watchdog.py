@@ -3,8 +3,10 @@ stack to stderr once, prefixed with its rank, in the form the operator reads bac
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 import pytest
@@ -31,10 +33,10 @@ time.sleep(2.5)
 @pytest.fixture
 @starts("procs")
 def rank() -> Callable[[dict[str, str]], subprocess.CompletedProcess[str]]:
-    """Run SCRIPT as a rank with ``env``."""
+    """Run ``script`` (SCRIPT) as a rank with ``env`` and ``args``."""
 
-    def run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, "-c", SCRIPT], env={"PATH": "/usr/bin:/bin", **env},
+    def run(env: dict[str, str], script: str = SCRIPT, *args: str) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([sys.executable, "-c", script, *args], env={"PATH": "/usr/bin:/bin", **env},
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc
@@ -55,3 +57,34 @@ def test_a_silent_rank_writes_its_stacks_once_and_again_after_a_new_report(rank)
 
 def test_no_watchdog_unless_the_operator_asks(rank) -> None:
     assert "trainjob-stacks" not in rank({"RANK": "0"}).stderr
+
+
+ASKED = """
+import sys, time
+from pathlib import Path
+import trainjob.torch as tt
+
+request = Path(sys.argv[1])
+
+def waiting_here():
+    time.sleep(3)
+
+tt.report({"loss": 1.0}, step=1)  # starts the watchdog, which takes the file's value as answered already
+request.write_text("222")  # what `trainjob stacks` asks through the pod's annotation
+waiting_here()
+"""
+
+
+def test_a_rank_answers_each_new_stacks_request_once_not_an_old_one(rank, tmp_path) -> None:
+    """``trainjob stacks`` on Kubernetes: the kubelet writes the pod's ``trainjob/stacks-request`` annotation into
+    the status-client volume next to the token; a new value there makes the rank write its stacks, headed by it."""
+    (tmp_path / "token").write_text("t")
+    request = tmp_path / "stacks-request"
+    request.write_text("111")  # asked long before this rank started: meant for the ranks before it
+    os.utime(request, (time.time() - 600, time.time() - 600))
+    proc = rank({"RANK": "3", "KUBEFLOW_TRAINER_SERVER_TOKEN": str(tmp_path / "token")}, ASKED, str(request))
+    assert proc.stderr.count("[trainjob-stacks rank 3] stacks on request ") == 1, proc.stderr
+    assert dumps_in_log(proc.stderr, request="111") == {}
+    answered = dumps_in_log(proc.stderr, request="222")
+    found = find_stuck_ranks([RankStacks(3, answered[3])])
+    assert "waiting_here (<string>:9)" in found.summary, (found, answered)

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from trainjob.errors import ValidationError
+from trainjob.torch import watchdog
 
 __all__ = ["DistContext", "context", "global_rank", "global_world_size", "init", "on_shutdown", "shutdown"]
 
@@ -129,6 +130,7 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None) -> Dis
         device=device,
         backend=str(dist.get_backend()),
     )
+    watchdog.start()  # on Kubernetes: this rank's stacks when it stalls or `trainjob stacks` asks
     return _context
 
 

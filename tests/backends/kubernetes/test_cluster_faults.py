@@ -190,20 +190,39 @@ for step, batch in enumerate(DataLoader(Batches(), batch_size=1), start=1):
 def test_a_stalled_jobs_stuck_rank_is_named_from_the_stacks_it_wrote(
     k8s: TrainJobCluster, namespace: str, workdir: Any
 ) -> None:
-    """Each rank watches its own reports (the operator sets ``TRAINJOB_STALL_DUMP``): silent for half the limit, it
-    writes its stacks to its log; the operator, finding the job stalled, reads them and names the rank that is not
-    in the collective the others wait in, with its frame."""
+    """``trainjob stacks NAME`` asks a running job's ranks for their stacks (an annotation on its pods, which the
+    kubelet writes into a file of their status-client volume) and names the rank the others wait for. Then the
+    job's own watchdog: each rank watches its own reports (the operator sets ``TRAINJOB_STALL_DUMP``); silent for
+    half the limit, it writes its stacks to its log; the operator, finding the job stalled, reads them and names the
+    rank that is not in the collective the others wait in, with its frame."""
     script = workdir / "stuck_rank.py"
     script.write_text(STUCK_RANK)
     k8s.create_job("named", namespace,
-                   annotations={"trainjob/stall-timeout": "20s", "trainjob/stall-action": "fail"},
+                   annotations={"trainjob/stall-timeout": "30s", "trainjob/stall-action": "fail"},
                    trainer={"numNodes": 2, "command": [str(Path(sys.executable).parent / "torchrun"), str(script)],
                             "resourcesPerNode": {"requests": {"cpu": "100m"}}})
+    _until(lambda: _running(k8s, namespace, "named"), 120, "named running", lambda: k8s.diagnostics("named", namespace))
+    flags = ["--backend", "kubernetes", "--kubeconfig", str(k8s.kubeconfig), "-n", namespace]
+    stuck = "rank 1 is not in the all_reduce that rank 0 waits in: rank 1 is in __getitem__ (stuck_rank.py:12)"
+    answers: list[str] = []
+
+    def named_on_demand() -> bool:  # each call asks again; the first ones may come before rank 1 is stuck
+        began = time.monotonic()
+        done = k8s.trainjob("stacks", "named", *flags, env={"TRAINJOB_BACKEND": "", "KUBECONFIG": ""}, check=False)
+        answers.append(f"at {began - asked:.1f} s, took {time.monotonic() - began:.1f} s: exit {done.returncode}\n"
+                       f"{done.stdout}{done.stderr}")
+        return done.returncode == 0 and stuck in done.stdout
+
+    asked = time.monotonic()
+    _until(named_on_demand, 40, "`trainjob stacks named` naming rank 1", lambda: "\n".join(answers))
+    print(f"`trainjob stacks` named the stuck rank in {len(answers)} call(s), {time.monotonic() - asked:.1f} s; "
+          f"each call: {'; '.join(a.split(': exit')[0] for a in answers)}")
+    assert "--- rank 0 (node-0) ---" in answers[-1] and "--- rank 1 (node-1) ---" in answers[-1], answers[-1]
+
     failed = k8s.wait_for_condition("named", "Failed", namespace=namespace, timeout=240)
     condition = next(c for c in failed["status"]["conditions"] if c["type"] == "Failed")
     assert condition["reason"] == "Stalled", condition
-    assert "rank 1 is not in the all_reduce that rank 0 waits in: rank 1 is in __getitem__ (stuck_rank.py:12)" \
-        in condition["message"], condition["message"]
+    assert stuck in condition["message"], condition["message"]
 
 #: Reports 6 steps of progress; its first run hangs after the third (a stuck data loader), a run after that finishes.
 STALLS_ONCE = """

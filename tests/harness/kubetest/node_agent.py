@@ -14,7 +14,8 @@ it reports pod phase, readiness, container exit codes and termination messages b
   such as ``batch.kubernetes.io/job-completion-index``, config maps, secrets), in a private mount namespace where
   emptyDir / hostPath / configMap / secret / projected / PVC volumes are bind-mounted at their ``mountPath``, a
   mount point under ``/run`` (the service account token's) is made in the container's own layer over ``/run``, and
-  ``/dev/termination-log`` is the container's own file; the image is not run (an Event says so);
+  ``/dev/termination-log`` is the container's own file; the image is not run (an Event says so); downward-API files
+  of labels and annotations are written again when those change;
 - ``restartPolicy`` Never / OnFailure / Always, init containers, deletion with the grace period (SIGTERM, then
   SIGKILL; a finished or deleted pod loses every process left in its network namespace, as a container's cgroup
   would), ``terminationMessagePolicy: FallbackToLogsOnError``;
@@ -448,7 +449,10 @@ class NodeAgent:
             if run is None and (pod.get("status") or {}).get("phase") in (None, "Pending"):
                 self._start_pod(pod)
             elif run is not None:
+                changed = any(run.pod["metadata"].get(k) != pod["metadata"].get(k) for k in ("labels", "annotations"))
                 run.pod["metadata"] = pod["metadata"]
+                if changed and not run.cleaned:
+                    self._refresh_downward_api(run)
         with self.lock:
             gone = [r for uid, r in self.pods.items() if uid not in seen and not r.stopping]
         for run in gone:  # deleted at once (grace period 0) by someone else
@@ -567,6 +571,22 @@ class NodeAgent:
                 for item in source["downwardAPI"].get("items") or []:
                     if "fieldRef" in item:
                         (directory / item["path"]).write_text(podspec.field_value(pod, item["fieldRef"]["fieldPath"]))
+
+    def _refresh_downward_api(self, run: PodRun) -> None:
+        """Write the pod's downward-API files again after its labels or annotations changed, as the kubelet does
+        (each file replaced whole, so a reader never sees half of it)."""
+        for volume in run.pod["spec"].get("volumes") or []:
+            for source in (volume.get("projected") or {}).get("sources") or []:
+                for item in (source.get("downwardAPI") or {}).get("items") or []:
+                    if "fieldRef" not in item:
+                        continue
+                    path = run.directory / "volumes" / volume["name"] / item["path"]
+                    value = podspec.field_value(run.pod, item["fieldRef"]["fieldPath"])
+                    with contextlib.suppress(OSError):
+                        if path.read_text() != value:
+                            staged = path.with_name(f".{path.name}.new")
+                            staged.write_text(value)
+                            staged.replace(path)
 
     def _launch(self, run: PodRun, container: dict[str, Any], sources: dict[str, tuple[str, Path]]) -> ContainerRun:
         pod = run.pod

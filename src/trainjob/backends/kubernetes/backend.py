@@ -36,16 +36,26 @@ from trainjob.backends.kubernetes.resources import (
     TRAINING_RUNTIMES,
     TRAINJOBS,
 )
-from trainjob.constants import LAUNCH_ANNOTATION, TRAINING_RUNTIME_KIND, TRAINJOB_NAME_LABEL
+from trainjob.constants import (
+    LAUNCH_ANNOTATION,
+    STACKS_REQUEST_ANNOTATION,
+    STACKS_REQUEST_FILE,
+    TRAINING_RUNTIME_KIND,
+    TRAINJOB_NAME_LABEL,
+)
 from trainjob.errors import AlreadyExistsError, NotFoundError, TrainJobError
 from trainjob.sdk import types
 
 if TYPE_CHECKING:
     from trainjob.api import Runtime as RuntimeResource
     from trainjob.api import TrainJob as TrainJobResource
+    from trainjob.backends.stacks import RankStacks
     from trainjob.sdk.trainers import TrainerFunction
 
 _POD_WAIT_POLL = 0.5
+#: ``trainjob stacks`` on Kubernetes: how long to wait for the ranks' answers, and how often their logs are read.
+STACKS_WAIT_SECONDS = 60.0
+STACKS_POLL_SECONDS = 1.0
 _FINISHED_PHASES = ("Succeeded", "Failed")
 
 
@@ -298,6 +308,61 @@ class KubernetesBackend(Backend):
     def _trainer_pods(self, name: str) -> dict[int, dict[str, Any]]:
         return views.trainer_pods(self.api.list_pods(self.namespace, f"{TRAINJOB_NAME_LABEL}={name}"))
 
+    def get_job_stacks(self, name: str, timeout: float = STACKS_WAIT_SECONDS) -> list[RankStacks]:
+        """Every running rank's Python stacks, asked for through the pods and read back from their logs.
+
+        The job's running pods get the annotation ``trainjob/stacks-request`` set to a new value; the kubelet writes
+        it into the pods' status-client volume, where each rank's watchdog (:mod:`trainjob.torch.watchdog`, started
+        by ``trainjob.torch.init``) finds it within a second and writes its stacks to its log, headed by the
+        request. Waits up to ``timeout`` seconds for every rank (a real kubelet refreshes the volume within its sync
+        period, up to a minute or so); a rank that did not answer is listed with why it may not have. Needs the
+        operator's status endpoint, which mounts that volume."""
+        from trainjob.backends.stacks import RankStacks
+        from trainjob.errors import BackendError, ValidationError
+        from trainjob.stall_dumps import dumps_in_log
+
+        job = self.get_job(name)
+        launch = json.loads((self._job(name)["metadata"].get("annotations") or {}).get(LAUNCH_ANNOTATION) or "{}")
+        if job.status != types.RUNNING:
+            raise ValidationError("NAME", f"TrainJob {name} is {job.status}; stacks are read from the ranks of a "
+                                  "Running job")
+        pods = {index: pod for index, pod in self._trainer_pods(name).items()
+                if (pod.get("status") or {}).get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")}
+        if not pods:
+            raise BackendError(f"TrainJob {name} has no pod running now (starting or restarting)")
+        if not any(_asks_through_volume(pod) for pod in pods.values()):
+            raise BackendError(f"the pods of TrainJob {name} have no way to be asked for their stacks: the operator "
+                               "runs without its status endpoint (`trainjob operator --status-url`), which "
+                               "mounts the file they are asked through; `trainjob logs` shows what they printed")
+        request = str(time.time_ns())
+        asked_at = time.time()
+        for pod in pods.values():
+            self.api.annotate_pod(self.namespace, pod["metadata"]["name"], {STACKS_REQUEST_ANNOTATION: request})
+        # a static job's ranks are known: node i runs ranks i x n .. i x n + n - 1
+        per_node = job.num_proc_per_node if not launch.get("elastic") and job.num_proc_per_node else None
+        answers: dict[int, dict[int, str]] = {}
+        deadline = time.monotonic() + timeout
+        while True:
+            since = max(1, math.ceil(time.time() - asked_at) + 2)
+            for index, pod in pods.items():
+                try:
+                    text = self.api.read_pod_log(self.namespace, pod["metadata"]["name"], since_seconds=since)
+                except TrainJobError:  # the pod is gone or restarting: what it answered before stays
+                    continue
+                answers[index] = dumps_in_log(text, request=request) or answers.get(index, {})
+            complete = all(len(answers.get(i) or {}) >= (per_node or 1) for i in pods)
+            if complete or time.monotonic() >= deadline:
+                break
+            time.sleep(STACKS_POLL_SECONDS)
+        stacks = [RankStacks(rank, text, node=index) for index, ranks in answers.items() for rank, text in ranks.items()]
+        why = (f"no answer in {timeout:g} s: its script does not use trainjob.torch (init or report), it holds the "
+               "GIL (a long C call that does not release it), or the kubelet has not refreshed the pod's volume yet")
+        for index in pods:
+            got = answers.get(index) or {}
+            wanted = range(index * per_node, (index + 1) * per_node) if per_node else ([] if got else [index])
+            stacks += [RankStacks(rank, None, node=index, problem=why) for rank in wanted if rank not in got]
+        return sorted(stacks, key=lambda s: s.rank)
+
     # -- changing ---------------------------------------------------------------------------------------------------
 
     def delete_job(self, name: str) -> None:
@@ -378,6 +443,15 @@ with open("/tmp/trainjob_train.py", "w") as f:
     f.write(os.environ["TRAINJOB_PROGRAM"])
 os.execvp("torchrun", ["torchrun", "/tmp/trainjob_train.py"])
 """
+
+
+def _asks_through_volume(pod: dict[str, Any]) -> bool:
+    """Whether the pod mounts the downward-API file ``trainjob stacks`` asks its ranks through."""
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        for source in (volume.get("projected") or {}).get("sources") or []:
+            if any(item.get("path") == STACKS_REQUEST_FILE for item in (source.get("downwardAPI") or {}).get("items") or []):
+                return True
+    return False
 
 
 def trainer_spec(function: TrainerFunction) -> dict[str, Any]:

@@ -162,6 +162,16 @@ class KubeApi:
             raise _backend_error(exc, f"evict pod {name}") from exc
         return True
 
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> bool:
+        """Set annotations of a pod (a merge patch of its metadata); ``False`` when it is gone."""
+        try:
+            self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
+        except Exception as exc:
+            if _status(exc) == 404:
+                return False
+            raise _backend_error(exc, f"annotate pod {name}") from exc
+        return True
+
     def read_log(self, namespace: str, pod: dict[str, Any], container: str, tail_lines: int = 200) -> str:
         """The last ``tail_lines`` lines of a container's log (through the API server's ``pods/log``)."""
         try:

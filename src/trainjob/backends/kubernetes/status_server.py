@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainjob.backends.kubernetes import status as st
 from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL, TRAINJOBS
+from trainjob.constants import STACKS_REQUEST_ANNOTATION, STACKS_REQUEST_FILE
 from trainjob.progress import MAX_METRICS
 
 if TYPE_CHECKING:
@@ -80,7 +81,8 @@ class StatusEndpoint:
 
 def inject_status_client(jobset: dict[str, Any], endpoint: StatusEndpoint) -> None:
     """Give every container of ``jobset``'s pods the endpoint's URL for the job, a projected token with the
-    ``trainer.kubeflow.org`` audience and the CA, in place (variables a container sets itself are kept)."""
+    ``trainer.kubeflow.org`` audience and the CA, and the file ``trainjob stacks`` asks through, in place (variables
+    a container sets itself are kept)."""
     meta = jobset["metadata"]
     env = [
         {"name": URL_ENV, "value": endpoint.url(meta["namespace"], meta["name"])},
@@ -89,8 +91,12 @@ def inject_status_client(jobset: dict[str, Any], endpoint: StatusEndpoint) -> No
     ]
     volume = {"name": VOLUME, "projected": {"sources": [
         {"serviceAccountToken": {"audience": AUDIENCE, "expirationSeconds": TOKEN_SECONDS, "path": "token"}},
-        {"downwardAPI": {"items": [{"path": "ca.crt",
-                                    "fieldRef": {"fieldPath": f"metadata.annotations['{CA_ANNOTATION}']"}}]}},
+        {"downwardAPI": {"items": [
+            {"path": "ca.crt", "fieldRef": {"fieldPath": f"metadata.annotations['{CA_ANNOTATION}']"}},
+            # `trainjob stacks NAME` asks the pod's ranks for their stacks through this one (trainjob.torch.watchdog)
+            {"path": STACKS_REQUEST_FILE,
+             "fieldRef": {"fieldPath": f"metadata.annotations['{STACKS_REQUEST_ANNOTATION}']"}},
+        ]}},
     ]}}
     for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
         template = rj.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
