@@ -1,7 +1,9 @@
 """``trainjob stacks NAME``: every running rank's Python stacks, and which ranks the others wait for.
 
 Each rank dumps all its threads when asked (even one blocked in a collective: see
-:mod:`trainjob.backends.local.stacks`); the command prints them rank by rank, then one line from
+:mod:`trainjob.backends.local.stacks`; on Kubernetes the ranks are asked through their pods, see
+:meth:`~trainjob.backends.kubernetes.backend.KubernetesBackend.get_job_stacks`); the command prints them rank by
+rank, then one line from
 :func:`~trainjob.backends.stacks.find_stuck_ranks`::
 
     $ trainjob stacks mnist

@@ -193,6 +193,14 @@ class MemoryApi(KubeApi):
         self._record("create", "pods/eviction", f"{namespace}/{name}")
         return self.pods.pop((namespace, name), None) is not None
 
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> bool:
+        self._record("patch", "pods", f"{namespace}/{name}")
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            return False
+        pod["metadata"].setdefault("annotations", {}).update(annotations)
+        return True
+
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         self._record("list", "pods", namespace)
         return [

@@ -12,6 +12,10 @@ controller does. The pods find it through the variables the operator puts in eve
   the audience ``trainer.kubeflow.org`` (it opens nothing on the API server);
 - ``KUBEFLOW_TRAINER_SERVER_CA_CERT``: a file holding the CA of the endpoint's certificate (:mod:`.tls`).
 
+Beside the token and the CA, the same volume holds ``stacks-request``, the pod's ``trainjob/stacks-request``
+annotation as a downward-API file: ``trainjob stacks NAME`` sets the annotation, and each rank's watchdog
+(:mod:`trainjob.torch.watchdog`) answers with its stacks in its log.
+
 A request is accepted when the API server says the token is valid for that audience (a ``TokenReview``) and the pod
 it was issued to (named in the review, checked by uid) is a pod of that TrainJob's JobSet in its namespace: a
 token of one job cannot write another job's status. Reviews and pods are remembered per token until the token
