@@ -19,6 +19,8 @@ import pytest
 from kubetest.cluster import TrainJobCluster
 from kubetest.controlplane import NODE_NAME
 
+from trainjob.backends.kubernetes.progress import RESIZE_ANNOTATION
+
 STEPS = 24
 STEP_SECONDS = 0.5
 SCRIPT = f"""
@@ -324,8 +326,9 @@ def test_a_lost_node_static_pods_move_and_an_elastic_job_shrinks_to_the_node_lef
       ``DisruptionTarget``, so the Job controller replaces both without spending one of the JobSet's
       ``maxRestarts``; the new pods run on the node left, from the checkpoint, in the same JobSet.
     - An elastic job (1 to 2 nodes) spread over both nodes, its rendezvous on the node left: it goes on at 1 node
-      from its checkpoint once the lost node's rendezvous keep-alives lapse, well before the node is even NotReady;
-      its replaced pod (placed on the node left) joins again and it grows back to 2."""
+      from its checkpoint once the lost node's rendezvous keep-alives lapse, well before the node is even NotReady,
+      its learning rate scaled with the world size; its replaced pod (placed on the node left) joins again and it
+      grows back to 2. The operator turns each resize into a ``Resized`` event."""
     cp, core = k8s.cp, k8s.api.core
     elastic_out = workdir / "elastic"
     elastic_out.mkdir()
@@ -407,6 +410,10 @@ def test_a_lost_node_static_pods_move_and_an_elastic_job_shrinks_to_the_node_lef
         _place(k8s, namespace, "shrink", "1", NODE_NAME, skip={lost_pod})  # the replaced pod, on the node left
         _until(lambda: [r for r in _rounds(elastic_out) if r["world_size"] == 2 and r["time"] > first_shrunk["time"]],
                180, "the elastic job grown back to 2 nodes", lambda: k8s.diagnostics("shrink", namespace))
+        grown = next(r for r in _rounds(elastic_out) if r["world_size"] == 2 and r["time"] > first_shrunk["time"])
+        assert first_shrunk["base_lr"] == pytest.approx(0.2 / 2), "linear scaling: lr x new/old world size"
+        assert grown["step"] > first_shrunk["step"], "it trained at 1 node and resumed from a checkpoint taken there"
+        assert grown["base_lr"] == pytest.approx(0.2), "scaled back up with the world size"
         _until(lambda: _complete(k8s, namespace, "lost"), 180, "lost Complete",
                lambda: k8s.diagnostics("lost", namespace))
         static_done = time.monotonic() - lost_at
@@ -430,8 +437,15 @@ def test_a_lost_node_static_pods_move_and_an_elastic_job_shrinks_to_the_node_lef
 
         final = json.loads((elastic_out / "final.json").read_text())
         assert final["step"] == ELASTIC_STEPS and final["loss"] < 0.05, final
-        resized = [e["message"] for e in k8s.api.list_events(namespace, "shrink") if e["reason"] == "Resized"]
-        assert any(m.startswith("Resized 2 -> 1 nodes") for m in resized), resized
+        def resized() -> list[str] | None:  # the operator turns each resize rank 0 logged into an event
+            messages = [e["message"] for e in k8s.api.list_events(namespace, "shrink") if e["reason"] == "Resized"]
+            return messages if len(messages) >= 2 else None
+
+        _until(resized, 60, "both Resized events")
+        messages = resized() or []
+        assert any(m.startswith("Resized 2 -> 1 nodes") for m in messages), messages
+        assert any(m.startswith("Resized 1 -> 2 nodes") for m in messages), messages
+        assert RESIZE_ANNOTATION in k8s.job("shrink", namespace)["metadata"]["annotations"]
         assert (k8s.jobset("shrink", namespace).get("status") or {}).get("restarts", 0) == 0, "torchrun's own restarts"
     finally:
         cp.remove_node(LOST)
