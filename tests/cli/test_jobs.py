@@ -6,11 +6,13 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from jobtest.local import delete_all_jobs, processes_under
 
 from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.supervisor import standby
 from trainjob.cli.main import main
 
 JOB_YAML = """
@@ -104,6 +106,9 @@ def test_detached_run_then_wait_list_get_logs_events_delete(local_jobs, capsys, 
     code, out, _ = run(capsys, "run", hello, "--nodes", "1", "--nproc-per-node", "1", "--cpu", "1", "--name", "greet",
                        "--detach", "--", "--flag", "$HOME")
     assert (code, out.strip()) == (0, "greet")
+    # its supervisor is the one the command started in standby while it read the job, now this job's
+    supervisor = LocalBackend(LocalProcessBackendConfig(home=trainjob_home)).store.get_job("greet")["supervisor_pid"]
+    assert standby.STANDBY_FLAG in psutil.Process(supervisor).cmdline()
 
     assert run(capsys, "wait", "greet", "--timeout", "120")[:2] == (0, "trainjob/greet Complete\n")
     listing = run(capsys, "list")[1].splitlines()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -220,7 +221,8 @@ def run_command(script: str, script_args: tuple[str, ...], module: bool, no_pyth
         from trainjob.runtime.nccl import apply_nccl_profile
 
         resource = apply_nccl_profile(resource, nccl_profile)
-    submit_and_follow(resource, backend, detach, inherit_env=inherit_env, config_maps=config_maps)
+    with supervisor_standby(backend):  # the job's supervisor starts while the job is created, not after it
+        submit_and_follow(resource, backend, detach, inherit_env=inherit_env, config_maps=config_maps)
 
 
 def queue_labels(queue: str | None, priority_class: str | None) -> dict[str, str]:
@@ -270,12 +272,34 @@ def apply_options(backend: Target, inherit_env: bool, config_maps: tuple[str, ..
     return options
 
 
+@contextlib.contextmanager
+def supervisor_standby(backend: Target) -> Iterator[None]:
+    """For a local job: a supervisor in standby once the job is checked, released when none was created
+    (:mod:`~trainjob.backends.local.supervisor.standby`)."""
+    if backend.backend != "local":
+        yield
+        return
+    from trainjob.backends.local.supervisor import standby
+
+    standby.arm()
+    try:
+        yield
+    finally:
+        standby.release()
+
+
 def submit_and_follow(resource: Any, backend: Target, detach: bool, inherit_env: bool = False,
                       config_maps: tuple[str, ...] = ()) -> None:
     """Create the job; print its name (``detach``) or stream its logs until it ends, exiting with its outcome."""
     options = apply_options(backend, inherit_env, config_maps)
     client = make_backend(backend)
-    job = client.apply(resource, **options)
+    try:
+        job = client.apply(resource, **options)
+    finally:
+        if backend.backend == "local":  # a standby no job took (the job is queued) exits now, not at the end
+            from trainjob.backends.local.supervisor import standby
+
+            standby.release()
     if detach:
         click.echo(job.name)
         return

@@ -32,6 +32,7 @@ from trainjob.backends.local import processes
 from trainjob.backends.local.client import views
 from trainjob.backends.local.client.ttl import expired_jobs
 from trainjob.backends.local.store import ACTIVE_STATUSES, UNFINISHED_STATUSES, Store, check_job_name
+from trainjob.backends.local.supervisor import standby
 from trainjob.backends.stall import checked_stall_policy
 from trainjob.backends.ttl import ttl_seconds
 from trainjob.errors import BackendError, NotFoundError, ValidationError
@@ -135,7 +136,9 @@ class LocalBackend(Backend):
         ``checked``: what :meth:`check` returned for it (not resolved again). ``inherit_env`` (default: the
         config's) passes the nodes this whole environment, not only what a pod would get; ``config_maps`` (NAME:
         file or directory) are added to the config's for this job."""
-        self._submit(checked or self.check(trainjob, runtimes), inherit_env=inherit_env, config_maps=config_maps)
+        checked = checked or self.check(trainjob, runtimes)
+        standby.start()  # where the command asked for one: the supervisor starts while the job is created
+        self._submit(checked, inherit_env=inherit_env, config_maps=config_maps)
         return self.get_job(trainjob.name)
 
     def _create_trainjob(self, job: dict[str, Any], function: TrainerFunction | None) -> str:
@@ -285,14 +288,18 @@ class LocalBackend(Backend):
     def _start_supervisor(self, name: str, replacing: bool = False) -> None:
         """Start the job's supervisor; a replacement records itself once it holds the supervisor lock."""
         job_dir = self.store.job_dir(name)
-        env = {**os.environ, processes.JOB_DIR_ENV: str(job_dir)}
-        argv = [sys.executable, "-m", "trainjob.backends.local.supervisor", str(self.store.home), name]
-        with (job_dir / "supervisor.log").open("ab") as log:
-            process = subprocess.Popen(
-                argv + (["--replace"] if replacing else []),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True, close_fds=True,
-            )
+        waiting = None if replacing else standby.take()  # started by this command ahead of its job
+        if waiting is not None and standby.hand_over(waiting, str(self.store.home), name):
+            process = waiting
+        else:
+            env = {**os.environ, processes.JOB_DIR_ENV: str(job_dir)}
+            argv = [sys.executable, "-m", "trainjob.backends.local.supervisor", str(self.store.home), name]
+            with (job_dir / "supervisor.log").open("ab") as log:
+                process = subprocess.Popen(
+                    argv + (["--replace"] if replacing else []),
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                    start_new_session=True, close_fds=True,
+                )
         if not replacing:
             self.store.update_job(name, supervisor_pid=process.pid, supervisor_started=processes.start_time(process.pid))
 

@@ -44,12 +44,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from trainjob.backends.local.log_writer import NodeLogWriter, TorchrunCopies
-from trainjob.backends.local.node_keeper.mounts import node_mounts
-from trainjob.backends.local.node_keeper.mounts import preexec as mounts_preexec
 from trainjob.backends.local.processes import signal_group, stop_processes, supervisor_lock_held
+
+# Nothing here imports psutil or the volumes module before the node is started: a keeper starts torchrun as
+# soon as it can, and imports what it needs later only when it needs it (leftovers to stop, volumes to mount).
 
 POLL_SECONDS = 0.1
 RELEASE_SECONDS = 0.5
@@ -109,9 +108,11 @@ class Keeper:
         output, write_end = os.pipe()
         cpus = self.spec.get("cpus") or []
         preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-        mounts = node_mounts(self.job_dir, self.index)  # the job's volumes, when it mounts them in a namespace
-        if mounts:
-            preexec = functools.partial(mounts_preexec, mounts, self.spec["cwd"], cpus)
+        mounts = self.spec["mounts"] if "mounts" in self.spec else _node_mounts(self.job_dir, self.index)
+        if mounts:  # the job's volumes, when it mounts them in a namespace
+            from trainjob.backends.local.node_keeper.mounts import preexec as mounts_preexec
+
+            preexec = functools.partial(mounts_preexec, [tuple(m) for m in mounts], self.spec["cwd"], cpus)
         try:
             self.node = subprocess.Popen(
                 self.spec["argv"], cwd=self.spec["cwd"], env=self.env, stdin=subprocess.DEVNULL,
@@ -207,10 +208,10 @@ class Keeper:
             if pid in self.workers:
                 continue
             try:
-                env = psutil.Process(pid).environ()
+                env = _environ(pid)
                 rank, local_rank = int(env["RANK"]), int(env["LOCAL_RANK"])
                 fd = os.pidfd_open(pid)
-            except (psutil.Error, KeyError, ValueError, OSError):
+            except (KeyError, ValueError, OSError):
                 continue  # not a training process, or not exec'd yet: looked at again next time
             self.workers[pid] = {"pid": pid, "rank": rank, "local_rank": local_rank, "time": None}
             self.worker_fds[fd] = pid
@@ -240,16 +241,12 @@ class Keeper:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(info.si_pid, 0)
 
-    def _below(self) -> list[psutil.Process]:
+    def _below(self) -> list[int]:
         """Every process below the keeper except a replacement supervisor it started and that one's own."""
-        me = psutil.Process()
-        below = me.children(recursive=True)
         spared: set[int] = set()
         if self.replacement is not None and self.replacement.returncode is None:
-            with contextlib.suppress(psutil.Error):
-                replacement = psutil.Process(self.replacement.pid)
-                spared = {replacement.pid, *(p.pid for p in replacement.children(recursive=True))}
-        return [p for p in below if p.pid not in spared]
+            spared = {self.replacement.pid, *_descendants(self.replacement.pid)}
+        return [pid for pid in _descendants(os.getpid()) if pid not in spared]
 
     def _stop(self, now: float) -> None:
         if self.stop_deadline is None:
@@ -259,16 +256,20 @@ class Keeper:
         elif now >= self.stop_deadline and not self.killed:
             self.killed = True
             signal_group(self.node.pid, signal.SIGKILL)
-            for process in self._below():
-                with contextlib.suppress(psutil.Error):
-                    process.kill()
+            _kill(self._below())
 
     def _stop_leftovers(self) -> None:
         for _ in range(3):
             leftovers = self._below()
             if not leftovers:
                 return
-            stop_processes(leftovers, grace=LEFTOVER_GRACE_SECONDS)
+            import psutil
+
+            processes = []
+            for pid in leftovers:
+                with contextlib.suppress(psutil.Error):
+                    processes.append(psutil.Process(pid))
+            stop_processes(processes, grace=LEFTOVER_GRACE_SECONDS)
             self._reap()
 
     # supervision
@@ -311,9 +312,7 @@ class Keeper:
         node = getattr(self, "node", None)
         if node is not None:
             signal_group(node.pid, signal.SIGKILL)
-        for process in self._below():
-            with contextlib.suppress(psutil.Error):
-                process.kill()
+        _kill(self._below())
 
     def _write_exit(self, code: int, ended: float) -> None:
         record = {"code": code, "time": ended, "stopped": self.stop_requested, "ranks": list(self.workers.values())}
@@ -324,6 +323,35 @@ class Keeper:
             os.replace(temporary, path)
 
 
+def _node_mounts(job_dir: Path, node: int) -> list[tuple[str, str, bool, int | None, bool]] | None:
+    from trainjob.backends.local.node_keeper.mounts import node_mounts
+
+    return node_mounts(job_dir, node)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` was started with (``OSError`` when it cannot be read)."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        entries = f.read().split(b"\0")
+    return dict(entry.decode(errors="replace").split("=", 1) for entry in entries if b"=" in entry)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, parents before their children."""
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for parent in frontier for child in _children(parent)]
+        found += children
+        frontier = children
+    return found
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _children(pid: int) -> list[int]:
     """Pids of ``pid``'s children, from the kernel's per-thread lists (psutil would read every process)."""
     found: list[int] = []
@@ -332,6 +360,8 @@ def _children(pid: int) -> list[int]:
             with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as f:
                 found += [int(child) for child in f.read().split()]
     except OSError:
+        import psutil
+
         with contextlib.suppress(psutil.Error):
             return [child.pid for child in psutil.Process(pid).children()]
     return found

@@ -44,9 +44,10 @@ from trainjob.backends.local.node_keeper.keeper import (
     LEFTOVER_GRACE_SECONDS,
     STOP_GRACE_SECONDS,
 )
+from trainjob.backends.local.node_keeper.mounts import node_mounts
 from trainjob.backends.local.process_specs import ProcessSpec
 from trainjob.backends.local.store import ACTIVE_STATUSES, Store
-from trainjob.backends.local.supervisor import rendezvous
+from trainjob.backends.local.supervisor import rendezvous, standby
 from trainjob.backends.local.supervisor.environment import (
     InstallStopped,
     PackageInstallError,
@@ -252,6 +253,7 @@ class Supervisor:
             "home": str(self.store.home), "name": self.name, "job_dir": str(self.job_dir), "node": node.index,
             "argv": process_specs.node_argv(node.command, self.python, shrinkable=self.spec.shrinkable), "env": env,
             "cwd": self.spec.cwd, "cpus": node.cpus, "log_max_bytes": self.spec.log_max_bytes,
+            "mounts": node_mounts(self.job_dir, node.index),  # read here, so the keeper starts its node sooner
             # node-0's log of this attempt starts with the package install: the keeper appends to it
             "continue_log": self.continue_log and node.index == 0,
         }
@@ -599,8 +601,16 @@ class Supervisor:
 
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
+    in_standby = args == [standby.STANDBY_FLAG]
+    if in_standby:  # started ahead of its job: wait to be handed one
+        handed = standby.wait_for_job()
+        if handed is None:
+            return 0
+        args = list(handed)
     home, name = [arg for arg in args if arg != "--replace"]
     store = Store.open(home)
+    if in_standby:
+        standby.become_supervisor_of(store.job_dir(name))
     supervisor = Supervisor(store, name, replacing="--replace" in args)
 
     def terminate(signum: int, frame: object) -> None:
