@@ -5,7 +5,7 @@ CPU/memory capacity, a Lease heartbeat and a Ready condition) as ``system:node:<
 Node authorizer and NodeRestriction admission apply to it; it runs every pod the real scheduler binds to it, and
 it reports pod phase, readiness, container exit codes and termination messages back. What it does per pod:
 
-- one network namespace per pod (a veth into the agent's bridge, a default route through it), with ``/etc/hosts``
+- one network namespace per pod (a veth into the agent's bridge, a route to the other nodes' pods through it), with ``/etc/hosts``
   resolving ``{hostname}.{subdomain}`` of every pod in the namespace, and the pod's UTS host name. Pods on other
   agents' nodes are reached through the host, which forwards between the agents' bridges (each bridge forwards;
   the host's ``ip_forward`` is left alone); their names come from the files the agents share in ``--hosts-dir``
@@ -56,6 +56,8 @@ CAPACITY_ANNOTATION = "trainjob.dev/capacity"
 log = logging.getLogger("node-agent")
 
 POLL_SECONDS = 0.25
+#: Every agent's pod subnet lies in this range (:func:`free_subnet`); pods reach it through their node's bridge.
+POD_RANGE = ipaddress.ip_network("10.192.0.0/11")
 LEASE_SECONDS = 40
 FALLBACK_LOG_BYTES, FALLBACK_LOG_LINES = 2048, 80  # what the kubelet keeps for FallbackToLogsOnError
 
@@ -115,15 +117,31 @@ def remove_netns(netns: str) -> None:
 
 
 def free_subnet(pid: int) -> ipaddress.IPv4Network:
-    """The pod subnet of the agent whose process is ``pid``: a /24 of 10.200-249.x.0 picked from its pid, moved on
+    """The pod subnet of the agent whose process is ``pid``: a /24 of :data:`POD_RANGE` picked from its pid, moved on
     past any that an address of this machine (another agent's bridge) is already in."""
     taken = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout.split()
     addresses = [ipaddress.ip_interface(word).ip for word in taken if "/" in word and word[0].isdigit()]
     for step in range(250):
-        subnet = ipaddress.ip_network(f"10.{200 + pid % 50}.{(pid + step) % 250}.0/24")
+        subnet = ipaddress.ip_network(f"10.{192 + pid % 32}.{(pid + step) % 250}.0/24")
         if not any(address in subnet for address in addresses):
             return subnet
     raise RuntimeError("no free pod subnet on this machine")
+
+
+def _nameservers_in(network: ipaddress.IPv4Network) -> list[str]:
+    """The DNS servers of this machine (``/etc/resolv.conf``) that lie in ``network``."""
+    try:
+        lines = Path("/etc/resolv.conf").read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        words = line.split()
+        if len(words) >= 2 and words[0] == "nameserver":
+            with contextlib.suppress(ValueError):
+                if ipaddress.ip_address(words[1]) in network:
+                    found.append(words[1])
+    return found
 
 
 def _run(*argv: str) -> None:
@@ -324,7 +342,12 @@ class NodeAgent:
         _run("ip", "-n", run.netns, "link", "set", peer, "name", "eth0")
         _run("ip", "-n", run.netns, "addr", "add", f"{run.address}/{self.subnet.prefixlen}", "dev", "eth0")
         _run("ip", "-n", run.netns, "link", "set", "eth0", "up")
-        _run("ip", "-n", run.netns, "route", "add", "default", "via", str(self.subnet.network_address + 1))
+        # Other nodes' pods through the host, and nothing else: with no default route, what a pod tries to reach
+        # outside the cluster (this machine's DNS server included, should it lie in the range) fails at once
+        # instead of hanging, so a resolver falls back to /etc/hosts without waiting.
+        _run("ip", "-n", run.netns, "route", "add", str(POD_RANGE), "via", str(self.subnet.network_address + 1))
+        for server in _nameservers_in(POD_RANGE):
+            _run("ip", "-n", run.netns, "route", "add", "unreachable", f"{server}/32")
         (Path("/etc/netns") / run.netns).mkdir(parents=True, exist_ok=True)
         (Path("/etc/netns") / run.netns / "hosts").touch()
 
