@@ -221,8 +221,8 @@ def run_command(script: str, script_args: tuple[str, ...], module: bool, no_pyth
         from trainjob.runtime.nccl import apply_nccl_profile
 
         resource = apply_nccl_profile(resource, nccl_profile)
-    with supervisor_standby(backend):  # the job's supervisor starts while the job is created, not after it
-        submit_and_follow(resource, backend, detach, inherit_env=inherit_env, config_maps=config_maps)
+    # the job's supervisor starts while the job is created, not after it
+    submit_and_follow(resource, backend, detach, inherit_env=inherit_env, config_maps=config_maps, start_early=True)
 
 
 def queue_labels(queue: str | None, priority_class: str | None) -> dict[str, str]:
@@ -274,8 +274,8 @@ def apply_options(backend: Target, inherit_env: bool, config_maps: tuple[str, ..
 
 @contextlib.contextmanager
 def supervisor_standby(backend: Target) -> Iterator[None]:
-    """For a local job: a supervisor in standby once the job is checked, released when none was created
-    (:mod:`~trainjob.backends.local.supervisor.standby`)."""
+    """For a local job: a supervisor in standby once the job is checked, released when none was created (a queued
+    job, a failed creation) as soon as the block ends (:mod:`~trainjob.backends.local.supervisor.standby`)."""
     if backend.backend != "local":
         yield
         return
@@ -289,17 +289,13 @@ def supervisor_standby(backend: Target) -> Iterator[None]:
 
 
 def submit_and_follow(resource: Any, backend: Target, detach: bool, inherit_env: bool = False,
-                      config_maps: tuple[str, ...] = ()) -> None:
-    """Create the job; print its name (``detach``) or stream its logs until it ends, exiting with its outcome."""
+                      config_maps: tuple[str, ...] = (), start_early: bool = False) -> None:
+    """Create the job; print its name (``detach``) or stream its logs until it ends, exiting with its outcome.
+    ``start_early``: a local job's supervisor starts in standby while the job is created (:func:`supervisor_standby`)."""
     options = apply_options(backend, inherit_env, config_maps)
     client = make_backend(backend)
-    try:
+    with supervisor_standby(backend) if start_early else contextlib.nullcontext():
         job = client.apply(resource, **options)
-    finally:
-        if backend.backend == "local":  # a standby no job took (the job is queued) exits now, not at the end
-            from trainjob.backends.local.supervisor import standby
-
-            standby.release()
     if detach:
         click.echo(job.name)
         return
