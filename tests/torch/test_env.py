@@ -97,3 +97,40 @@ def test_the_public_api_loads_without_pipelining_or_the_parallel_package(subproc
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+GROUP_IN_A_CYCLE = '''
+import gc
+import sys
+import torch
+import trainjob.torch as tt
+
+gc.disable()  # no collection on the way: only an explicit one, or the interpreter's last
+
+class Holder:
+    """A model's hooks refer back to it: a cycle only a collection frees, holding the process group."""
+    def __init__(self, rank):
+        self.rank = rank
+        self.model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+        self.self = self
+    def __del__(self):
+        print(f"rank {self.rank} collected while finalizing: {sys.is_finalizing()}", flush=True)
+
+holder = Holder(tt.init().rank)
+holder.model(torch.ones(3, 4)).sum().backward()
+del holder
+tt.shutdown()
+'''
+
+
+def test_a_destroyed_group_a_model_still_holds_is_freed_before_the_interpreter_finalizes(torchrun, tmp_path):
+    """gloo's workers drop their last collectives' tensors under the GIL; while Python finalizes they cannot, and the
+    process aborts after a successful run. The group must be freed (its workers joined) before that."""
+    script = tmp_path / "cycle.py"
+    script.write_text(GROUP_IN_A_CYCLE)
+    proc = torchrun(script)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(line for line in proc.stdout.splitlines() if "collected" in line) == [
+        "rank 0 collected while finalizing: False",
+        "rank 1 collected while finalizing: False",
+    ], proc.stdout

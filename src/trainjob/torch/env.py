@@ -22,7 +22,9 @@ Without them the script runs as one process, in a process group of size one, so 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -131,7 +133,24 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None) -> Dis
         backend=str(dist.get_backend()),
     )
     watchdog.start()  # on Kubernetes: this rank's stacks when it stalls or `trainjob stacks` asks
+    global _collect_at_exit
+    if not _collect_at_exit:
+        _collect_at_exit = True
+        atexit.register(_collect_process_groups)
     return _context
+
+
+_collect_at_exit = False
+
+
+def _collect_process_groups() -> None:
+    # A destroyed gloo process group lives on while a model (FSDP's or DDP's hooks, a device mesh) still refers to
+    # it, and those references are often cycles that only the interpreter's last collection frees. By then Python is
+    # finalizing, and a gloo worker thread that drops a finished collective's tensors must take the GIL to do so: it
+    # cannot, and the process aborts ("terminate called without an active exception") after a successful run.
+    # Collecting here, while the interpreter is whole, lets the group's destructor join its workers first.
+    if not dist.is_initialized():
+        gc.collect()
 
 
 def context() -> DistContext:
