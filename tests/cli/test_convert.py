@@ -156,7 +156,8 @@ def test_get_pytorchjob_refuses_a_trainjob_that_was_not_converted(cli, tmp_path)
     assert cli("describe", "trainjob", "plain")[0] == 0
 
 
-def test_get_and_describe_pytorchjob_show_the_converted_job(cli, tmp_path):
+def test_get_and_describe_pytorchjob_show_the_converted_job(local_jobs, cli, tmp_path):
+    # local_jobs: creating even a suspended job probes once whether this machine can give a node its own mounts
     path = runnable("004-0", tmp_path)
     (data,) = yaml.safe_load_all(path.read_text())
     data["spec"]["runPolicy"] = {"suspend": True}  # created, never started: nothing to wait for

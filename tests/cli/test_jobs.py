@@ -59,24 +59,27 @@ def write(tmp_path: Path, name: str, text: str) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["run", "missing.py"], "SCRIPT: no such file: missing.py"),
-        (["run", "{hello}", "--name", "Bad_Name"], "metadata.name"),
-        (["run", "{hello}", "--name", "../outside"], "metadata.name"),
-        (["run", "{hello}", "--name", "x" * 64], "metadata.name"),
-        (["run", "{hello}", "--runtime", "no-such-runtime"], "'no-such-runtime' not found; known ClusterTrainingRuntimes"),
-        (["run", "{hello}", "--env", "NOEQUALS"], "--env: must be KEY=VALUE"),
-        (["run", "{hello}", "--nproc-per-node", "many"], "numProcPerNode"),
-        (["run", "{hello}", "--cpu", "lots"], "cpu"),
-        (["apply", "-f", "{bad_yaml}"], "not valid YAML"),
-        (["apply", "-f", "{unknown_runtime}"], "'nope' not found"),
-        (["apply", "-f", "missing.yaml"], "-f: no such file: missing.yaml"),
-        (["logs", "nobody"], "'nobody' not found"),
-    ],
-)
-def test_bad_input_exits_2_with_one_clear_line_and_creates_nothing(capsys, tmp_path, trainjob_home, hello, argv, message):
+BAD_INPUT = [
+    (["run", "missing.py"], "SCRIPT: no such file: missing.py"),
+    (["run", "{hello}", "--env", "NOEQUALS"], "--env: must be KEY=VALUE"),
+    (["apply", "-f", "{bad_yaml}"], "not valid YAML"),
+    (["apply", "-f", "{unknown_runtime}"], "'nope' not found"),
+    (["apply", "-f", "missing.yaml"], "-f: no such file: missing.yaml"),
+    (["logs", "nobody"], "'nobody' not found"),
+]
+#: Refused by the API's models: by then `trainjob run` has started the job's supervisor in standby, and stops it.
+REFUSED_BY_THE_MODELS = [
+    (["run", "{hello}", "--name", "Bad_Name"], "metadata.name"),
+    (["run", "{hello}", "--name", "../outside"], "metadata.name"),
+    (["run", "{hello}", "--name", "x" * 64], "metadata.name"),
+    (["run", "{hello}", "--runtime", "no-such-runtime"], "'no-such-runtime' not found; known ClusterTrainingRuntimes"),
+    (["run", "{hello}", "--nproc-per-node", "many"], "numProcPerNode"),
+    (["run", "{hello}", "--cpu", "lots"], "cpu"),
+]
+
+
+def refused(capsys, tmp_path: Path, home: Path, hello: str, argv: list[str], message: str) -> None:
+    """The command exits 2 with one line naming what was wrong, and nothing of a job is left."""
     files = {
         "hello": hello,
         "bad_yaml": write(tmp_path, "bad.yaml", "kind: TrainJob\nmetadata: {name: [unclosed\n"),
@@ -85,8 +88,23 @@ def test_bad_input_exits_2_with_one_clear_line_and_creates_nothing(capsys, tmp_p
     code, out, err = run(capsys, *[arg.format(**files) for arg in argv])
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1
-    assert job_names(trainjob_home) == []
-    assert not any((trainjob_home / "jobs").iterdir()) if (trainjob_home / "jobs").exists() else True
+    assert job_names(home) == []
+    assert not any((home / "jobs").iterdir()) if (home / "jobs").exists() else True
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_INPUT)
+def test_bad_input_exits_2_with_one_clear_line_and_creates_nothing(capsys, tmp_path, trainjob_home, hello, argv, message):
+    refused(capsys, tmp_path, trainjob_home, hello, argv, message)
+
+
+@pytest.mark.parametrize(("argv", "message"), REFUSED_BY_THE_MODELS)
+def test_a_value_the_models_refuse_exits_2_and_the_standby_supervisor_is_stopped(
+    local_jobs, capsys, tmp_path, trainjob_home, hello, argv, message
+):
+    refused(capsys, tmp_path, trainjob_home, hello, argv, message)
+    standbys = [p for p in psutil.Process().children() if standby.STANDBY_FLAG in p.cmdline() and p.is_running()
+                and p.status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+    assert standbys == [], "the supervisor started in standby outlived the refused command"
 
 
 def test_a_duplicate_name_is_refused_and_the_first_job_kept(capsys, tmp_path, trainjob_home):

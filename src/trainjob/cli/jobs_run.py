@@ -200,29 +200,33 @@ def run_command(script: str, script_args: tuple[str, ...], module: bool, no_pyth
     SCRIPT is a Python file, a module with -m (trainjob run -m pkg.train), or a shell script or binary with
     --no-python (trainjob run --no-python ./train.sh).
     """
-    from trainjob.api import TrainJob
-    from trainjob.cli.volume_flags import data_overrides
-
     if files:
         _run_files(script, files, inherit_env, config_maps, backend, detach)
         return
     if script is None:
         raise ValidationError("SCRIPT", "missing: give a training script (trainjob run train.py) or a manifest "
                               "(trainjob run -f job.yaml)")
+    from trainjob.cli.volume_flags import data_overrides
+
     job = run_trainjob(script, script_args, name, runtime, nodes, nproc_per_node, cpu, gpu, env, module=module,
-                       no_python=no_python,
-                       annotations=job_annotations(priority, oversubscribe, ttl, strict_resources),
+                       no_python=no_python, annotations=job_annotations(priority, oversubscribe, ttl, strict_resources),
                        labels=queue_labels(queue, priority_class))
     overrides = data_overrides(data)
     if overrides:
         job["spec"]["podTemplateOverrides"] = overrides
-    resource = TrainJob.from_dict(job)
-    if nccl_profile:
-        from trainjob.runtime.nccl import apply_nccl_profile
+    # The flags are sound: the job's supervisor starts now, in standby, so that its start overlaps the check of the
+    # job against the API's models (their import is most of it) and its creation; it is stopped if no job comes of
+    # it (a value the models refuse, a queued job).
+    with supervisor_standby(backend):
+        from trainjob.api import TrainJob
 
-        resource = apply_nccl_profile(resource, nccl_profile)
-    # the job's supervisor starts while the job is created, not after it
-    submit_and_follow(resource, backend, detach, inherit_env=inherit_env, config_maps=config_maps, start_early=True)
+        resource = TrainJob.from_dict(job)
+        if nccl_profile:
+            from trainjob.runtime.nccl import apply_nccl_profile
+
+            resource = apply_nccl_profile(resource, nccl_profile)
+        created = submit(resource, backend, inherit_env=inherit_env, config_maps=config_maps)
+    follow_or_print(backend, created, detach)
 
 
 def queue_labels(queue: str | None, priority_class: str | None) -> dict[str, str]:
@@ -274,32 +278,38 @@ def apply_options(backend: Target, inherit_env: bool, config_maps: tuple[str, ..
 
 @contextlib.contextmanager
 def supervisor_standby(backend: Target) -> Iterator[None]:
-    """For a local job: a supervisor in standby once the job is checked, released when none was created (a queued
-    job, a failed creation) as soon as the block ends (:mod:`~trainjob.backends.local.supervisor.standby`)."""
+    """For a local job: a supervisor in standby from now, stopped when the block ends without a job created for it
+    (bad input, a queued job, a failed creation) (:mod:`~trainjob.backends.local.supervisor.standby`)."""
     if backend.backend != "local":
         yield
         return
     from trainjob.backends.local.supervisor import standby
 
-    standby.arm()
+    standby.start()
     try:
         yield
     finally:
         standby.release()
 
 
-def submit_and_follow(resource: Any, backend: Target, detach: bool, inherit_env: bool = False,
-                      config_maps: tuple[str, ...] = (), start_early: bool = False) -> None:
-    """Create the job; print its name (``detach``) or stream its logs until it ends, exiting with its outcome.
-    ``start_early``: a local job's supervisor starts in standby while the job is created (:func:`supervisor_standby`)."""
-    options = apply_options(backend, inherit_env, config_maps)
-    client = make_backend(backend)
-    with supervisor_standby(backend) if start_early else contextlib.nullcontext():
-        job = client.apply(resource, **options)
+def submit(resource: Any, backend: Target, inherit_env: bool = False, config_maps: tuple[str, ...] = ()) -> Any:
+    """Create the job (``apply``); the SDK's view of it."""
+    options = apply_options(backend, inherit_env, config_maps)  # a flag the backend cannot take, before reaching it
+    return make_backend(backend).apply(resource, **options)
+
+
+def follow_or_print(backend: Target, job: Any, detach: bool) -> None:
+    """Print a created job's name (``detach``) or stream its logs until it ends, exiting with its outcome."""
     if detach:
         click.echo(job.name)
         return
     _follow_to_end(backend, job.name, f"{job.num_nodes} node(s) x {job.num_proc_per_node} process(es)")
+
+
+def submit_and_follow(resource: Any, backend: Target, detach: bool, inherit_env: bool = False,
+                      config_maps: tuple[str, ...] = ()) -> None:
+    """Create the job; print its name (``detach``) or stream its logs until it ends, exiting with its outcome."""
+    follow_or_print(backend, submit(resource, backend, inherit_env, config_maps), detach)
 
 
 def _follow_to_end(backend: Target, name: str, shape: str | None = None) -> None:

@@ -4,8 +4,8 @@
 
     CLI / SDK process                     client/        LocalBackend: submit, admit from the queue, read, stop
     └── supervisor, one per job           supervisor/    python -m trainjob.backends.local.supervisor HOME NAME
-        │                                                (``trainjob run``'s: ... --standby, started once the job
-        │                                                is checked and handed the job when it is created)
+        │                                                (``trainjob run``'s: ... --standby, started before the
+        │                                                job is read and handed the job when it is created)
         ├── rendezvous store (shrinkable              python -m trainjob.backends.local.supervisor.rendezvous
         │   elastic jobs only)                              JOB_DIR PORT
         └── node keeper, one per node     node_keeper/   python -m trainjob.backends.local.node_keeper (spec on stdin)

@@ -137,7 +137,6 @@ class LocalBackend(Backend):
         config's) passes the nodes this whole environment, not only what a pod would get; ``config_maps`` (NAME:
         file or directory) are added to the config's for this job."""
         checked = checked or self.check(trainjob, runtimes)
-        standby.start()  # where the command asked for one: the supervisor starts while the job is created
         self._submit(checked, inherit_env=inherit_env, config_maps=config_maps)
         return self.get_job(trainjob.name)
 

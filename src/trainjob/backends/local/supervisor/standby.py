@@ -1,19 +1,18 @@
 """A job's supervisor started before the job exists, so that its own start overlaps the command's.
 
-Once ``trainjob run`` has checked a job, creating it (the layout of its nodes, its environment, the store) takes
-about a tenth of a second; a supervisor started only then spends as long again starting Python and importing what
-it runs. So a command that asks for it (:func:`arm`) gets a supervisor started in standby as soon as the job is
-checked (:func:`start`, called by :meth:`LocalBackend.apply
-<trainjob.backends.local.client.backend.LocalBackend.apply>`): ``python -m trainjob.backends.local.supervisor
---standby`` imports everything, then waits on its stdin. When the job is created, :meth:`LocalBackend._start_supervisor
+Reading and checking a job (the API models' import is most of it) and creating it (the layout of its nodes, its
+environment, the store) take ``trainjob run`` a few tenths of a second; a supervisor started only then spends
+about a fifth of a second more starting Python and importing what it runs. So ``trainjob run`` starts one in
+standby before it reads the job (:func:`start`): ``python -m trainjob.backends.local.supervisor --standby`` imports
+everything, then waits on its stdin. When the job is created, :meth:`LocalBackend._start_supervisor
 <trainjob.backends.local.client.backend.LocalBackend._start_supervisor>` hands it the store's home and the job's
 name (:func:`take`, :func:`hand_over`) and it supervises that job as one started for it would; when none is
-created (it is queued, or creating it failed), :func:`release` closes its stdin and it exits. A command that dies
-closes the pipe too, so a standby never outlives the command that started it without a job. Bad input starts
-nothing: it is refused by the check, before the standby::
+created (bad input, a queued job, a failed creation), :func:`release` stops it: it holds nothing yet. A command
+that dies closes the pipe, and a standby reading the end of its stdin exits, so a standby never outlives the
+command that started it without a job::
 
-    standby.arm()                         # the command will create a job
-    backend.apply(job)                    # checked, a standby started, the job created and handed to it
+    standby.start()                       # the command will create a job: now, while it reads and checks it
+    backend.apply(job)                    # checked, the job created and handed to the standby
     standby.release()                     # once the job is created (or not)
 """
 
@@ -27,22 +26,13 @@ from pathlib import Path
 STANDBY_FLAG = "--standby"
 
 _standby: subprocess.Popen[bytes] | None = None
-_armed = False
-
-
-def arm() -> None:
-    """Let :func:`start` start a standby for this process's next job (a command that creates one asks)."""
-    global _armed
-    _armed = True
 
 
 def start() -> None:
-    """Start a supervisor in standby for this process's next job, where :func:`arm` asked for one and none is
-    waiting already."""
-    global _standby, _armed
-    if not _armed or _standby is not None:
+    """Start a supervisor in standby for this process's next job, unless one is waiting already."""
+    global _standby
+    if _standby is not None:
         return
-    _armed = False
     try:
         _standby = subprocess.Popen(
             [sys.executable, "-m", "trainjob.backends.local.supervisor", STANDBY_FLAG],
@@ -74,17 +64,13 @@ def hand_over(process: subprocess.Popen[bytes], home: str, name: str) -> bool:
 
 
 def release() -> None:
-    """Let a standby no job took exit (it reads the end of its stdin); disarm."""
-    global _armed
-    _armed = False
+    """Stop a standby no job took (it holds nothing yet, so the command need not wait for it to finish starting)."""
     process = take()
-    if process is not None and process.stdin is not None:
-        process.stdin.close()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    if process is not None:
+        if process.stdin is not None:
+            process.stdin.close()
+        process.kill()
+        process.wait()
 
 
 def wait_for_job() -> tuple[str, str] | None:
