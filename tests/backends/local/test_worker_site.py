@@ -110,3 +110,52 @@ def test_torchrun_stopped_by_a_signal_says_so_in_one_line(subprocesses, tmp_path
     done = run_python(code, {"TRAINJOB_JOB_DIR": str(tmp_path)}, tmp_path)
 
     assert done.stderr.strip() == "torchrun stopped: Process 17 got signal: 15"
+
+
+TAILER_STOPPED = """
+    import sys, threading
+    print("torch imported at start-up:", "torch" in sys.modules)
+    from torch.distributed.elastic.multiprocessing import tail_log
+
+    print("tailer:", tail_log.tail_logfile.__module__)
+    log = open("rank.log", "w", buffering=1)
+    log.write("before\\n")
+    copied, finished = [], threading.Event()
+    class Copy:
+        def write(self, text):
+            copied.append(text)
+    every_line = lambda line: True
+    args = ("[r0]:", "rank.log", Copy(), finished, 3600.0, every_line)  # as torchrun's TailLog passes them
+    tailer = threading.Thread(target=tail_log.tail_logfile, args=args)
+    tailer.start()
+    log.write("after\\n")
+    log.close()
+    finished.set()  # an hour's interval: torch's own tailer would sleep it out before its last read
+    tailer.join(timeout=30)
+    print("stopped:", not tailer.is_alive())
+    print("copied:", copied)
+    sys.stdout.flush()
+    import os; os._exit(0)  # a tailer still asleep would hold the interpreter's exit
+"""
+
+
+def test_torchruns_tailers_end_when_stopped_with_every_line_copied(subprocesses, tmp_path: Path):
+    """torchrun tees each rank through tailers that sleep between reads; at a node's end they must wake for their
+    last read at once, not after their sleep, and lose no line."""
+    done = run_python(TAILER_STOPPED, {"TRAINJOB_JOB_DIR": str(tmp_path)}, tmp_path)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        "torch imported at start-up: False",  # the node's sitecustomize waits for torchrun to import it
+        "tailer: sitecustomize",
+        "stopped: True",
+        "copied: ['[r0]:before\\n', '[r0]:after\\n']",
+    ], done.stderr[-3000:]
+
+
+def test_a_ranks_tailer_is_torchs_own(subprocesses, tmp_path: Path):
+    """Only the node's torchrun gets the tailer: a training process imports torch as it is."""
+    code = "from torch.distributed.elastic.multiprocessing import tail_log; print(tail_log.tail_logfile.__module__)"
+    done = run_python(code, {"TRAINJOB_JOB_DIR": str(tmp_path), "LOCAL_RANK": "0"}, tmp_path)
+
+    assert done.stdout.strip() == "torch.distributed.elastic.multiprocessing.tail_log", done.stderr[-3000:]
