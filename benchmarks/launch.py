@@ -10,10 +10,16 @@ ratio of the fastest runs. Where the time goes, as medians:
 - ``command_to_nodes_started_s`` and ``nodes_exited_to_command_exit_s``: trainjob's own time before its node
   processes start and after the last one exits, from the store.
 
-``--json PATH`` also writes the figures to a file that ``benchmarks/compare.py`` reads. The cost of listing a
-large store is ``benchmarks/listing.py``::
+``--json PATH`` also writes the figures to a file that ``benchmarks/compare.py`` reads. On a shared machine two
+runs of this script minutes apart can differ by more than a change does, so ``--baseline-src DIR`` (the ``src``
+folder of another checkout, a release say) times that tree's ``trainjob run`` in the same loop as well (torchrun,
+baseline, this tree, torchrun, ...), and ``--baseline-json PATH`` writes its figures for ``compare.py``. The cost of
+listing a large store is ``benchmarks/listing.py``::
 
     python benchmarks/launch.py --runs 9 --json /tmp/launch.json
+    git worktree add /tmp/release v0.1.0
+    python benchmarks/launch.py --baseline-src /tmp/release/src --baseline-json /tmp/base.json --json /tmp/change.json
+    python benchmarks/compare.py /tmp/base.json /tmp/change.json
 """
 
 from __future__ import annotations
@@ -67,39 +73,51 @@ def time_plain_torchrun(script: Path, env: dict[str, str], cwd: Path, stamps: Pa
     return time.perf_counter() - started, first_init(stamps) - wall_started
 
 
-def launch_overhead(runs: int, workdir: Path) -> dict[str, float]:
+def launch_overhead(runs: int, workdir: Path, baseline_src: Path | None = None) -> dict[str, dict[str, float]]:
+    """The figures of the module docstring for this tree (``"launch"``) and, with ``baseline_src``, for the
+    trainjob in that ``src`` folder (``"baseline"``), each against the same interleaved torchrun runs."""
     script = workdir / "trivial.py"
     script.write_text(TRIVIAL)
     env = {**os.environ, "TRAINJOB_HOME": str(workdir / "home"), "OMP_NUM_THREADS": "1"}
+    trees = {"launch": env}
+    if baseline_src is not None:  # its supervisor, keepers and node site come from that tree too (same PYTHONPATH)
+        trees = {"baseline": {**env, "PYTHONPATH": str(baseline_src.resolve())}, **trees}
     trainjob = str(Path(sys.executable).with_name("trainjob"))
-    ours, plain, before_nodes, after_nodes, ours_init, plain_init = [], [], [], [], [], []
+    plain, plain_init = [], []
+    ours: dict[str, dict[str, list[float]]] = {tree: {"run": [], "init": [], "before": [], "after": []} for tree in trees}
     for run in range(runs):
         stamps = workdir / f"torchrun-stamps-{run}"
         stamps.mkdir()
         wall, init = time_plain_torchrun(script, env, workdir, stamps)
         plain.append(wall)
         plain_init.append(init)
-        stamps = workdir / f"trainjob-stamps-{run}"
-        stamps.mkdir()
-        started = time.time()
-        ours.append(time_command([trainjob, "run", str(script), "--nodes", "2", "--nproc-per-node", "2",
-                                  "--name", f"trivial-{run}", "--", str(stamps)], env, workdir))
-        ours_init.append(first_init(stamps) - started)
-        nodes_started, nodes_exited = node_times(workdir / "home", f"trivial-{run}")
-        before_nodes.append(nodes_started - started)
-        after_nodes.append(started + ours[-1] - nodes_exited)
+        for tree, tree_env in trees.items():
+            name = f"{tree}-{run}"
+            stamps = workdir / f"{name}-stamps"
+            stamps.mkdir()
+            started = time.time()
+            figures = ours[tree]
+            figures["run"].append(time_command([trainjob, "run", str(script), "--nodes", "2", "--nproc-per-node", "2",
+                                                "--name", name, "--", str(stamps)], tree_env, workdir))
+            figures["init"].append(first_init(stamps) - started)
+            nodes_started, nodes_exited = node_times(workdir / "home", name)
+            figures["before"].append(nodes_started - started)
+            figures["after"].append(started + figures["run"][-1] - nodes_exited)
     return {
-        "runs": runs,
-        "trainjob_run_s": statistics.median(ours),
-        "plain_torchrun_s": statistics.median(plain),
-        "ratio": statistics.median(ours) / statistics.median(plain),
-        # On a shared machine the fastest runs are the ones least disturbed by other load.
-        "ratio_of_fastest": min(ours) / min(plain),
-        "trainjob_to_first_init_s": statistics.median(ours_init),
-        "torchrun_to_first_init_s": statistics.median(plain_init),
-        # Where trainjob's extra time goes: command start to node processes started, last node exit to exit.
-        "command_to_nodes_started_s": statistics.median(before_nodes),
-        "nodes_exited_to_command_exit_s": statistics.median(after_nodes),
+        tree: {
+            "runs": runs,
+            "trainjob_run_s": statistics.median(figures["run"]),
+            "plain_torchrun_s": statistics.median(plain),
+            "ratio": statistics.median(figures["run"]) / statistics.median(plain),
+            # On a shared machine the fastest runs are the ones least disturbed by other load.
+            "ratio_of_fastest": min(figures["run"]) / min(plain),
+            "trainjob_to_first_init_s": statistics.median(figures["init"]),
+            "torchrun_to_first_init_s": statistics.median(plain_init),
+            # Where trainjob's extra time goes: command start to node processes started, last node exit to exit.
+            "command_to_nodes_started_s": statistics.median(figures["before"]),
+            "nodes_exited_to_command_exit_s": statistics.median(figures["after"]),
+        }
+        for tree, figures in ours.items()
     }
 
 
@@ -119,10 +137,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument("--baseline-src", type=Path, metavar="DIR",
+                        help="the src folder of another trainjob checkout, timed in the same loop")
+    parser.add_argument("--baseline-json", type=Path, metavar="PATH",
+                        help="with --baseline-src: write the baseline's figures to this file")
     args = parser.parse_args()
+    if args.baseline_src is not None and not (args.baseline_src / "trainjob" / "__init__.py").is_file():
+        parser.error(f"--baseline-src: no trainjob package in {args.baseline_src} (give the src folder of a checkout)")
+    if args.baseline_json is not None and args.baseline_src is None:
+        parser.error("--baseline-json: needs --baseline-src")
     with tempfile.TemporaryDirectory(prefix="trainjob-bench-") as tmp:
-        results = {"launch": launch_overhead(args.runs, Path(tmp))}
-    report(results, args.json)
+        results = launch_overhead(args.runs, Path(tmp), args.baseline_src)
+    if "baseline" in results:
+        report({"launch": results["baseline"]}, args.baseline_json)
+    report({"launch": results["launch"]}, args.json)
 
 
 if __name__ == "__main__":
