@@ -110,3 +110,96 @@ def test_torchrun_stopped_by_a_signal_says_so_in_one_line(subprocesses, tmp_path
     done = run_python(code, {"TRAINJOB_JOB_DIR": str(tmp_path)}, tmp_path)
 
     assert done.stderr.strip() == "torchrun stopped: Process 17 got signal: 15"
+
+
+TAILER_STOPPED = """
+    import sys, threading
+    print("torch imported at start-up:", "torch" in sys.modules)
+    from torch.distributed.elastic.multiprocessing import tail_log
+
+    print("tailer:", tail_log.tail_logfile.__module__)
+    log = open("rank.log", "w", buffering=1)
+    log.write("before\\n")
+    copied, finished = [], threading.Event()
+    class Copy:
+        def write(self, text):
+            copied.append(text)
+    every_line = lambda line: True
+    args = ("[r0]:", "rank.log", Copy(), finished, 3600.0, every_line)  # as torchrun's TailLog passes them
+    tailer = threading.Thread(target=tail_log.tail_logfile, args=args)
+    tailer.start()
+    log.write("after\\n")
+    log.close()
+    finished.set()  # an hour's interval: torch's own tailer would sleep it out before its last read
+    tailer.join(timeout=30)
+    print("stopped:", not tailer.is_alive())
+    print("copied:", copied)
+    sys.stdout.flush()
+    import os; os._exit(0)  # a tailer still asleep would hold the interpreter's exit
+"""
+
+
+def test_torchruns_tailers_end_when_stopped_with_every_line_copied(subprocesses, tmp_path: Path):
+    """torchrun tees each rank through tailers that sleep between reads; at a node's end they must wake for their
+    last read at once, not after their sleep, and lose no line."""
+    done = run_python(TAILER_STOPPED, {"TRAINJOB_JOB_DIR": str(tmp_path)}, tmp_path)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        "torch imported at start-up: False",  # the node's sitecustomize waits for torchrun to import it
+        "tailer: sitecustomize",
+        "stopped: True",
+        "copied: ['[r0]:before\\n', '[r0]:after\\n']",
+    ], done.stderr[-3000:]
+
+
+TAILER_PIECES = """
+    import os, sys, threading, time
+    from torch.distributed.elastic.multiprocessing import tail_log
+
+    log = os.open("rank.log", os.O_WRONLY | os.O_CREAT)
+    write = lambda text: os.write(log, text.encode())  # as python -u does: each piece at once
+    copied, finished = [], threading.Event()
+    class Copy:
+        def write(self, text):
+            copied.append(text)
+    args = ("[r0]:", "rank.log", Copy(), finished, 0.5, lambda line: True)
+    tailer = threading.Thread(target=tail_log.tail_logfile, args=args)
+    tailer.start()
+    time.sleep(0.2)
+    write("'a b'")  # print("'a b'", 42, sep="|") under python -u: three writes
+    time.sleep(0.3)  # the tailer has read the first piece by now
+    write("|42")
+    write("\\n")
+    write("loading ...")  # a line the rank ends much later: what there is shows meanwhile
+    time.sleep(2.0)
+    print("unfinished line copied meanwhile:", copied[-1:] == ["[r0]:loading ..."])
+    write("done\\n")
+    os.close(log)
+    finished.set()
+    tailer.join(timeout=30)
+    print("copied:", copied)
+    sys.stdout.flush()
+    os._exit(0)
+"""
+
+
+def test_a_line_written_in_pieces_is_copied_as_one_line(subprocesses, tmp_path: Path):
+    """A rank's ``print`` writes its arguments one by one; the tailer must not cut the line where it happened to
+    read, leaving a second rank header in the middle of it; a line that stays unfinished for long still shows
+    while the rank runs (its end then follows under a header of its own, as with torch's tailer)."""
+    done = run_python(TAILER_PIECES, {"TRAINJOB_JOB_DIR": str(tmp_path)}, tmp_path)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        "unfinished line copied meanwhile: True",
+        "copied: [\"[r0]:'a b'|42\\n\", '[r0]:loading ...', '[r0]:done\\n']",
+    ], done.stderr[-3000:]
+
+
+def test_a_ranks_tailer_is_torchs_own(subprocesses, tmp_path: Path):
+    """Only the node's torchrun gets the tailer: a training process imports torch as it is."""
+    code = "from torch.distributed.elastic.multiprocessing import tail_log; print(tail_log.tail_logfile.__module__)"
+    done = run_python(code, {"TRAINJOB_JOB_DIR": str(tmp_path), "LOCAL_RANK": "0"}, tmp_path)
+
+    assert done.stdout.strip() == "torch.distributed.elastic.multiprocessing.tail_log", done.stderr[-3000:]

@@ -13,6 +13,12 @@
   which writes from the signal handler itself, so a rank blocked in a C call answers too): what ``trainjob
   stacks`` and the stall watchdog read (:mod:`trainjob.backends.local.stacks`).
 
+- **The node's torchrun** ends as soon as its ranks' output is copied: torchrun tees each rank's output
+  (``PET_TEE``, so the node log has it line by line, prefixed with its rank) through tailer threads that sleep
+  0.1 s whenever they find nothing new, and at the end it stops them one log at a time, each waiting out a sleep
+  (about 0.2 s of every job's end). Its tailers wait on their stop signal instead, and copy a line a rank wrote
+  in pieces as one line, when torch's tailer is the one this was written against (:func:`_tail_logfile`);
+  otherwise torch's is left as it is.
 - **A training process** whose output meets a full disk (torchrun writes each rank's output into a file under the
   job's logs) drops that output instead of dying of it (``print`` raising ``ENOSPC`` would end the training), and
   once the disk has room again says, once, how much went missing.
@@ -121,6 +127,89 @@ def _install_torchrun_hook():
     sys.excepthook = short_report
 
 
+_TAIL_LOG_MODULE = "torch.distributed.elastic.multiprocessing.tail_log"
+_TAIL_LOGFILE_PARAMETERS = ["header", "file", "dst", "finished", "interval_sec", "log_line_filter"]
+
+
+def _tail_logfile(header, file, dst, finished, interval_sec, log_line_filter=None):
+    """torch's ``tail_logfile`` (copy ``file`` to ``dst``, each line after ``header``, until ``finished`` is set and
+    nothing is left to read), with two differences:
+
+    - it waits on ``finished`` where torch's sleeps ``interval_sec``: once set, it wakes at once for its last read
+      instead of finishing its sleep;
+    - a line read before its end was written (``print(a, b)`` writes ``a``, the separator, ``b`` and the newline
+      one by one under ``python -u``) is held one interval for the rest of it, so that it is copied as one line,
+      not cut in two with a second header in the middle; a line still unfinished after that (a progress bar's
+      ``\\r`` updates) is copied as it is, as torch's would.
+    """
+    while not os.path.exists(file):
+        if finished.is_set():
+            return
+        finished.wait(interval_sec)
+
+    def copy(text):
+        if log_line_filter and log_line_filter(text):
+            dst.write(f"{header}{text}")
+
+    with open(file, errors="replace") as fp:
+        held = ""  # the start of a line read one interval ago, before its end was written
+        while True:
+            line = fp.readline()
+            if line and not line.endswith("\n") and not held and not finished.is_set():
+                held = line
+                finished.wait(interval_sec)
+                continue
+            if line or held:
+                copy(held + line)
+                held = ""
+            elif finished.is_set():
+                break
+            else:
+                finished.wait(interval_sec)
+
+
+def _replace_tail_logfile(module):
+    import inspect
+
+    original = getattr(module, "tail_logfile", None)
+    try:
+        parameters = list(inspect.signature(original).parameters)
+    except (TypeError, ValueError):
+        return
+    if parameters == _TAIL_LOGFILE_PARAMETERS:  # the tailer this one stands in for; a changed one is left alone
+        module.tail_logfile = _tail_logfile
+
+
+class _AfterImport:
+    """A meta path finder that lets module ``name`` load as it would, then calls ``then(module)``; once only, and
+    only if that module is ever imported (torch is not imported for it)."""
+
+    def __init__(self, name, then):
+        self.name, self.then, self.used = name, then, False
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name or self.used:
+            return None
+        self.used = True  # before looking: the search below asks this finder too
+        import importlib.util
+
+        spec = importlib.util.find_spec(fullname)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module, then = loader.exec_module, self.then
+
+        def exec_then(module):
+            import contextlib
+
+            exec_module(module)
+            with contextlib.suppress(Exception):  # torch as it is
+                then(module)
+
+        loader.exec_module = exec_then  # this module's own loader instance
+        return spec
+
+
 def _load_shadowed_sitecustomize():
     """The ``sitecustomize`` later on the path, as Python would have loaded it without this one."""
     import importlib.machinery
@@ -183,6 +272,7 @@ def _main():
     elif _NODE_MARK not in env and "TRAINJOB_JOB_DIR" in env:
         env[_NODE_MARK] = str(os.getpid())
         _install_torchrun_hook()
+        sys.meta_path.insert(0, _AfterImport(_TAIL_LOG_MODULE, _replace_tail_logfile))
     _load_shadowed_sitecustomize()
 
 
