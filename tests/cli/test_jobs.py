@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,10 +102,21 @@ def test_bad_input_exits_2_with_one_clear_line_and_creates_nothing(capsys, tmp_p
 def test_a_value_the_models_refuse_exits_2_and_the_standby_supervisor_is_stopped(
     local_jobs, capsys, tmp_path, trainjob_home, hello, argv, message
 ):
+    started = time.time()
     refused(capsys, tmp_path, trainjob_home, hello, argv, message)
     standbys = [p for p in psutil.Process().children() if standby.STANDBY_FLAG in p.cmdline() and p.is_running()
                 and p.status() != psutil.STATUS_ZOMBIE]  # fmt: skip
     assert standbys == [], "the supervisor started in standby outlived the refused command"
+    assert keepers_started_since(started - 1) == [], "a keeper the standby started ahead outlived it"
+
+
+def keepers_started_since(since: float) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline", "create_time", "status"]):
+        if (process.info["create_time"] or 0) >= since and process.info["status"] != psutil.STATUS_ZOMBIE \
+                and "trainjob.backends.local.node_keeper" in (process.info["cmdline"] or []):
+            found.append(process)
+    return found
 
 
 def test_a_duplicate_name_is_refused_and_the_first_job_kept(capsys, tmp_path, trainjob_home):

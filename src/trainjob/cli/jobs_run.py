@@ -217,7 +217,7 @@ def run_command(script: str, script_args: tuple[str, ...], module: bool, no_pyth
     # The flags are sound: the job's supervisor starts now, in standby, so that its start overlaps the check of the
     # job against the API's models (their import is most of it) and its creation; it is stopped if no job comes of
     # it (a value the models refuse, a queued job).
-    with supervisor_standby(backend):
+    with supervisor_standby(backend, nodes or 1):
         from trainjob.api import TrainJob
 
         resource = TrainJob.from_dict(job)
@@ -231,9 +231,11 @@ def run_command(script: str, script_args: tuple[str, ...], module: bool, no_pyth
 
 def queue_labels(queue: str | None, priority_class: str | None) -> dict[str, str]:
     """The Kueue labels ``--queue`` and ``--priority-class`` stand for (each a DNS label, as Kueue's names are)."""
+    labels: dict[str, str] = {}
+    if queue is None and priority_class is None:
+        return labels
     from trainjob.backends.kubernetes.kueue import PRIORITY_CLASS_LABEL, QUEUE_LABEL, check_name
 
-    labels: dict[str, str] = {}
     if queue is not None:
         labels[QUEUE_LABEL] = check_name("--queue", queue)
     if priority_class is not None:
@@ -277,15 +279,16 @@ def apply_options(backend: Target, inherit_env: bool, config_maps: tuple[str, ..
 
 
 @contextlib.contextmanager
-def supervisor_standby(backend: Target) -> Iterator[None]:
-    """For a local job: a supervisor in standby from now, stopped when the block ends without a job created for it
-    (bad input, a queued job, a failed creation) (:mod:`~trainjob.backends.local.supervisor.standby`)."""
+def supervisor_standby(backend: Target, nodes: int = 1) -> Iterator[None]:
+    """For a local job: a supervisor in standby from now, with keepers for ``nodes`` nodes, stopped when the block
+    ends without a job created for it (bad input, a queued job, a failed creation)
+    (:mod:`~trainjob.backends.local.supervisor.standby`)."""
     if backend.backend != "local":
         yield
         return
     from trainjob.backends.local.supervisor import standby
 
-    standby.start()
+    standby.start(nodes)
     try:
         yield
     finally:

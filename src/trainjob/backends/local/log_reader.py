@@ -238,6 +238,8 @@ class _NodeStream:
             return True
         if self.previous:
             return False  # the previous attempt is over: nothing new comes
+        if self.log is not None and _path_inode(self.path) == _inode(self.log.file):
+            return False  # still the file being read (a stat, not an open: a followed log asks on every poll)
         current = _open(self.path)
         if current is None:
             return False

@@ -17,11 +17,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import select
 import signal
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # psutil (8 ms to import) is imported where used: listing finished jobs never needs it
     import psutil
@@ -34,24 +35,82 @@ def is_alive(pid: int | None, started: float | None) -> bool:
     """Whether ``pid`` still runs and is the process that started at ``started`` (not a reused pid)."""
     if not pid:
         return False
-    import psutil
-
-    try:
-        process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return started is None or abs(process.create_time() - started) < 0.05
-    except psutil.Error:
+    stat = _stat(pid)
+    if stat is None or stat.state == b"Z":  # gone, or a zombie: ended, not yet reaped
         return False
+    return started is None or abs(stat.started - started) < 0.05
+
+
+class _Stat(NamedTuple):
+    state: bytes
+    started: float
+
+
+def _stat(pid: int) -> _Stat | None:
+    """The state and start time (as psutil's ``create_time`` gives it) of ``pid``, from ``/proc/PID/stat``;
+    ``None`` when there is no such process. Read here: asking about a process does not import psutil."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rindex(b")") + 2:].split()  # from field 3; the name in parentheses may hold spaces
+    return _Stat(fields[0], int(fields[19]) / os.sysconf("SC_CLK_TCK") + _boot_time())
+
+
+def _boot_time() -> float:  # read each time, as psutil does: it moves when the clock is set
+    with open("/proc/stat", "rb") as f:
+        for line in f:
+            if line.startswith(b"btime "):
+                return float(line.split()[1])
+    raise OSError("no btime line in /proc/stat")
+
+
+class Watched:
+    """Processes found alive (:func:`is_alive`), then held by a pidfd: asking about one again polls its pidfd
+    instead of reading ``/proc`` (a followed log asks about the job's supervisor on every poll). At most
+    ``limit`` are held, the longest held let go first; an ended one is let go when it is asked about."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self.limit = limit
+        self._fds: dict[tuple[int, float | None], int] = {}
+
+    def alive(self, pid: int | None, started: float | None) -> bool:
+        """:func:`is_alive`, for ``pid`` and ``started`` as a job's row records them."""
+        if not pid:
+            return False
+        key = (pid, started)
+        fd = self._fds.get(key)
+        if fd is not None:
+            if not select.select([fd], [], [], 0)[0]:
+                return True
+            os.close(self._fds.pop(key))
+            return False
+        try:
+            fd = os.pidfd_open(pid)  # before the check: if that finds the process it started at ``started``, so is this
+        except OSError:
+            return is_alive(pid, started)
+        if not is_alive(pid, started):
+            os.close(fd)
+            return False
+        if len(self._fds) >= self.limit:
+            os.close(self._fds.pop(next(iter(self._fds))))
+        self._fds[key] = fd
+        return True
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+
+    __del__ = close  # a backend dropped lets its pidfds go with it
 
 
 def start_time(pid: int) -> float | None:
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
+    """When ``pid`` started, as :func:`is_alive` compares it; ``None`` when there is no such process."""
+    stat = _stat(pid)
+    return None if stat is None else stat.started
 
 
 def job_processes(job_dir: str, since: float = 0.0) -> list[psutil.Process]:

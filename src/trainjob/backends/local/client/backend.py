@@ -103,6 +103,7 @@ class LocalBackend(Backend):
     def __init__(self, config: LocalProcessBackendConfig | None = None) -> None:
         self.config = config or LocalProcessBackendConfig()
         self.store = Store.open(self.config.home)
+        self._supervisors = processes.Watched()
 
     # creating jobs
 
@@ -556,7 +557,7 @@ class LocalBackend(Backend):
         raise NotFoundError(f"TrainJob {name!r} not found; `trainjob list` shows the jobs there are")
 
     def _supervised(self, row: dict[str, Any]) -> bool:
-        if not row["supervisor_pid"] or processes.is_alive(row["supervisor_pid"], row["supervisor_started"]):
+        if not row["supervisor_pid"] or self._supervisors.alive(row["supervisor_pid"], row["supervisor_started"]):
             return True
         with contextlib.suppress(ValidationError):
             return processes.supervisor_lock_held(self.store.job_dir(row["name"]))

@@ -49,8 +49,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from trainjob.backends.local.process_specs import ProcessSpec, visible_gpus
 from trainjob.backends.local.store import ACTIVE_STATUSES, Store
 from trainjob.constants import (
@@ -113,6 +111,8 @@ class Machine:
     @classmethod
     def detect(cls) -> Machine:
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+        import psutil  # only a job that asks for resources needs the machine's memory
+
         return cls(tuple(cores), psutil.virtual_memory().total, tuple(visible_gpus()))
 
 

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from trainjob.backends.local.log_writer import NodeLogWriter, TorchrunCopies
-from trainjob.backends.local.processes import signal_group, stop_processes, supervisor_lock_held
+from trainjob.backends.local.processes import JOB_DIR_ENV, signal_group, stop_processes, supervisor_lock_held
 
 # Nothing here imports psutil or the volumes module before the node is started: a keeper starts torchrun as
 # soon as it can, and imports what it needs later only when it needs it (leftovers to stop, volumes to mount).
@@ -53,6 +53,9 @@ from trainjob.backends.local.processes import signal_group, stop_processes, supe
 POLL_SECONDS = 0.1
 RELEASE_SECONDS = 0.5
 SUPERVISION_CHECK_SECONDS = 0.2
+#: Once every training process the node should have (``PET_NPROC_PER_NODE``) is found, how often the keeper looks
+#: for new ones; one that ends makes it look every :data:`POLL_SECONDS` again (a restart starts new ones).
+SCAN_IDLE_SECONDS = 1.0
 #: Keeper ``i`` waits ``i`` times this before starting a replacement, so node 0's usually is the only one.
 REPLACEMENT_STAGGER_SECONDS = 1.0
 REPLACEMENT_RETRY_SECONDS = 3.0
@@ -141,13 +144,14 @@ class Keeper:
                     self.poller.unregister(node_fd)
                 else:
                     self._worker_ended(fd, woke)
+                    due["scan"] = 0.0
             self._reap()
             now = time.monotonic()
             if self.stop_requested:
                 self._stop(now)
             if now >= due["scan"]:
                 self._scan_workers()
-                due["scan"] = now + POLL_SECONDS
+                due["scan"] = now + (SCAN_IDLE_SECONDS if self._all_workers_found() else POLL_SECONDS)
             if now >= due["release"]:
                 self.copies.release(self.node.pid)
                 due["release"] = now + RELEASE_SECONDS
@@ -216,6 +220,11 @@ class Keeper:
             self.workers[pid] = {"pid": pid, "rank": rank, "local_rank": local_rank, "time": None}
             self.worker_fds[fd] = pid
             self.poller.register(fd, select.POLLIN)
+
+    def _all_workers_found(self) -> bool:
+        expected = self.env.get("PET_NPROC_PER_NODE", "")
+        running = sum(1 for worker in self.workers.values() if worker["time"] is None)
+        return expected.isdigit() and running >= int(expected)
 
     def _worker_ended(self, fd: int, when: float) -> None:
         self.workers[self.worker_fds.pop(fd)]["time"] = when
@@ -371,8 +380,23 @@ def _note(index: int, message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} keeper of node-{index}: {message}", file=sys.stderr, flush=True)
 
 
+def _write_to(log: Path) -> None:
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def main() -> int:
-    keeper = Keeper(json.loads(sys.stdin.read()))
+    handed = sys.stdin.read()
+    if not handed.strip():  # started ahead of a job that did not come, or did not need this keeper
+        return 0
+    spec = json.loads(handed)
+    if spec.get("own_output"):  # started ahead of its job, in the standby supervisor's process group
+        os.setsid()
+        _write_to(Path(spec["job_dir"]) / "supervisor.log")
+        os.environ[JOB_DIR_ENV] = spec["job_dir"]  # for what it starts besides the node (a replacement supervisor)
+    keeper = Keeper(spec)
 
     def stop(signum: int, frame: object) -> None:
         keeper.stop_requested = True

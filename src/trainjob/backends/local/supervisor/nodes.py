@@ -7,6 +7,11 @@ exits (:mod:`trainjob.backends.local.node_keeper`)::
     node = NodeHandle.start(job_dir, 0, keeper_spec)        # a keeper of this supervisor
     node = NodeHandle.adopt(job_dir, store.nodes(name)[0])  # a keeper of a lost supervisor
     node.poll()   # None while it runs, else the node's exit code (negative: killed by that signal)
+
+A supervisor in standby (:mod:`~trainjob.backends.local.supervisor.standby`) starts the keepers of the job it
+expects ahead of it too (:func:`start_keepers_ahead`): each waits on its stdin, its imports done, and
+:meth:`NodeHandle.start` hands the first ones their nodes (the keeper then writes to the job's
+``supervisor.log`` itself); :func:`release_keepers_ahead` lets the others go (end of stdin: they exit).
 """
 
 from __future__ import annotations
@@ -27,6 +32,45 @@ from trainjob.backends.local import processes
 from trainjob.backends.local.node_keeper.keeper import exit_record_path
 from trainjob.backends.local.supervisor.failures import NodeExit
 
+_KEEPER_ARGV = [sys.executable, "-m", "trainjob.backends.local.node_keeper"]
+#: Keepers started ahead of their job, waiting for a node.
+_ahead: list[subprocess.Popen[bytes]] = []
+_released: list[subprocess.Popen[bytes]] = []
+
+
+def start_keepers_ahead(count: int) -> None:
+    """Start ``count`` keepers that wait for a node (:meth:`NodeHandle.start` takes them in turn). They stay in
+    this process's group until given a node (then each starts a session of its own, as keepers do), so a standby
+    stopped with its group takes them with it."""
+    for _ in range(count):
+        try:
+            _ahead.append(subprocess.Popen(_KEEPER_ARGV, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL))
+        except OSError:  # the nodes get keepers started for them instead
+            return
+
+
+def release_keepers_ahead(wait: bool = True) -> None:
+    """Let the keepers started ahead that no node took go: their stdin ends, and they exit (``wait``: reaped
+    before this returns; else by the next call that waits)."""
+    while _ahead:
+        keeper = _ahead.pop()
+        with contextlib.suppress(OSError):
+            keeper.stdin.close()  # type: ignore[union-attr]
+        _released.append(keeper)
+    while wait and _released:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            _released.pop().wait(5)
+
+
+def _keeper_ahead() -> subprocess.Popen[bytes] | None:
+    while _ahead:
+        keeper = _ahead.pop(0)
+        if keeper.poll() is None:
+            return keeper
+        keeper.wait()
+    return None
+
 
 class NodeHandle:
     """One node's keeper: ``poll``, ``terminate``, ``kill``, ``wait`` and, once it ended, ``exit``."""
@@ -44,11 +88,13 @@ class NodeHandle:
         """Start the keeper of node ``index`` with ``spec`` (see :class:`~trainjob.backends.local.node_keeper.keeper.Keeper`)."""
         with contextlib.suppress(FileNotFoundError):
             exit_record_path(job_dir, index).unlink()
-        with (job_dir / "supervisor.log").open("ab") as log:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "trainjob.backends.local.node_keeper"],
-                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
+        popen = _keeper_ahead()
+        if popen is not None:  # started before the job's folder existed: it opens the job's log itself
+            spec = {**spec, "own_output": True}
+        else:
+            with (job_dir / "supervisor.log").open("ab") as log:
+                popen = subprocess.Popen(_KEEPER_ARGV, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
         with contextlib.suppress(BrokenPipeError):  # a keeper that died at once is seen by poll()
             popen.stdin.write(json.dumps(spec).encode())
             popen.stdin.close()

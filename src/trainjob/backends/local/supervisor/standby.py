@@ -3,8 +3,9 @@
 Reading and checking a job (the API models' import is most of it) and creating it (the layout of its nodes, its
 environment, the store) take ``trainjob run`` a few tenths of a second; a supervisor started only then spends
 about a fifth of a second more starting Python and importing what it runs. So ``trainjob run`` starts one in
-standby before it reads the job (:func:`start`): ``python -m trainjob.backends.local.supervisor --standby`` imports
-everything, then waits on its stdin. When the job is created, :meth:`LocalBackend._start_supervisor
+standby before it reads the job (:func:`start`): ``python -m trainjob.backends.local.supervisor --standby N``
+imports everything, starts the keepers of the job's N nodes ahead (:func:`~trainjob.backends.local.supervisor.
+nodes.start_keepers_ahead`: a keeper's start is the last step before a node's), then waits on its stdin. When the job is created, :meth:`LocalBackend._start_supervisor
 <trainjob.backends.local.client.backend.LocalBackend._start_supervisor>` hands it the store's home and the job's
 name (:func:`take`, :func:`hand_over`) and it supervises that job as one started for it would; when none is
 created (bad input, a queued job, a failed creation), :func:`release` stops it: it holds nothing yet. A command
@@ -19,28 +20,41 @@ command that started it without a job::
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 STANDBY_FLAG = "--standby"
+#: Keepers a standby starts ahead at most, whatever the node count (a job of more nodes starts the rest itself).
+MAX_KEEPERS_AHEAD = 8
 
 _standby: subprocess.Popen[bytes] | None = None
 
 
-def start() -> None:
-    """Start a supervisor in standby for this process's next job, unless one is waiting already."""
+def start(nodes: int = 1) -> None:
+    """Start a supervisor in standby for this process's next job, unless one is waiting already; it starts
+    ``nodes`` keepers ahead too (the nodes the job will likely have: one the job does not take ends at once)."""
     global _standby
     if _standby is not None:
         return
     try:
         _standby = subprocess.Popen(
-            [sys.executable, "-m", "trainjob.backends.local.supervisor", STANDBY_FLAG],
+            [sys.executable, "-m", "trainjob.backends.local.supervisor", STANDBY_FLAG, str(max(0, nodes))],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, close_fds=True,
         )
     except OSError:  # the job gets a supervisor started for it instead
         _standby = None
+
+
+def keepers_ahead(args: list[str]) -> int | None:
+    """In the supervisor: how many keepers to start ahead when its arguments (``args``) say standby, else
+    ``None``."""
+    if not args or args[0] != STANDBY_FLAG:
+        return None
+    count = args[1] if len(args) > 1 else "0"
+    return min(int(count), MAX_KEEPERS_AHEAD) if count.isdigit() else 0
 
 
 def take() -> subprocess.Popen[bytes] | None:
@@ -64,12 +78,16 @@ def hand_over(process: subprocess.Popen[bytes], home: str, name: str) -> bool:
 
 
 def release() -> None:
-    """Stop a standby no job took (it holds nothing yet, so the command need not wait for it to finish starting)."""
+    """Stop a standby no job took, and the keepers it started ahead (in its process group until one is given a
+    node): they hold nothing yet, so the command need not wait for them to finish starting."""
     process = take()
     if process is not None:
         if process.stdin is not None:
             process.stdin.close()
-        process.kill()
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # its session's group: the standby and its keepers ahead
+        except OSError:
+            process.kill()
         process.wait()
 
 

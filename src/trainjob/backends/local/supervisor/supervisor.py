@@ -55,12 +55,16 @@ from trainjob.backends.local.supervisor.environment import (
     prepare_environment,
 )
 from trainjob.backends.local.supervisor.failures import node_failures, pick_root_cause
-from trainjob.backends.local.supervisor.nodes import NodeHandle
+from trainjob.backends.local.supervisor.nodes import NodeHandle, release_keepers_ahead, start_keepers_ahead
 from trainjob.backends.local.supervisor.watchdog import Stall, StallWatchdog
 from trainjob.constants import COMPLETE, CREATED, FAILED, QUEUED, RUNNING, SUSPENDED
 from trainjob.errors import NotFoundError, is_disk_full
 
-POLL_SECONDS = 0.05
+#: How often the supervisor looks at what nodes do not wake it for (metrics, requests, the stall watchdog); a
+#: keeper that exits wakes it at once (its pidfd).
+POLL_SECONDS = 0.1
+#: How often it looks while nodes are being stopped or a failure settles.
+STOPPING_POLL_SECONDS = 0.05
 #: How long a store write that met a full disk waits before it is tried again.
 DISK_FULL_RETRY_SECONDS = 1.0
 #: After the first node fails, how long to wait for the others' own reports before choosing the root cause.
@@ -232,6 +236,7 @@ class Supervisor:
                 handle.wait_started(timeout=5)
             self.nodes.append(handle)
             started.append(time.time())
+        release_keepers_ahead(wait=False)  # those no node took: the job has all it needs
         where = self.rendezvous_port if self.spec.shrinkable else port
         with self.store.transaction():  # the nodes, the event and the job's status: one write
             for handle, when in zip(self.nodes, started, strict=True):
@@ -498,7 +503,7 @@ class Supervisor:
     def _settle_failure(self, failed: list[int]) -> str:
         until = time.monotonic() + FAILURE_SETTLE_SECONDS
         while time.monotonic() < until and any(node.poll() is None for node in self.nodes):
-            time.sleep(POLL_SECONDS)
+            time.sleep(STOPPING_POLL_SECONDS)
         codes = [node.poll() for node in self.nodes]
         failed = failed + [i for i, code in enumerate(codes) if code not in (None, 0) and i not in failed]
         for index in failed:
@@ -529,7 +534,7 @@ class Supervisor:
             node.terminate()
         deadline = time.monotonic() + KEEPER_STOP_SECONDS
         while time.monotonic() < deadline and any(node.poll() is None for node in running):
-            time.sleep(POLL_SECONDS)
+            time.sleep(STOPPING_POLL_SECONDS)
         for node in running:
             node.kill()
         # A keeper killed before it stopped its node leaves processes behind: they all carry the job's directory.
@@ -601,10 +606,13 @@ class Supervisor:
 
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
-    in_standby = args == [standby.STANDBY_FLAG]
-    if in_standby:  # started ahead of its job: wait to be handed one
+    keepers = standby.keepers_ahead(args)
+    in_standby = keepers is not None
+    if keepers is not None:  # started ahead of its job: wait to be handed one, its keepers started ahead too
+        start_keepers_ahead(keepers)
         handed = standby.wait_for_job()
         if handed is None:
+            release_keepers_ahead()
             return 0
         args = list(handed)
     home, name = [arg for arg in args if arg != "--replace"]
@@ -626,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
         supervisor._finish(FAILED, "SupervisorError", f"{type(exc).__name__}: {exc}")
         raise
     finally:
+        release_keepers_ahead()
         admit_next(store)
 
 
