@@ -48,6 +48,13 @@ TRIVIAL = textwrap.dedent("""
     dist.destroy_process_group()
 """)
 
+#: What the installed ``trainjob`` script runs: the command's entry point (``console``; ``main`` in older trees).
+LAUNCHER = textwrap.dedent("""
+    import sys
+    from trainjob.cli import main as cli
+    sys.exit(getattr(cli, "console", cli.main)())
+""")
+
 
 def first_init(stamps: Path) -> float:
     """The earliest time a rank wrote into ``stamps`` (just before its ``init_process_group``)."""
@@ -82,7 +89,11 @@ def launch_overhead(runs: int, workdir: Path, baseline_src: Path | None = None) 
     trees = {"launch": env}
     if baseline_src is not None:  # its supervisor, keepers and node site come from that tree too (same PYTHONPATH)
         trees = {"baseline": {**env, "PYTHONPATH": str(baseline_src.resolve())}, **trees}
-    trainjob = str(Path(sys.executable).with_name("trainjob"))
+    # The installed ``trainjob`` script names this tree's entry point; a baseline tree may name another, so both
+    # run through a launcher of the same form that takes whichever the tree on its path has.
+    launcher = workdir / "trainjob-command.py"
+    launcher.write_text(LAUNCHER)
+    trainjob = [sys.executable, str(launcher)]
     plain, plain_init = [], []
     ours: dict[str, dict[str, list[float]]] = {tree: {"run": [], "init": [], "before": [], "after": []} for tree in trees}
     for run in range(runs):
@@ -97,7 +108,7 @@ def launch_overhead(runs: int, workdir: Path, baseline_src: Path | None = None) 
             stamps.mkdir()
             started = time.time()
             figures = ours[tree]
-            figures["run"].append(time_command([trainjob, "run", str(script), "--nodes", "2", "--nproc-per-node", "2",
+            figures["run"].append(time_command([*trainjob, "run", str(script), "--nodes", "2", "--nproc-per-node", "2",
                                                 "--name", name, "--", str(stamps)], tree_env, workdir))
             figures["init"].append(first_init(stamps) - started)
             nodes_started, nodes_exited = node_times(workdir / "home", name)

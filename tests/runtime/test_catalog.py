@@ -29,6 +29,28 @@ def test_builtin_runtimes_are_fresh_copies():
     assert builtin_runtimes()["torch-distributed"].spec.ml_policy.num_nodes == 1
 
 
+def test_each_builtin_runtime_is_found_from_its_own_file_as_a_fresh_copy():
+    """``find_runtime`` reads only ``builtin/NAME.yaml`` for a built-in: each file must hold the runtime it is
+    named after, and what it returns must be the same runtime as the full catalog's, not a shared object."""
+    from importlib import resources
+
+    folder = resources.files("trainjob.runtime") / "builtin"
+    files = sorted(entry.name.removesuffix(".yaml") for entry in folder.iterdir() if entry.name.endswith(".yaml"))
+    runtimes = builtin_runtimes()
+    assert files == sorted(runtimes)
+    for name, runtime in runtimes.items():
+        found = find_runtime(name)
+        assert found.to_dict() == runtime.to_dict()
+        found.spec.ml_policy.num_nodes = 99
+        assert find_runtime(name).spec.ml_policy.num_nodes == runtime.spec.ml_policy.num_nodes
+
+
+def test_a_runtime_name_is_never_read_as_a_path():
+    for name in ("../catalog", "builtin/torch-distributed", "x" * 300):
+        with pytest.raises(NotFoundError, match="known ClusterTrainingRuntimes: deepspeed-distributed"):
+            find_runtime(name)
+
+
 def test_extra_runtimes_win_over_builtins_of_the_same_name():
     mine = ClusterTrainingRuntime.from_dict({"metadata": {"name": "torch-distributed"}, "spec": NODE_ONLY})
     assert find_runtime("torch-distributed", [mine]) is mine

@@ -48,6 +48,7 @@ class KubeModel(BaseModel):
         extra="forbid",
         strict=True,
         validate_assignment=True,
+        defer_build=True,
     )
 
     @classmethod

@@ -10,8 +10,10 @@ does not pay for the planner's tables, ``rich`` or the Kubernetes installer.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
+from typing import NoReturn
 
 import click
 
@@ -27,7 +29,9 @@ from trainjob.cli.plumbing import (
 )
 from trainjob.errors import TrainJobError
 
-__all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_TIMEOUT", "cli", "main"]
+__all__ = [
+    "COMMANDS", "EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_TIMEOUT", "cli", "console", "main",
+]
 
 #: Every ``trainjob`` command: its name -> the module and attribute of its click command.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -89,5 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code(exc)
 
 
+def console() -> NoReturn:
+    """The ``trainjob`` command as installed: :func:`main`, then exit. What the command built is left out of the
+    interpreter's last garbage collection (``gc.freeze``): at exit its memory goes back as a whole anyway, and
+    walking every object of the API models and the store took a finished ``trainjob run`` ~20 ms more to return."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -97,17 +97,6 @@ def convert_pytorchjob(data: Any) -> Conversion:
     return _Converter(job).convert()
 
 
-def converted_from(annotations: dict[str, str] | None) -> str | None:
-    """``kubeflow.org/v1 PyTorchJob`` when the annotations mark a converted TrainJob, else ``None``."""
-    return (annotations or {}).get(CONVERTED_FROM_ANNOTATION)
-
-
-def conversion_warnings(annotations: dict[str, str] | None) -> list[str]:
-    """The warnings a converted TrainJob carries (annotation ``trainjob/conversion-warnings``)."""
-    text = (annotations or {}).get(CONVERSION_WARNINGS_ANNOTATION, "")
-    return [line for line in text.splitlines() if line]
-
-
 class _Converter:
     def __init__(self, job: PyTorchJob) -> None:
         self.job = job

@@ -21,22 +21,31 @@ DEFAULT_RUNTIME = "torch-distributed"
 
 
 @functools.cache
-def _load_builtin() -> tuple[ClusterTrainingRuntime, ...]:
+def _builtin_files() -> tuple[str, ...]:
     folder = resources.files("trainjob.runtime") / "builtin"
-    loaded: list[ClusterTrainingRuntime] = []
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".yaml"):
-            loaded += [
-                r
-                for r in load_resources(entry.read_text(encoding="utf-8"))
-                if isinstance(r, ClusterTrainingRuntime)
-            ]
-    return tuple(loaded)
+    return tuple(sorted(entry.name for entry in folder.iterdir() if entry.name.endswith(".yaml")))
+
+
+@functools.cache
+def _load_file(file_name: str) -> tuple[ClusterTrainingRuntime, ...]:
+    text = (resources.files("trainjob.runtime") / "builtin" / file_name).read_text(encoding="utf-8")
+    return tuple(r for r in load_resources(text) if isinstance(r, ClusterTrainingRuntime))
 
 
 def builtin_runtimes() -> dict[str, ClusterTrainingRuntime]:
     """The built-in ClusterTrainingRuntimes by name (fresh copies: changing one does not change the next)."""
-    return {r.name: r.model_copy(deep=True) for r in _load_builtin()}
+    return {r.name: r.model_copy(deep=True) for name in _builtin_files() for r in _load_file(name)}
+
+
+def _builtin_named(name: str) -> ClusterTrainingRuntime | None:
+    """The built-in runtime ``name`` read from its own file (``builtin/NAME.yaml``) alone, a fresh copy; ``None``
+    when there is no such file (a job names one runtime: ``trainjob run`` need not read and check them all)."""
+    if f"{name}.yaml" not in _builtin_files():
+        return None
+    for runtime in _load_file(f"{name}.yaml"):
+        if runtime.name == name:
+            return runtime.model_copy(deep=True)
+    return None
 
 
 def find_runtime(
@@ -49,6 +58,13 @@ def find_runtime(
     """
     if isinstance(ref, str):
         ref = RuntimeRef(name=ref)
+    extra_runtimes = list(extra_runtimes)
+    if ref.kind == CLUSTER_TRAINING_RUNTIME and not any(
+        r.kind == ref.kind and r.name == ref.name for r in extra_runtimes
+    ):
+        builtin = _builtin_named(ref.name)
+        if builtin is not None:
+            return builtin
     candidates: list[Runtime] = [*extra_runtimes, *builtin_runtimes().values()]
     for runtime in candidates:
         if runtime.kind != ref.kind or runtime.name != ref.name:

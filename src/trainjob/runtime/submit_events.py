@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainjob.api import TrainJob
-from trainjob.convert.pytorchjob import conversion_warnings, converted_from
+from trainjob.api.annotations import conversion_warnings, converted_from
 from trainjob.runtime.nccl import nccl_findings
 from trainjob.runtime.plan import Plan
 
