@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 from trainjob.api import load_resources
 from trainjob.backends.local.client.backend import LocalBackend
+from trainjob.backends.local.volumes import namespace_problem
 from trainjob.cli.main import EXIT_BAD_INPUT, EXIT_OK, cli, main
 from trainjob.errors import BackendError, ValidationError
 
@@ -128,10 +129,16 @@ def workdir() -> Iterator[Path]:
         yield Path(folder)
 
 
+#: Asked here, not by the first example that mounts a volume, so that this module passes when run alone too.
+MOUNT_NAMESPACES = namespace_problem() is None
+
+
 @pytest.fixture(scope="module")
 def no_processes() -> Iterator[None]:
     """Jobs that ``apply`` accepts are created but their supervisor is not started: the fuzz checks what apply
-    creates, not what a job then runs (thousands of torchrun processes would not fit a test)."""
+    creates, not what a job then runs (thousands of torchrun processes would not fit a test). Whether nodes can
+    have mount namespaces here is found out once per process, in a short process of its own, the first time a job
+    mounts a volume: :data:`MOUNT_NAMESPACES` asks it as this module is collected, outside any test."""
     with mock.patch.object(LocalBackend, "_start_supervisor", lambda self, *args, **kwargs: None):
         yield
 
