@@ -59,14 +59,7 @@ def find_runtime(
     if isinstance(ref, str):
         ref = RuntimeRef(name=ref)
     extra_runtimes = list(extra_runtimes)
-    if ref.kind == CLUSTER_TRAINING_RUNTIME and not any(
-        r.kind == ref.kind and r.name == ref.name for r in extra_runtimes
-    ):
-        builtin = _builtin_named(ref.name)
-        if builtin is not None:
-            return builtin
-    candidates: list[Runtime] = [*extra_runtimes, *builtin_runtimes().values()]
-    for runtime in candidates:
+    for runtime in extra_runtimes:
         if runtime.kind != ref.kind or runtime.name != ref.name:
             continue
         if (
@@ -76,6 +69,11 @@ def find_runtime(
         ):
             continue
         return runtime
+    # The built-ins are all ClusterTrainingRuntimes, each in the file named after it: only that file is read.
+    builtin = _builtin_named(ref.name) if ref.kind == CLUSTER_TRAINING_RUNTIME else None
+    if builtin is not None:
+        return builtin
+    candidates: list[Runtime] = [*extra_runtimes, *builtin_runtimes().values()]
     known = sorted({r.name for r in candidates if r.kind == ref.kind})
     where = f" in namespace {quote(namespace)}" if ref.kind != CLUSTER_TRAINING_RUNTIME and namespace else ""
     raise NotFoundError(

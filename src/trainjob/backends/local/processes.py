@@ -31,6 +31,20 @@ JOB_DIR_ENV = "TRAINJOB_JOB_DIR"
 SUPERVISOR_LOCK_FILE = "supervisor.lock"
 
 
+def join_job(job_dir: Path) -> None:
+    """For a process started before its job existed (a standby supervisor, a keeper started ahead), once it is
+    given the job in ``job_dir``: from then on its output goes to the job's ``supervisor.log`` (its stdin is
+    done) and its environment names the job's directory (for what it starts), as for one started for the job."""
+    os.environ[JOB_DIR_ENV] = str(job_dir)
+    log = os.open(job_dir / "supervisor.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(null)
+    os.close(log)
+
+
 def is_alive(pid: int | None, started: float | None) -> bool:
     """Whether ``pid`` still runs and is the process that started at ``started`` (not a reused pid)."""
     if not pid:

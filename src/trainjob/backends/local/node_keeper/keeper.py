@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from trainjob.backends.local.log_writer import NodeLogWriter, TorchrunCopies
-from trainjob.backends.local.processes import JOB_DIR_ENV, signal_group, stop_processes, supervisor_lock_held
+from trainjob.backends.local.processes import join_job, signal_group, stop_processes, supervisor_lock_held
 
 # Nothing here imports psutil or the volumes module before the node is started: a keeper starts torchrun as
 # soon as it can, and imports what it needs later only when it needs it (leftovers to stop, volumes to mount).
@@ -380,13 +380,6 @@ def _note(index: int, message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} keeper of node-{index}: {message}", file=sys.stderr, flush=True)
 
 
-def _write_to(log: Path) -> None:
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-
-
 def main() -> int:
     handed = sys.stdin.read()
     if not handed.strip():  # started ahead of a job that did not come, or did not need this keeper
@@ -394,8 +387,7 @@ def main() -> int:
     spec = json.loads(handed)
     if spec.get("own_output"):  # started ahead of its job, in the standby supervisor's process group
         os.setsid()
-        _write_to(Path(spec["job_dir"]) / "supervisor.log")
-        os.environ[JOB_DIR_ENV] = spec["job_dir"]  # for what it starts besides the node (a replacement supervisor)
+        join_job(Path(spec["job_dir"]))
     keeper = Keeper(spec)
 
     def stop(signum: int, frame: object) -> None:

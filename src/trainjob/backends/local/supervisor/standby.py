@@ -4,8 +4,9 @@ Reading and checking a job (the API models' import is most of it) and creating i
 environment, the store) take ``trainjob run`` a few tenths of a second; a supervisor started only then spends
 about a fifth of a second more starting Python and importing what it runs. So ``trainjob run`` starts one in
 standby before it reads the job (:func:`start`): ``python -m trainjob.backends.local.supervisor --standby N``
-imports everything, starts the keepers of the job's N nodes ahead (:func:`~trainjob.backends.local.supervisor.
-nodes.start_keepers_ahead`: a keeper's start is the last step before a node's), then waits on its stdin. When the job is created, :meth:`LocalBackend._start_supervisor
+imports everything, starts the keepers of the job's N nodes ahead
+(:func:`~trainjob.backends.local.supervisor.nodes.start_keepers_ahead`: a keeper's start is the last step before
+a node's), then waits on its stdin. When the job is created, :meth:`LocalBackend._start_supervisor
 <trainjob.backends.local.client.backend.LocalBackend._start_supervisor>` hands it the store's home and the job's
 name (:func:`take`, :func:`hand_over`) and it supervises that job as one started for it would; when none is
 created (bad input, a queued job, a failed creation), :func:`release` stops it: it holds nothing yet. A command
@@ -23,7 +24,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 STANDBY_FLAG = "--standby"
 #: Keepers a standby starts ahead at most, whatever the node count (a job of more nodes starts the rest itself).
@@ -98,19 +98,3 @@ def wait_for_job() -> tuple[str, str] | None:
     if len(handed) < 2 or not handed[0] or not handed[1]:
         return None
     return handed[0], handed[1]
-
-
-def become_supervisor_of(job_dir: Path) -> None:
-    """In the standby, once handed the job in ``job_dir``: from then on its output goes to the job's
-    ``supervisor.log`` and its environment names the job's directory (for what it starts: its keepers, their
-    nodes), as for a supervisor started for the job."""
-    from trainjob.backends.local.processes import JOB_DIR_ENV
-
-    os.environ[JOB_DIR_ENV] = str(job_dir)
-    log = os.open(job_dir / "supervisor.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(null)
-    os.close(log)

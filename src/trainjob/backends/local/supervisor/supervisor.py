@@ -618,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
     home, name = [arg for arg in args if arg != "--replace"]
     store = Store.open(home)
     if in_standby:
-        standby.become_supervisor_of(store.job_dir(name))
+        processes.join_job(store.job_dir(name))
     supervisor = Supervisor(store, name, replacing="--replace" in args)
 
     def terminate(signum: int, frame: object) -> None:
