@@ -53,9 +53,6 @@ from trainjob.backends.local.processes import join_job, signal_group, stop_proce
 POLL_SECONDS = 0.1
 RELEASE_SECONDS = 0.5
 SUPERVISION_CHECK_SECONDS = 0.2
-#: Once every training process the node should have (``PET_NPROC_PER_NODE``) is found, how often the keeper looks
-#: for new ones; one that ends makes it look every :data:`POLL_SECONDS` again (a restart starts new ones).
-SCAN_IDLE_SECONDS = 1.0
 #: Keeper ``i`` waits ``i`` times this before starting a replacement, so node 0's usually is the only one.
 REPLACEMENT_STAGGER_SECONDS = 1.0
 REPLACEMENT_RETRY_SECONDS = 3.0
@@ -144,14 +141,13 @@ class Keeper:
                     self.poller.unregister(node_fd)
                 else:
                     self._worker_ended(fd, woke)
-                    due["scan"] = 0.0
             self._reap()
             now = time.monotonic()
             if self.stop_requested:
                 self._stop(now)
             if now >= due["scan"]:
                 self._scan_workers()
-                due["scan"] = now + (SCAN_IDLE_SECONDS if self._all_workers_found() else POLL_SECONDS)
+                due["scan"] = now + POLL_SECONDS
             if now >= due["release"]:
                 self.copies.release(self.node.pid)
                 due["release"] = now + RELEASE_SECONDS
@@ -220,11 +216,6 @@ class Keeper:
             self.workers[pid] = {"pid": pid, "rank": rank, "local_rank": local_rank, "time": None}
             self.worker_fds[fd] = pid
             self.poller.register(fd, select.POLLIN)
-
-    def _all_workers_found(self) -> bool:
-        expected = self.env.get("PET_NPROC_PER_NODE", "")
-        running = sum(1 for worker in self.workers.values() if worker["time"] is None)
-        return expected.isdigit() and running >= int(expected)
 
     def _worker_ended(self, fd: int, when: float) -> None:
         self.workers[self.worker_fds.pop(fd)]["time"] = when
