@@ -92,28 +92,6 @@ def test_a_processs_start_time_is_psutils_even_when_its_name_has_spaces_and_pare
     assert not processes.is_alive(renamed.pid, started)
 
 
-def test_a_released_standby_takes_the_keepers_it_started_ahead_with_it(subprocesses, tmp_path):
-    import time
-
-    import psutil
-
-    from trainjob.backends.local.supervisor import standby
-
-    standby.start(nodes=2)
-    supervisor = psutil.Process(standby._standby.pid)
-    deadline = time.monotonic() + 60
-    while len(supervisor.children()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    keepers = supervisor.children()
-    assert [k.cmdline()[-1] for k in keepers] == ["trainjob.backends.local.node_keeper"] * 2
-
-    standby.release()
-
-    gone, alive = psutil.wait_procs(keepers, timeout=30)
-    assert alive == [], "a keeper started ahead outlived its standby"
-    assert not supervisor.is_running()
-
-
 def test_keepers_started_ahead_take_nodes_in_turn_and_the_rest_exit_when_released(subprocesses, tmp_path):
     import time
 

@@ -509,8 +509,22 @@ def node_environment(
     )
     env.update({var.name: var.value for var in rendezvous if var.value is not None})
     env["TRAINJOB_RESTART_COUNT"] = str(restarts)
+    return with_python(env, python)
+
+
+def with_python(env: dict[str, str], python: str) -> dict[str, str]:
+    """``env`` as a node process running ``python`` gets it: that Python first on ``PATH``, the node's
+    ``sitecustomize`` first on ``PYTHONPATH``, output unbuffered unless the job says otherwise."""
     env["PATH"] = os.pathsep.join([os.path.dirname(python), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def launcher_env(environ: Mapping[str, str], python: str) -> dict[str, str]:
+    """The environment a node's launcher started before its job exists starts with
+    (:mod:`~trainjob.backends.local.node_keeper.warm`): what a node of a job created now from ``environ`` would
+    get, but for the job's own variables."""
+    env = {key: value for key, value in passed_env(environ).items() if key != "TRAINJOB_JOB_DIR"}
+    return with_python(env, python)
 

@@ -25,6 +25,11 @@ moment, and never for long:
   :data:`JOB_OVER_EXIT_CODE`), or nothing has supervised the job for :data:`UNSUPERVISED_LIMIT_SECONDS`, the
   keeper stops its node.
 
+- **Its node's process, ahead.** A keeper started ahead of its job (``--ahead``, by a supervisor in standby)
+  starts a :class:`Launcher` at once (:mod:`~trainjob.backends.local.node_keeper.warm`): the node's torchrun with
+  its imports under way, which becomes the node's process when the node comes (or ``exec``\ s the node's command
+  when it cannot run it as it would have run).
+
 SIGTERM stops the node: its process group gets SIGTERM and, after :data:`STOP_GRACE_SECONDS`, everything below
 the keeper gets SIGKILL. The keeper exits with the node's exit code (128 + N for signal N).
 """
@@ -67,6 +72,65 @@ _READ_BYTES = 256 * 1024
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+#: How a keeper started ahead of its job is started: its first line of stdin starts a launcher (:class:`Launcher`).
+AHEAD_FLAG = "--ahead"
+WARM_SCRIPT = str(Path(__file__).with_name("warm.py"))
+
+
+class Launcher:
+    """The node's process, started ahead of the node by a keeper started ahead (:mod:`.warm`): torchrun with
+    its imports under way, which becomes the node's process when :meth:`give` hands it the node."""
+
+    def __init__(self, process: subprocess.Popen[bytes], output: int) -> None:
+        self.process, self.output = process, output
+
+    @classmethod
+    def start(cls, line: bytes) -> Launcher | None:
+        """Start the launcher that ``line`` asks for (JSON: ``env``, the environment a node would start with),
+        or ``None`` (none asked for, or it cannot start: the node is started as it comes)."""
+        try:
+            env = json.loads(line)["env"] if line.strip() else None
+        except (ValueError, KeyError, TypeError):
+            env = None
+        if not isinstance(env, dict):
+            return None
+        output, write_end = os.pipe()
+        try:
+            process = subprocess.Popen([sys.executable, WARM_SCRIPT], env=env, stdin=subprocess.PIPE,
+                                       stdout=write_end, stderr=write_end, process_group=0)
+        except OSError:
+            os.close(output)
+            return None
+        finally:
+            os.close(write_end)
+        return cls(process, output)
+
+    def give(self, spec: dict[str, Any], cpus: list[int]) -> tuple[subprocess.Popen[bytes], int] | None:
+        """Hand the launcher its node: the node's process and the read end of its output, or ``None`` when the
+        launcher is gone (the node is then started as it would have been without one)."""
+        order = {"node": spec["node"], "argv": spec["argv"], "cwd": spec["cwd"], "env": spec["env"], "cpus": cpus}
+        if self.process.poll() is not None:  # it failed to start, or was killed
+            return None
+        try:
+            self.process.stdin.write(json.dumps(order).encode() + b"\n")  # type: ignore[union-attr]
+            self.process.stdin.close()  # type: ignore[union-attr]
+        except (BrokenPipeError, ValueError):
+            return None
+        return self.process, self.output
+
+    def dismiss(self) -> None:
+        """No node for the launcher: it exits at the end of its stdin."""
+        with contextlib.suppress(OSError, ValueError):
+            self.process.stdin.close()  # type: ignore[union-attr]
+        with contextlib.suppress(OSError):
+            os.close(self.output)
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
 def exit_record_path(job_dir: Path, node: int) -> Path:
     return job_dir / "logs" / f"node-{node}.exit.json"
 
@@ -79,8 +143,9 @@ def exit_status(code: int) -> int:
 class Keeper:
     """Runs one node to its end; see the module docstring."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], launcher: Launcher | None = None) -> None:
         self.spec = spec
+        self.launcher = launcher
         self.job_dir = Path(spec["job_dir"])
         self.index: int = spec["node"]
         self.env: dict[str, str] = spec["env"]
@@ -97,6 +162,28 @@ class Keeper:
         self.next_replacement = 0.0
         self.replacement: subprocess.Popen[bytes] | None = None
 
+    def _start_node(self, cpus: list[int],
+                    mounts: list[Any] | None) -> tuple[subprocess.Popen[bytes], int] | None:
+        """The node's process, started now, and the read end of its output; ``None`` when it cannot start."""
+        output, write_end = os.pipe()
+        preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+        if mounts:  # the job's volumes, when it mounts them in a namespace
+            from trainjob.backends.local.node_keeper.mounts import preexec as mounts_preexec
+
+            preexec = functools.partial(mounts_preexec, [tuple(m) for m in mounts], self.spec["cwd"], cpus)
+        try:
+            node = subprocess.Popen(
+                self.spec["argv"], cwd=self.spec["cwd"], env=self.env, stdin=subprocess.DEVNULL,
+                stdout=write_end, stderr=write_end, process_group=0, preexec_fn=preexec,
+            )
+        except OSError as exc:
+            os.close(output)
+            self.log.write(f"[trainjob] cannot start node-{self.index}: {exc}\n".encode())
+            return None
+        finally:
+            os.close(write_end)
+        return node, output
+
     def run(self) -> int:
         with contextlib.suppress(OSError):
             exit_record_path(self.job_dir, self.index).unlink()
@@ -105,25 +192,20 @@ class Keeper:
         self.log = NodeLogWriter(self.job_dir, self.index, self.spec["log_max_bytes"],
                                  new_attempt=not self.spec.get("continue_log", False))
         self.copies = TorchrunCopies(self.env.get("PET_LOG_DIR"), teed_all=self.env.get("PET_TEE") == "3")
-        output, write_end = os.pipe()
         cpus = self.spec.get("cpus") or []
-        preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         mounts = self.spec["mounts"] if "mounts" in self.spec else _node_mounts(self.job_dir, self.index)
-        if mounts:  # the job's volumes, when it mounts them in a namespace
-            from trainjob.backends.local.node_keeper.mounts import preexec as mounts_preexec
-
-            preexec = functools.partial(mounts_preexec, [tuple(m) for m in mounts], self.spec["cwd"], cpus)
-        try:
-            self.node = subprocess.Popen(
-                self.spec["argv"], cwd=self.spec["cwd"], env=self.env, stdin=subprocess.DEVNULL,
-                stdout=write_end, stderr=write_end, process_group=0, preexec_fn=preexec,
-            )
-        except OSError as exc:
-            self.log.write(f"[trainjob] cannot start node-{self.index}: {exc}\n".encode())
+        started = None
+        if self.launcher is not None:
+            usable = not mounts and self.spec.get("launch_ahead", True)  # a namespace's mounts need a new process
+            started = self.launcher.give(self.spec, cpus) if usable else None
+            if started is None:
+                self.launcher.dismiss()
+        if started is None:
+            started = self._start_node(cpus, mounts)
+        if started is None:
             self._write_exit(127, time.time())
             return 127
-        finally:
-            os.close(write_end)
+        self.node, output = started
         self.poller = select.poll()
         self.output, self.output_open = output, True
         self.poller.register(output, select.POLLIN)
@@ -372,14 +454,17 @@ def _note(index: int, message: str) -> None:
 
 
 def main() -> int:
-    handed = sys.stdin.read()
+    launcher = Launcher.start(sys.stdin.buffer.readline()) if sys.argv[1:2] == [AHEAD_FLAG] else None
+    handed = sys.stdin.buffer.read().decode()
     if not handed.strip():  # started ahead of a job that did not come, or did not need this keeper
+        if launcher is not None:
+            launcher.dismiss()
         return 0
     spec = json.loads(handed)
     if spec.get("own_output"):  # started ahead of its job, in the standby supervisor's process group
         os.setsid()
         join_job(Path(spec["job_dir"]))
-    keeper = Keeper(spec)
+    keeper = Keeper(spec, launcher)
 
     def stop(signum: int, frame: object) -> None:
         keeper.stop_requested = True

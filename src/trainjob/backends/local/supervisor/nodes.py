@@ -28,8 +28,8 @@ from typing import Any
 
 import psutil
 
-from trainjob.backends.local import processes
-from trainjob.backends.local.node_keeper.keeper import exit_record_path
+from trainjob.backends.local import process_specs, processes
+from trainjob.backends.local.node_keeper.keeper import AHEAD_FLAG, WARM_SCRIPT, exit_record_path
 from trainjob.backends.local.supervisor.failures import NodeExit
 
 _KEEPER_ARGV = [sys.executable, "-m", "trainjob.backends.local.node_keeper"]
@@ -42,12 +42,19 @@ def start_keepers_ahead(count: int) -> None:
     """Start ``count`` keepers that wait for a node (:meth:`NodeHandle.start` takes them in turn). They stay in
     this process's group until given a node (then each starts a session of its own, as keepers do), so a standby
     stopped with its group takes them with it."""
+    if count < 1:
+        return
+    launcher = (json.dumps({"env": process_specs.launcher_env(os.environ, sys.executable)}) + "\n").encode()
     for _ in range(count):
         try:
-            _ahead.append(subprocess.Popen(_KEEPER_ARGV, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.DEVNULL))
+            keeper = subprocess.Popen([*_KEEPER_ARGV, AHEAD_FLAG], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
         except OSError:  # the nodes get keepers started for them instead
             return
+        _ahead.append(keeper)
+        with contextlib.suppress(BrokenPipeError):
+            keeper.stdin.write(launcher)  # type: ignore[union-attr]
+            keeper.stdin.flush()  # type: ignore[union-attr]
 
 
 def release_keepers_ahead(wait: bool = True) -> None:
@@ -70,6 +77,15 @@ def _keeper_ahead() -> subprocess.Popen[bytes] | None:
             return keeper
         keeper.wait()
     return None
+
+
+def _node_processes(keeper: psutil.Process) -> list[psutil.Process]:
+    found = []
+    for child in keeper.children():
+        with contextlib.suppress(psutil.Error):
+            if WARM_SCRIPT not in child.cmdline()[1:2]:
+                found.append(child)
+    return found
 
 
 class NodeHandle:
@@ -146,11 +162,12 @@ class NodeHandle:
             self._pidfd = None
 
     def wait_started(self, timeout: float) -> None:
-        """Wait until the keeper has started its node process (or ended)."""
+        """Wait until the keeper has started its node process (or ended); a launcher it started ahead and is
+        letting go (:class:`~trainjob.backends.local.node_keeper.keeper.Launcher`) is not that process."""
         deadline = time.monotonic() + timeout
         with contextlib.suppress(psutil.Error):
             keeper = psutil.Process(self.pid)
-            while not keeper.children() and self.poll() is None and time.monotonic() < deadline:
+            while not _node_processes(keeper) and self.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.01)
 
     def terminate(self) -> None:

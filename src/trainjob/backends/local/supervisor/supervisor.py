@@ -261,6 +261,9 @@ class Supervisor:
             "mounts": node_mounts(self.job_dir, node.index),  # read here, so the keeper starts its node sooner
             # node-0's log of this attempt starts with the package install: the keeper appends to it
             "continue_log": self.continue_log and node.index == 0,
+            # c10d rendezvous ranks an elastic job's nodes by their torchrun's pid (see _start_nodes): a launcher a
+            # keeper started ahead has the pid it got then, so those nodes start when their turn comes instead
+            "launch_ahead": not self.spec.elastic,
         }
         if node.index == 0:
             self.continue_log = False

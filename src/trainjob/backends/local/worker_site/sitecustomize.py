@@ -269,11 +269,27 @@ def _main():
                 _register_stack_dumps(env["TRAINJOB_STACKS_DIR"], env["TRAINJOB_STACKS_SIGNAL"])
             if sys.stdout is not None and sys.stderr is not None:
                 sys.stdout, sys.stderr = _DropWhenFull(sys.stdout), _DropWhenFull(sys.stderr)
-    elif _NODE_MARK not in env and "TRAINJOB_JOB_DIR" in env:
-        env[_NODE_MARK] = str(os.getpid())
-        _install_torchrun_hook()
-        sys.meta_path.insert(0, _AfterImport(_TAIL_LOG_MODULE, _replace_tail_logfile))
+    else:
+        node_started()
     _load_shadowed_sitecustomize()
+
+
+def node_started():
+    """What a node's torchrun gets: at its start, or when a launcher started before its node was known becomes
+    the node's (:mod:`trainjob.backends.local.node_keeper.warm`, torch's tailer module already imported)."""
+    env = os.environ
+    if _NODE_MARK in env or "TRAINJOB_JOB_DIR" not in env or "LOCAL_RANK" in env:
+        return
+    env[_NODE_MARK] = str(os.getpid())
+    _install_torchrun_hook()
+    tail_log = sys.modules.get(_TAIL_LOG_MODULE)
+    if tail_log is not None:
+        import contextlib
+
+        with contextlib.suppress(Exception):  # torch as it is
+            _replace_tail_logfile(tail_log)
+    else:
+        sys.meta_path.insert(0, _AfterImport(_TAIL_LOG_MODULE, _replace_tail_logfile))
 
 
 _main()

@@ -1,0 +1,142 @@
+"""A keeper started ahead of its job starts the node's torchrun ahead too (``node_keeper/warm.py``): torch imported
+while the job is still being created. The node it becomes is the one it would have been started as."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from trainjob.backends.local import process_specs
+from trainjob.backends.local.node_keeper.warm import differences_read_at_start, shadowed_modules
+from trainjob.backends.local.supervisor import nodes
+
+# What a rank says of itself: its parent's command line (the node's process) and a variable of the node's.
+RANK = """
+import json, os, sys
+with open(os.path.join(os.environ["TRAINJOB_JOB_DIR"], "rank.json"), "w") as f:
+    json.dump({"parent": open(f"/proc/{os.getppid()}/cmdline").read().split("\\0")[:3],
+               "parent_pid": os.getppid(), "node_value": os.environ.get("NODE_VALUE"),
+               "node_mark": os.environ.get("TRAINJOB_SITE_NODE_PID")}, f)
+print("rank ran", flush=True)
+"""
+
+
+@pytest.fixture
+def supervised(tmp_path: Path):
+    """``tmp_path`` as a job's folder whose supervisor lock this test holds (so its keepers start no other)."""
+    (tmp_path / "logs").mkdir()
+    lock = os.open(tmp_path / "supervisor.lock", os.O_WRONLY | os.O_CREAT)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    yield tmp_path
+    nodes.release_keepers_ahead()
+    os.close(lock)
+
+
+def node_spec(job_dir: Path, argv: list[str], **env: str) -> dict:
+    node_env = process_specs.launcher_env(os.environ, sys.executable)
+    node_env.update({"TRAINJOB_JOB_DIR": str(job_dir), "PET_NNODES": "1", "PET_NPROC_PER_NODE": "1",
+                     "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(process_specs.free_port()),
+                     "PET_NODE_RANK": "0", **env})
+    return {"home": str(job_dir), "name": "job", "job_dir": str(job_dir), "node": 0, "cwd": str(job_dir),
+            "argv": argv, "env": node_env, "cpus": [], "log_max_bytes": 1 << 20, "mounts": []}
+
+
+def run_node_ahead(job_dir: Path, argv: list[str], **env: str) -> tuple[int, str]:
+    """Run a node through a keeper started ahead (as a standby's are); its exit code and log."""
+    nodes.start_keepers_ahead(1)
+    keeper = psutil.Process(nodes._ahead[0].pid)
+    deadline = time.monotonic() + 60
+    while not keeper.children() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    launcher = keeper.children()[0]
+    assert launcher.cmdline()[1].endswith("warm.py"), "the keeper started ahead starts the node's launcher"
+    handle = nodes.NodeHandle.start(job_dir, 0, node_spec(job_dir, argv, **env))
+    code = handle.popen.wait(120)
+    return code, (job_dir / "logs" / "node-0.log").read_text()
+
+
+def torchrun(script: Path) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1", str(script)]
+
+
+def test_a_torchrun_node_runs_in_the_launcher_started_ahead_with_the_nodes_environment(supervised, subprocesses):
+    script = supervised / "rank.py"
+    script.write_text(RANK)
+    code, log = run_node_ahead(supervised, torchrun(script), NODE_VALUE="from the job")
+
+    assert code == 0, log
+    assert "rank ran" in log
+    rank = json.loads((supervised / "rank.json").read_text())
+    assert rank["parent"][1].endswith("warm.py"), "torchrun ran in the launcher that imported it ahead"
+    assert rank["node_value"] == "from the job"
+    assert rank["node_mark"] == str(rank["parent_pid"]), "the node's sitecustomize set it up as a node's torchrun"
+    assert "RuntimeWarning" not in log
+
+
+def test_a_node_whose_python_settings_differ_is_started_cold_with_the_same_pid(supervised, subprocesses):
+    script = supervised / "rank.py"
+    script.write_text(RANK)
+    code, log = run_node_ahead(supervised, torchrun(script), PYTHONHASHSEED="7", NODE_VALUE="cold")
+
+    assert code == 0, log
+    rank = json.loads((supervised / "rank.json").read_text())
+    assert rank["parent"] == torchrun(script)[:3], "exec'd as the command it is: a fresh Python reads PYTHONHASHSEED"
+    assert rank["node_value"] == "cold"
+
+
+def test_a_command_that_is_not_torchrun_is_executed_as_it_is(supervised, subprocesses):
+    code, log = run_node_ahead(supervised, ["sh", "-c", 'echo "plain $NODE_VALUE"; exit 3'], NODE_VALUE="node")
+
+    assert code == 3
+    assert "plain node" in log
+
+
+def test_a_command_that_cannot_start_says_why_in_the_nodes_log(supervised, subprocesses):
+    code, log = run_node_ahead(supervised, ["no-such-command-here", "--flag"])
+
+    assert code == 127
+    assert "[trainjob] cannot start node-0: [Errno 2] No such file or directory: 'no-such-command-here'" in log
+
+
+def test_a_released_standby_leaves_no_launcher_behind(subprocesses):
+    from trainjob.backends.local.supervisor import standby
+
+    standby.start(nodes=2)
+    supervisor = psutil.Process(standby._standby.pid)
+    deadline = time.monotonic() + 60
+    while len(supervisor.children(recursive=True)) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    below = supervisor.children(recursive=True)
+    assert sorted(p.cmdline()[-1].rsplit("/", 1)[-1] for p in below) == ["--ahead", "--ahead", "warm.py", "warm.py"]
+
+    standby.release()
+
+    gone, alive = psutil.wait_procs(below, timeout=30)
+    assert alive == [], "a keeper or launcher started ahead outlived its standby"
+
+
+def test_only_what_is_read_while_torch_is_imported_must_match():
+    started = {"HOME": "/home/a", "PATH": "/bin", "PYTHONPATH": "/site"}
+    assert differences_read_at_start(started, {**started, "PET_NNODES": "2", "OMP_NUM_THREADS": "4",
+                                               "CUDA_VISIBLE_DEVICES": "1", "NCCL_DEBUG": "INFO",
+                                               "TRAINJOB_JOB_DIR": "/j", "EPOCHS": "3"}) == []
+    assert differences_read_at_start(started, {**started, "LD_PRELOAD": "/x.so", "TORCH_LOGS": "dynamo",
+                                               "MKL_NUM_THREADS": "2", "LC_ALL": "C"}) == [
+        "LC_ALL", "LD_PRELOAD", "MKL_NUM_THREADS", "TORCH_LOGS"]
+    assert differences_read_at_start(started, {"PATH": "/bin"}) == ["HOME", "PYTHONPATH"], "removed ones count"
+    assert differences_read_at_start({}, {"TRAINJOB_SITE_NODE_PID": "9"}) == ["TRAINJOB_SITE_NODE_PID"]
+
+
+def test_a_module_already_imported_that_the_nodes_folder_would_shadow_is_named(tmp_path):
+    (tmp_path / "json.py").write_text("")
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "data").mkdir()
+    assert shadowed_modules(str(tmp_path)) == ["json"]
+    assert shadowed_modules(str(tmp_path / "missing")) == ["?"]
