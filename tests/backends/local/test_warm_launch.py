@@ -15,7 +15,7 @@ import pytest
 
 from trainjob.backends.local import process_specs
 from trainjob.backends.local.node_keeper.warm import differences_read_at_start, shadowed_modules
-from trainjob.backends.local.supervisor import nodes
+from trainjob.backends.local.supervisor import ahead, nodes
 
 # What a rank says of itself: its parent's command line (the node's process) and a variable of the node's.
 RANK = """
@@ -35,7 +35,7 @@ def supervised(tmp_path: Path):
     lock = os.open(tmp_path / "supervisor.lock", os.O_WRONLY | os.O_CREAT)
     fcntl.flock(lock, fcntl.LOCK_EX)
     yield tmp_path
-    nodes.release_keepers_ahead()
+    ahead.release_keepers_ahead()
     os.close(lock)
 
 
@@ -50,8 +50,8 @@ def node_spec(job_dir: Path, argv: list[str], **env: str) -> dict:
 
 def run_node_ahead(job_dir: Path, argv: list[str], **env: str) -> tuple[int, str]:
     """Run a node through a keeper started ahead (as a standby's are); its exit code and log."""
-    nodes.start_keepers_ahead(1)
-    keeper = psutil.Process(nodes._ahead[0].pid)
+    ahead.start_keepers_ahead(1)
+    keeper = psutil.Process(ahead._ahead[0].pid)
     deadline = time.monotonic() + 60
     while not keeper.children() and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -79,10 +79,17 @@ from trainjob.backends.local.mpi.hosts import (
     SLOTS_ENV,
     hostfile_path,
 )
+from trainjob.backends.local.node_env import (  # noqa: F401  (part of this module's interface)
+    PASSED_ENV,
+    PASSED_ENV_PREFIXES,
+    launcher_env,
+    passed_env,
+    with_python,
+)
 from trainjob.backends.local.supervisor.rendezvous import RDZV_CONF
-from trainjob.backends.local.worker_site import SITE_DIR, STACKS_DIR_ENV, STACKS_SIGNAL, STACKS_SIGNAL_ENV
+from trainjob.backends.local.worker_site import STACKS_DIR_ENV, STACKS_SIGNAL, STACKS_SIGNAL_ENV
 from trainjob.backends.stall import StallPolicy
-from trainjob.constants import PET_PREFIX, PET_RDZV_ENDPOINT, PET_RDZV_ID
+from trainjob.constants import PET_RDZV_ENDPOINT, PET_RDZV_ID
 from trainjob.errors import ValidationError
 from trainjob.runtime.launch import Addressing, addressing_env
 
@@ -93,19 +100,10 @@ if TYPE_CHECKING:
 
 #: The prefix torchrun puts before every line of a training process (``[rank3]: ...``); :mod:`~trainjob.backends.local.log_reader` parses it.
 RANK_PREFIX_TEMPLATE = "[rank${rank}]: "
+#: OpenMPI's choice of address for the topology its daemons share through memory (see build_mpi_process_spec).
+VMHOLE_ENV = "OMPI_MCA_rtc_hwloc_vmhole"
 #: Where the nodes of a job on this machine meet.
 LOCAL_HOST = "127.0.0.1"
-#: Inherited variables that would confuse the node processes (a job started from inside another job).
-_INHERITED_DROP_PREFIXES = (PET_PREFIX, "TORCHELASTIC_", "TRAINJOB_SITE_")
-_INHERITED_DROP = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
-#: What a node gets from the environment it is started from unless the job inherits all of it: what a pod's
-#: container has anyway, what this Python environment needs, and trainjob's own settings.
-PASSED_ENV = frozenset({
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
-    "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH",
-    "CUDA_VISIBLE_DEVICES",
-})
-PASSED_ENV_PREFIXES = ("LC_", "TRAINJOB_")
 #: Settings whose absence an ``EnvironmentNotInherited`` event points out: they change how training runs.
 TRAINING_ENV_PREFIXES = (
     "NCCL_", "GLOO_", "TORCH_", "TORCHINDUCTOR_", "PYTORCH_", "CUDA_", "CUBLAS_", "OMP_", "MKL_", "KMP_", "HF_",
@@ -299,6 +297,10 @@ def build_mpi_process_spec(
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_sets[index])
         # the OMPI_MCA_* env of the plugin, with the hostfile where the launcher writes it here
         env.update({var.name: var.value or "" for var in openmpi_env(policy, hostfile=str(hostfile_path(job_dir)))})
+        # Every host is this machine, so the daemons need no topology shared through memory mapped at a common
+        # address ("VM hole"); OpenMPI 4.1's orted started beside others here at times crashed writing it
+        # (SIGSEGV in hwloc_shmem_topology_write), failing the job before any rank ran.
+        env.setdefault(VMHOLE_ENV, "none")
         env.update({
             HOSTS_ENV: json.dumps(policy.hosts),
             NODE_ENV: str(index),
@@ -326,18 +328,6 @@ def drop_mpi_volumes(plan: Plan) -> None:
             spec["volumes"] = [v for v in spec["volumes"] if v.get("name") not in ours]
         for container in pod_set.containers:
             container.volume_mounts = [m for m in container.volume_mounts if m.get("name") not in ours]
-
-
-def passed_env(environ: Mapping[str, str], inherit_env: bool = False) -> dict[str, str]:
-    """What a node gets of ``environ``: :data:`PASSED_ENV` (everything with ``inherit_env``), never the variables
-    of a launcher that started this process (``RANK``, ``PET_*`` ...: a job started from inside another job)."""
-    return {
-        key: value
-        for key, value in environ.items()
-        if key not in _INHERITED_DROP
-        and not key.startswith(_INHERITED_DROP_PREFIXES)
-        and (inherit_env or key in PASSED_ENV or key.startswith(PASSED_ENV_PREFIXES))
-    }
 
 
 def environment_note(environ: Mapping[str, str], inherit_env: bool) -> tuple[str, str] | None:
@@ -510,21 +500,3 @@ def node_environment(
     env.update({var.name: var.value for var in rendezvous if var.value is not None})
     env["TRAINJOB_RESTART_COUNT"] = str(restarts)
     return with_python(env, python)
-
-
-def with_python(env: dict[str, str], python: str) -> dict[str, str]:
-    """``env`` as a node process running ``python`` gets it: that Python first on ``PATH``, the node's
-    ``sitecustomize`` first on ``PYTHONPATH``, output unbuffered unless the job says otherwise."""
-    env["PATH"] = os.pathsep.join([os.path.dirname(python), env.get("PATH", "")])
-    env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
-
-
-def launcher_env(environ: Mapping[str, str], python: str) -> dict[str, str]:
-    """The environment a node's launcher started before its job exists starts with
-    (:mod:`~trainjob.backends.local.node_keeper.warm`): what a node of a job created now from ``environ`` would
-    get, but for the job's own variables."""
-    env = {key: value for key, value in passed_env(environ).items() if key != "TRAINJOB_JOB_DIR"}
-    return with_python(env, python)
-

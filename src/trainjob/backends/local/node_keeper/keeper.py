@@ -1,4 +1,4 @@
-"""The keeper of one node: ``python -m trainjob.backends.local.node_keeper``, its spec as JSON on stdin.
+r"""The keeper of one node: ``python -m trainjob.backends.local.node_keeper``, its spec as JSON on stdin.
 
 The supervisor starts one keeper per node; the keeper starts the node's command (torchrun) and stays its parent
 until the node and everything it started have ended. It makes a node safe to be without a supervisor for a
@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from trainjob.backends.local.log_writer import NodeLogWriter, TorchrunCopies
+from trainjob.backends.local.node_keeper.launcher import Launcher
 from trainjob.backends.local.processes import join_job, signal_group, stop_processes, supervisor_lock_held
 
 # Nothing here imports psutil or the volumes module before the node is started: a keeper starts torchrun as
@@ -70,65 +71,6 @@ JOB_OVER_EXIT_CODE = 3
 _PR_SET_CHILD_SUBREAPER = 36
 _READ_BYTES = 256 * 1024
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-#: How a keeper started ahead of its job is started: its first line of stdin starts a launcher (:class:`Launcher`).
-AHEAD_FLAG = "--ahead"
-WARM_SCRIPT = str(Path(__file__).with_name("warm.py"))
-
-
-class Launcher:
-    """The node's process, started ahead of the node by a keeper started ahead (:mod:`.warm`): torchrun with
-    its imports under way, which becomes the node's process when :meth:`give` hands it the node."""
-
-    def __init__(self, process: subprocess.Popen[bytes], output: int) -> None:
-        self.process, self.output = process, output
-
-    @classmethod
-    def start(cls, line: bytes) -> Launcher | None:
-        """Start the launcher that ``line`` asks for (JSON: ``env``, the environment a node would start with),
-        or ``None`` (none asked for, or it cannot start: the node is started as it comes)."""
-        try:
-            env = json.loads(line)["env"] if line.strip() else None
-        except (ValueError, KeyError, TypeError):
-            env = None
-        if not isinstance(env, dict):
-            return None
-        output, write_end = os.pipe()
-        try:
-            process = subprocess.Popen([sys.executable, WARM_SCRIPT], env=env, stdin=subprocess.PIPE,
-                                       stdout=write_end, stderr=write_end, process_group=0)
-        except OSError:
-            os.close(output)
-            return None
-        finally:
-            os.close(write_end)
-        return cls(process, output)
-
-    def give(self, spec: dict[str, Any], cpus: list[int]) -> tuple[subprocess.Popen[bytes], int] | None:
-        """Hand the launcher its node: the node's process and the read end of its output, or ``None`` when the
-        launcher is gone (the node is then started as it would have been without one)."""
-        order = {"node": spec["node"], "argv": spec["argv"], "cwd": spec["cwd"], "env": spec["env"], "cpus": cpus}
-        if self.process.poll() is not None:  # it failed to start, or was killed
-            return None
-        try:
-            self.process.stdin.write(json.dumps(order).encode() + b"\n")  # type: ignore[union-attr]
-            self.process.stdin.close()  # type: ignore[union-attr]
-        except (BrokenPipeError, ValueError):
-            return None
-        return self.process, self.output
-
-    def dismiss(self) -> None:
-        """No node for the launcher: it exits at the end of its stdin."""
-        with contextlib.suppress(OSError, ValueError):
-            self.process.stdin.close()  # type: ignore[union-attr]
-        with contextlib.suppress(OSError):
-            os.close(self.output)
-        try:
-            self.process.wait(5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
 
 
 def exit_record_path(job_dir: Path, node: int) -> Path:
@@ -453,8 +395,9 @@ def _note(index: int, message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} keeper of node-{index}: {message}", file=sys.stderr, flush=True)
 
 
-def main() -> int:
-    launcher = Launcher.start(sys.stdin.buffer.readline()) if sys.argv[1:2] == [AHEAD_FLAG] else None
+def main(launcher: Launcher | None = None) -> int:
+    """The keeper's process: its node's spec on stdin (after the line that started ``launcher``, for a keeper
+    started ahead)."""
     handed = sys.stdin.buffer.read().decode()
     if not handed.strip():  # started ahead of a job that did not come, or did not need this keeper
         if launcher is not None:

@@ -9,9 +9,8 @@ exits (:mod:`trainjob.backends.local.node_keeper`)::
     node.poll()   # None while it runs, else the node's exit code (negative: killed by that signal)
 
 A supervisor in standby (:mod:`~trainjob.backends.local.supervisor.standby`) starts the keepers of the job it
-expects ahead of it too (:func:`start_keepers_ahead`): each waits on its stdin, its imports done, and
-:meth:`NodeHandle.start` hands the first ones their nodes (the keeper then writes to the job's
-``supervisor.log`` itself); :func:`release_keepers_ahead` lets the others go (end of stdin: they exit).
+expects ahead of it too (:mod:`~trainjob.backends.local.supervisor.ahead`); :meth:`NodeHandle.start` hands the
+first ones their nodes (the keeper then writes to the job's ``supervisor.log`` itself).
 """
 
 from __future__ import annotations
@@ -28,55 +27,13 @@ from typing import Any
 
 import psutil
 
-from trainjob.backends.local import process_specs, processes
-from trainjob.backends.local.node_keeper.keeper import AHEAD_FLAG, WARM_SCRIPT, exit_record_path
+from trainjob.backends.local import processes
+from trainjob.backends.local.node_keeper.keeper import exit_record_path
+from trainjob.backends.local.node_keeper.launcher import WARM_SCRIPT
+from trainjob.backends.local.supervisor.ahead import keeper_ahead
 from trainjob.backends.local.supervisor.failures import NodeExit
 
 _KEEPER_ARGV = [sys.executable, "-m", "trainjob.backends.local.node_keeper"]
-#: Keepers started ahead of their job, waiting for a node.
-_ahead: list[subprocess.Popen[bytes]] = []
-_released: list[subprocess.Popen[bytes]] = []
-
-
-def start_keepers_ahead(count: int) -> None:
-    """Start ``count`` keepers that wait for a node (:meth:`NodeHandle.start` takes them in turn). They stay in
-    this process's group until given a node (then each starts a session of its own, as keepers do), so a standby
-    stopped with its group takes them with it."""
-    if count < 1:
-        return
-    launcher = (json.dumps({"env": process_specs.launcher_env(os.environ, sys.executable)}) + "\n").encode()
-    for _ in range(count):
-        try:
-            keeper = subprocess.Popen([*_KEEPER_ARGV, AHEAD_FLAG], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL)
-        except OSError:  # the nodes get keepers started for them instead
-            return
-        _ahead.append(keeper)
-        with contextlib.suppress(BrokenPipeError):
-            keeper.stdin.write(launcher)  # type: ignore[union-attr]
-            keeper.stdin.flush()  # type: ignore[union-attr]
-
-
-def release_keepers_ahead(wait: bool = True) -> None:
-    """Let the keepers started ahead that no node took go: their stdin ends, and they exit (``wait``: reaped
-    before this returns; else by the next call that waits)."""
-    while _ahead:
-        keeper = _ahead.pop()
-        with contextlib.suppress(OSError):
-            keeper.stdin.close()  # type: ignore[union-attr]
-        _released.append(keeper)
-    while wait and _released:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            _released.pop().wait(5)
-
-
-def _keeper_ahead() -> subprocess.Popen[bytes] | None:
-    while _ahead:
-        keeper = _ahead.pop(0)
-        if keeper.poll() is None:
-            return keeper
-        keeper.wait()
-    return None
 
 
 def _node_processes(keeper: psutil.Process) -> list[psutil.Process]:
@@ -104,7 +61,7 @@ class NodeHandle:
         """Start the keeper of node ``index`` with ``spec`` (see :class:`~trainjob.backends.local.node_keeper.keeper.Keeper`)."""
         with contextlib.suppress(FileNotFoundError):
             exit_record_path(job_dir, index).unlink()
-        popen = _keeper_ahead()
+        popen = keeper_ahead()
         if popen is not None:  # started before the job's folder existed: it opens the job's log itself
             spec = {**spec, "own_output": True}
         else:

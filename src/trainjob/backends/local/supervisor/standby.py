@@ -5,7 +5,7 @@ environment, the store) take ``trainjob run`` a few tenths of a second; a superv
 about a fifth of a second more starting Python and importing what it runs. So ``trainjob run`` starts one in
 standby before it reads the job (:func:`start`): ``python -m trainjob.backends.local.supervisor --standby N``
 imports everything, starts the keepers of the job's N nodes ahead
-(:func:`~trainjob.backends.local.supervisor.nodes.start_keepers_ahead`: a keeper's start is the last step before
+(:func:`~trainjob.backends.local.supervisor.ahead.start_keepers_ahead`: a keeper's start is the last step before
 a node's, and each starts its node's torchrun ahead, :mod:`~trainjob.backends.local.node_keeper.warm`), then waits
 on its stdin. When the job is created, :meth:`LocalBackend._start_supervisor
 <trainjob.backends.local.client.backend.LocalBackend._start_supervisor>` hands it the store's home and the job's

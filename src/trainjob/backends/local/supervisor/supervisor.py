@@ -48,6 +48,7 @@ from trainjob.backends.local.node_keeper.mounts import node_mounts
 from trainjob.backends.local.process_specs import ProcessSpec
 from trainjob.backends.local.store import ACTIVE_STATUSES, Store
 from trainjob.backends.local.supervisor import rendezvous, standby
+from trainjob.backends.local.supervisor.ahead import release_keepers_ahead, start_keepers_ahead
 from trainjob.backends.local.supervisor.environment import (
     InstallStopped,
     PackageInstallError,
@@ -55,7 +56,7 @@ from trainjob.backends.local.supervisor.environment import (
     prepare_environment,
 )
 from trainjob.backends.local.supervisor.failures import node_failures, pick_root_cause
-from trainjob.backends.local.supervisor.nodes import NodeHandle, release_keepers_ahead, start_keepers_ahead
+from trainjob.backends.local.supervisor.nodes import NodeHandle
 from trainjob.backends.local.supervisor.watchdog import Stall, StallWatchdog
 from trainjob.constants import COMPLETE, CREATED, FAILED, QUEUED, RUNNING, SUSPENDED
 from trainjob.errors import NotFoundError, is_disk_full
