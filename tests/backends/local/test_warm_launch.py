@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from trainjob.backends.local import process_specs
-from trainjob.backends.local.node_keeper.warm import differences_read_at_start, shadowed_modules
+from trainjob.backends.local.node_keeper.warm import differences, relative_python_path, shadowed_modules
 from trainjob.backends.local.supervisor import ahead, nodes
 
 # What a rank says of itself: its parent's command line (the node's process) and a variable of the node's.
@@ -22,7 +22,7 @@ RANK = """
 import json, os, sys
 with open(os.path.join(os.environ["TRAINJOB_JOB_DIR"], "rank.json"), "w") as f:
     json.dump({"parent": open(f"/proc/{os.getppid()}/cmdline").read().split("\\0")[:3],
-               "parent_pid": os.getppid(), "node_value": os.environ.get("NODE_VALUE"),
+               "parent_pid": os.getppid(), "node_value": os.environ.get("TRAINJOB_TEST_VALUE"),
                "node_mark": os.environ.get("TRAINJOB_SITE_NODE_PID")}, f)
 print("rank ran", flush=True)
 """
@@ -48,7 +48,7 @@ def node_spec(job_dir: Path, argv: list[str], **env: str) -> dict:
             "argv": argv, "env": node_env, "cpus": [], "log_max_bytes": 1 << 20, "mounts": []}
 
 
-def run_node_ahead(job_dir: Path, argv: list[str], **env: str) -> tuple[int, str]:
+def run_node_ahead(job_dir: Path, argv: list[str], seen: list[int] | None = None, **env: str) -> tuple[int, str]:
     """Run a node through a keeper started ahead (as a standby's are); its exit code and log."""
     ahead.start_keepers_ahead(1)
     keeper = psutil.Process(ahead._ahead[0].pid)
@@ -57,6 +57,8 @@ def run_node_ahead(job_dir: Path, argv: list[str], **env: str) -> tuple[int, str
         time.sleep(0.02)
     launcher = keeper.children()[0]
     assert launcher.cmdline()[1].endswith("warm.py"), "the keeper started ahead starts the node's launcher"
+    if seen is not None:
+        seen.append(launcher.pid)
     handle = nodes.NodeHandle.start(job_dir, 0, node_spec(job_dir, argv, **env))
     code = handle.popen.wait(120)
     return code, (job_dir / "logs" / "node-0.log").read_text()
@@ -69,12 +71,13 @@ def torchrun(script: Path) -> list[str]:
 def test_a_torchrun_node_runs_in_the_launcher_started_ahead_with_the_nodes_environment(supervised, subprocesses):
     script = supervised / "rank.py"
     script.write_text(RANK)
-    code, log = run_node_ahead(supervised, torchrun(script), NODE_VALUE="from the job")
+    code, log = run_node_ahead(supervised, torchrun(script), TRAINJOB_TEST_VALUE="from the job")
 
     assert code == 0, log
     assert "rank ran" in log
     rank = json.loads((supervised / "rank.json").read_text())
     assert rank["parent"][1].endswith("warm.py"), "torchrun ran in the launcher that imported it ahead"
+    assert "Traceback" not in log
     assert rank["node_value"] == "from the job"
     assert rank["node_mark"] == str(rank["parent_pid"]), "the node's sitecustomize set it up as a node's torchrun"
     assert "RuntimeWarning" not in log
@@ -83,11 +86,14 @@ def test_a_torchrun_node_runs_in_the_launcher_started_ahead_with_the_nodes_envir
 def test_a_node_whose_python_settings_differ_is_started_cold_with_the_same_pid(supervised, subprocesses):
     script = supervised / "rank.py"
     script.write_text(RANK)
-    code, log = run_node_ahead(supervised, torchrun(script), PYTHONHASHSEED="7", NODE_VALUE="cold")
+    keeper_children = []
+    code, log = run_node_ahead(supervised, torchrun(script), PYTHONHASHSEED="7", TRAINJOB_TEST_VALUE="cold",
+                               seen=keeper_children)
 
     assert code == 0, log
     rank = json.loads((supervised / "rank.json").read_text())
     assert rank["parent"] == torchrun(script)[:3], "exec'd as the command it is: a fresh Python reads PYTHONHASHSEED"
+    assert rank["parent_pid"] == keeper_children[0], "the launcher's pid: the process the keeper watches"
     assert rank["node_value"] == "cold"
 
 
@@ -114,7 +120,8 @@ def test_a_released_standby_leaves_no_launcher_behind(subprocesses):
     while len(supervisor.children(recursive=True)) < 4 and time.monotonic() < deadline:
         time.sleep(0.05)
     below = supervisor.children(recursive=True)
-    assert sorted(p.cmdline()[-1].rsplit("/", 1)[-1] for p in below) == ["--ahead", "--ahead", "warm.py", "warm.py"]
+    kinds = sorted("keeper" if "--ahead" in p.cmdline() else p.cmdline()[1].rsplit("/", 1)[-1] for p in below)
+    assert kinds == ["keeper", "keeper", "warm.py", "warm.py"]
 
     standby.release()
 
@@ -122,16 +129,27 @@ def test_a_released_standby_leaves_no_launcher_behind(subprocesses):
     assert alive == [], "a keeper or launcher started ahead outlived its standby"
 
 
-def test_only_what_is_read_while_torch_is_imported_must_match():
+def test_only_what_a_node_sets_for_torchrun_may_differ_from_the_launchers_start():
     started = {"HOME": "/home/a", "PATH": "/bin", "PYTHONPATH": "/site"}
-    assert differences_read_at_start(started, {**started, "PET_NNODES": "2", "OMP_NUM_THREADS": "4",
-                                               "CUDA_VISIBLE_DEVICES": "1", "NCCL_DEBUG": "INFO",
-                                               "TRAINJOB_JOB_DIR": "/j", "EPOCHS": "3"}) == []
-    assert differences_read_at_start(started, {**started, "LD_PRELOAD": "/x.so", "TORCH_LOGS": "dynamo",
-                                               "MKL_NUM_THREADS": "2", "LC_ALL": "C"}) == [
-        "LC_ALL", "LD_PRELOAD", "MKL_NUM_THREADS", "TORCH_LOGS"]
-    assert differences_read_at_start(started, {"PATH": "/bin"}) == ["HOME", "PYTHONPATH"], "removed ones count"
-    assert differences_read_at_start({}, {"TRAINJOB_SITE_NODE_PID": "9"}) == ["TRAINJOB_SITE_NODE_PID"]
+    assert differences(started, {**started, "PET_NNODES": "2", "OMP_NUM_THREADS": "4", "CUDA_VISIBLE_DEVICES": "1",
+                                 "NCCL_DEBUG": "INFO", "TRAINJOB_JOB_DIR": "/j", "TORCHELASTIC_ERROR_FILE": "/e",
+                                 "MASTER_PORT": "1"}) == []
+    assert differences(started, {**started, "LD_PRELOAD": "/x.so", "LOGLEVEL": "INFO", "EPOCHS": "3"}) == [
+        "EPOCHS", "LD_PRELOAD", "LOGLEVEL"]
+    assert differences(started, {"PATH": "/bin"}) == ["HOME", "PYTHONPATH"], "removed ones count"
+    assert differences({}, {"TRAINJOB_SITE_NODE_PID": "9"}) == ["TRAINJOB_SITE_NODE_PID"]
+    assert not relative_python_path({"PYTHONPATH": "/a:/b"}) and not relative_python_path({})
+    assert relative_python_path({"PYTHONPATH": "/a:src"}) and relative_python_path({"PYTHONPATH": "/a::/b"})
+
+
+def test_a_job_variable_torch_reads_as_it_imports_starts_the_node_cold(supervised, subprocesses):
+    script = supervised / "rank.py"
+    script.write_text(RANK)
+    code, log = run_node_ahead(supervised, torchrun(script), LOGLEVEL="INFO")
+
+    assert code == 0, log
+    rank = json.loads((supervised / "rank.json").read_text())
+    assert rank["parent"] == torchrun(script)[:3], "torch's loggers take their level from LOGLEVEL as they are made"
 
 
 def test_a_module_already_imported_that_the_nodes_folder_would_shadow_is_named(tmp_path):

@@ -41,7 +41,7 @@ class Launcher:
             return None
         output, write_end = os.pipe()
         try:
-            process = subprocess.Popen([sys.executable, WARM_SCRIPT], env=env, stdin=subprocess.PIPE,
+            process = subprocess.Popen([sys.executable, WARM_SCRIPT, str(os.getpid())], env=env, stdin=subprocess.PIPE,
                                        stdout=write_end, stderr=write_end, process_group=0)
         except OSError:
             os.close(output)
@@ -64,13 +64,10 @@ class Launcher:
         return self.process, self.output
 
     def dismiss(self) -> None:
-        """No node for the launcher: it exits at the end of its stdin."""
+        """No node for the launcher: it is killed (it holds nothing, and may be busy importing)."""
         with contextlib.suppress(OSError, ValueError):
             self.process.stdin.close()  # type: ignore[union-attr]
         with contextlib.suppress(OSError):
             os.close(self.output)
-        try:
-            self.process.wait(5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        self.process.kill()
+        self.process.wait()

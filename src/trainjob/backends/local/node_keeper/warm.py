@@ -2,17 +2,18 @@
 
 A keeper started ahead of its job (:mod:`~trainjob.backends.local.supervisor.standby`) starts this launcher at
 once, with the environment a node of a job created now would start with (the job's own variables aside). While
-the command still reads, checks and creates the job, the launcher imports ``torch.distributed.run`` (about a
+the command still reads, checks and creates the job, the launcher imports what ``torch.distributed.run`` imports (about a
 second of CPU: torchrun's own start, which every node otherwise pays before its first rank starts). The keeper
 then writes the node on its stdin, one JSON line (``argv``, ``cwd``, ``env``, ``cpus``; an empty line or the end
 of stdin: no node, exit), and the launcher becomes that node's process, with the pid the keeper watches:
 
-- **torchrun, warm**: when ``argv`` is this Python's ``-m torch.distributed.run`` and nothing that Python, the
-  dynamic loader or torch read while starting differs between the launcher's environment and the node's
-  (:func:`differences_read_at_start`), and the node's directory shadows no module already imported
-  (:func:`shadowed_modules`), the launcher takes the node's environment, directory and CPUs and runs torchrun's ``main``,
-  as its ``__main__`` block (and the ``torchrun`` script) does; the node's ``sitecustomize`` (:mod:`~trainjob.backends.local.worker_site`)
-  does for it what it does at a node's start.
+- **torchrun, warm**: when ``argv`` is this Python's ``-m torch.distributed.run``, the node's environment differs
+  from the launcher's only in what a node sets for torchrun (:func:`differences`), the node's directory shadows
+  no module already imported (:func:`shadowed_modules`), and no other ``sitecustomize`` or ``usercustomize`` ran
+  at the launcher's start, the launcher takes the node's environment, directory and CPUs and runs
+  ``torch.distributed.run`` as ``python -m`` does (as ``__main__``: torchrun's own modules, not that one, were
+  imported ahead); the node's ``sitecustomize`` (:mod:`~trainjob.backends.local.worker_site`) does for it what it
+  does at a node's start.
 - **anything else, cold**: the launcher takes the node's directory and CPUs and ``exec``\\ s ``argv`` with the
   node's environment, as ``subprocess`` would have started it (signals as a new process has them), so the node
   is exactly the process it would have been, only with this pid. A command that cannot be started writes why
@@ -31,40 +32,46 @@ import sys
 import threading
 
 TORCHRUN_MODULE = "torch.distributed.run"
-#: What a node sets for torchrun and its ranks, read only once torchrun runs (never while torch is imported):
-#: these may differ between the launcher's start and the node. ``OMP_NUM_THREADS`` sizes the OpenMP pool of
-#: the launcher, which computes nothing; its ranks are new processes and read the node's value.
-#: ``CUDA_VISIBLE_DEVICES`` is read when CUDA is first initialised, which the launcher does only after it has the
-#: node's environment (``--nproc-per-node gpu``).
-SET_FOR_THE_NODE = frozenset({"OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT"})
-SET_FOR_THE_NODE_PREFIXES = ("PET_", "TORCHELASTIC_", "TRAINJOB_")
-#: What Python (its start, the user site, locale and encodings), the dynamic loader, the C library, OpenMP, BLAS
-#: and torch read while ``torch.distributed.run`` is imported: a node whose value differs from the launcher's
-#: starts cold.
-READ_AT_START = frozenset({"HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "GLIBC_TUNABLES", "PATH"})
-READ_AT_START_PREFIXES = (
-    "PYTHON", "LD_", "LC_", "TORCH", "PYTORCH_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "NPY_", "NUMPY_",
-    "MALLOC_", "CUDA_", "TRAINJOB_SITE_",
+#: What ``torch.distributed.run`` imports (all but itself: it runs as ``__main__``, as under ``python -m``).
+TORCHRUN_IMPORTS = (
+    "torch", "torch.distributed.argparse_util", "torch.distributed.elastic.multiprocessing",
+    "torch.distributed.elastic.multiprocessing.errors", "torch.distributed.elastic.rendezvous.utils",
+    "torch.distributed.elastic.utils.logging", "torch.distributed.launcher.api", "torch.numa.binding",
+    "torch.utils.backend_registration",
 )
+#: The variables that may differ between the launcher's start and the node: what a node sets for torchrun and
+#: its ranks, read once torchrun runs, never while it is imported. ``OMP_NUM_THREADS`` sizes the OpenMP pool of
+#: the launcher, which computes nothing (its ranks are new processes and read the node's value);
+#: ``CUDA_VISIBLE_DEVICES`` is read when CUDA is first initialised, which the launcher does only after it has the
+#: node's environment (``--nproc-per-node gpu``); ``NCCL_*`` only by a process group, which the launcher has none
+#: of. Any other difference (``LOGLEVEL``, which torch's loggers read as they are made; a job's own variables,
+#: which a user's ``sitecustomize`` may read) starts the node cold.
+MAY_DIFFER = frozenset({"OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT"})
+MAY_DIFFER_PREFIXES = ("PET_", "TORCHELASTIC_", "TRAINJOB_", "NCCL_")
 _PR_SET_PDEATHSIG = 1
 _CANNOT_START = 127
 
 
-def differences_read_at_start(launcher: dict[str, str], node: dict[str, str]) -> list[str]:
-    """Names whose values differ between ``launcher`` and ``node`` and that are read while torch is imported.
+def differences(launcher: dict[str, str], node: dict[str, str]) -> list[str]:
+    """Names whose values differ between ``launcher`` and ``node`` that are not :data:`MAY_DIFFER`.
 
-    >>> differences_read_at_start({"HOME": "/h"}, {"HOME": "/h", "PET_NNODES": "2", "OMP_NUM_THREADS": "1"})
+    >>> differences({"HOME": "/h"}, {"HOME": "/h", "PET_NNODES": "2", "OMP_NUM_THREADS": "1", "NCCL_DEBUG": "INFO"})
     []
-    >>> differences_read_at_start({"HOME": "/h"}, {"HOME": "/g", "LD_PRELOAD": "x.so", "NCCL_DEBUG": "INFO"})
-    ['HOME', 'LD_PRELOAD']
+    >>> differences({"HOME": "/h"}, {"HOME": "/g", "LD_PRELOAD": "x.so", "EPOCHS": "3"})
+    ['EPOCHS', 'HOME', 'LD_PRELOAD']
     """
     names = sorted(name for name in set(launcher) | set(node) if launcher.get(name) != node.get(name))
     return [
         name for name in names
-        if name.startswith("TRAINJOB_SITE_")
-        or not (name in SET_FOR_THE_NODE or name.startswith(SET_FOR_THE_NODE_PREFIXES))
-        and (name in READ_AT_START or name.startswith(READ_AT_START_PREFIXES))
+        if name.startswith("TRAINJOB_SITE_") or not (name in MAY_DIFFER or name.startswith(MAY_DIFFER_PREFIXES))
     ]
+
+
+def relative_python_path(env: dict[str, str]) -> bool:
+    """Whether ``PYTHONPATH`` names a folder relative to the current one (then it depends on where the process
+    started)."""
+    entries = env.get("PYTHONPATH")
+    return entries is not None and any(not os.path.isabs(entry) for entry in entries.split(os.pathsep))
 
 
 def shadowed_modules(directory: str) -> list[str]:
@@ -79,14 +86,17 @@ def shadowed_modules(directory: str) -> list[str]:
 
 
 class Launcher:
-    def __init__(self) -> None:
+    def __init__(self, keeper: int) -> None:
+        self.keeper = keeper
         self.imported = threading.Event()
         self.import_error: BaseException | None = None
         self.started_env = dict(os.environ)
+        self.started_in = os.getcwd()
 
     def import_torchrun(self) -> None:
         try:
-            __import__(TORCHRUN_MODULE)
+            for module in TORCHRUN_IMPORTS:
+                __import__(module)
         except BaseException as exc:  # the node, started cold, reports it as it would
             self.import_error = exc
         finally:
@@ -94,9 +104,8 @@ class Launcher:
 
     def run(self) -> int:
         libc = ctypes.CDLL(None, use_errno=True)
-        parent = os.getppid()
         libc.prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:  # the keeper died before the line above
+        if os.getppid() != self.keeper:  # the keeper died before the line above
             return 0
         threading.Thread(target=self.import_torchrun, name="import-torchrun", daemon=True).start()
         line = sys.stdin.buffer.readline()
@@ -104,6 +113,9 @@ class Launcher:
             os._exit(0)  # no node: whatever is still importing ends with the process
         node = json.loads(line)
         libc.prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(0), 0, 0, 0)  # a node outlives a broken keeper, as any node
+        # As the keeper's own children have them: it ignores both before it starts a node.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
@@ -113,47 +125,62 @@ class Launcher:
             if node.get("cpus"):
                 os.sched_setaffinity(0, node["cpus"])
         except OSError as exc:
-            return self.cannot_start(node, exc, exc.filename)
+            return self.cannot_start(node, exc, exc.filename if exc.filename is not None else node["cwd"])
         if self.warm(argv, env):
             return self.run_torchrun(argv, env)
         return self.exec(node, argv, env)
 
     def warm(self, argv: list[str], env: dict[str, str]) -> bool:
-        if argv[:3] != [sys.executable, "-m", TORCHRUN_MODULE] or differences_read_at_start(self.started_env, env):
+        """Whether the node can run in this process as it would have run in a new one."""
+        if argv[:3] != [sys.executable, "-m", TORCHRUN_MODULE] or differences(self.started_env, env):
+            return False
+        if relative_python_path(env) and os.getcwd() != self.started_in:
             return False
         self.imported.wait()
         site = sys.modules.get("sitecustomize")
-        return (self.import_error is None and callable(getattr(site, "node_started", None))
+        return (self.import_error is None and TORCHRUN_MODULE not in sys.modules
+                and callable(getattr(site, "node_started", None))
+                and not getattr(site, "SHADOWED", None) and "usercustomize" not in sys.modules
                 and not shadowed_modules(os.getcwd()))
 
     def run_torchrun(self, argv: list[str], env: dict[str, str]) -> int:
+        import runpy
+
         os.environ.clear()
         os.environ.update(env)
         sys.path[0] = os.getcwd()  # where ``python -m`` puts it
-        torchrun = sys.modules[TORCHRUN_MODULE]
-        sys.argv = [torchrun.__file__, *argv[3:]]  # as under ``python -m``
+        sys.argv = [sys.argv[0], *argv[3:]]  # argv[0] becomes the module's file
         sys.modules["sitecustomize"].node_started()
-        torchrun.main()  # what its ``__main__`` block does (and the ``torchrun`` script, which exits with it)
+        # What ``python -m torch.distributed.run`` calls: the module runs as ``__main__``, in this script's place.
+        runpy._run_module_as_main(TORCHRUN_MODULE)  # type: ignore[attr-defined]
         return 0
 
     def exec(self, node: dict, argv: list[str], env: dict[str, str]) -> int:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os.closerange(3, _max_fd())  # what subprocess closes in a new process (close_fds)
         for signum in (signal.SIGPIPE, signal.SIGXFSZ):  # as subprocess restores them for a new process
             signal.signal(signum, signal.SIG_DFL)
         try:
             os.execvpe(argv[0], argv, env)
         except OSError as exc:
-            for signum in (signal.SIGPIPE, signal.SIGXFSZ):
-                signal.signal(signum, signal.SIG_IGN)
             return self.cannot_start(node, exc, argv[0])
         return _CANNOT_START  # not reached
 
     @staticmethod
     def cannot_start(node: dict, exc: OSError, what: object) -> int:
         """Say why the node's command could not start, as its keeper would have (into the node's output)."""
-        os.write(2, f"[trainjob] cannot start node-{node.get('node', 0)}: [Errno {exc.errno}] {exc.strerror}: "
-                    f"{what!r}\n".encode())
+        reason = f"[Errno {exc.errno}] {exc.strerror}: {what!r}" if exc.errno is not None else str(exc)
+        os.write(2, f"[trainjob] cannot start node-{node.get('node', 0)}: {reason}\n".encode())
         return _CANNOT_START
 
 
+def _max_fd() -> int:
+    try:
+        return os.sysconf("SC_OPEN_MAX")
+    except (ValueError, OSError):
+        return 1 << 16
+
+
 if __name__ == "__main__":
-    sys.exit(Launcher().run())
+    sys.exit(Launcher(int(sys.argv[1])).run())

@@ -34,6 +34,9 @@ import sys
 _WORKER_MARK = "TRAINJOB_SITE_WORKER_PID"
 _NODE_MARK = "TRAINJOB_SITE_NODE_PID"
 _STACK_DUMP_FILE = None
+#: The ``sitecustomize`` this one loaded after itself, if any (a launcher that started before its node was known
+#: runs no node whose start such a module might have seen differently: :mod:`trainjob.backends.local.node_keeper.warm`).
+SHADOWED = None
 
 
 def _write_error_file(path, exc_type, exc, tb):
@@ -220,6 +223,8 @@ def _load_shadowed_sitecustomize():
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
     if spec is None or spec.loader is None:
         return
+    global SHADOWED
+    SHADOWED = spec.origin
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
