@@ -250,6 +250,10 @@ def serve(backend: Any, host: str = "127.0.0.1", port: int = 8470, open_browser:
                 task.cancel()
 
     asyncio.run(main())
+    if server.should_exit:
+        # Stopped by a signal: uvicorn raises it again once shut down, which ends asyncio.run with
+        # KeyboardInterrupt (the command's "interrupted"); where that re-raise was swallowed, say so here.
+        raise KeyboardInterrupt
 
 
 def dashboard_backend(backend: Any) -> str:
