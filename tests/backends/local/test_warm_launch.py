@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from trainjob.backends.local import process_specs
+from trainjob.backends.local.node_env import launcher_env
 from trainjob.backends.local.node_keeper.warm import differences, relative_python_path, shadowed_modules
 from trainjob.backends.local.supervisor import ahead, nodes
 
@@ -40,7 +41,7 @@ def supervised(tmp_path: Path):
 
 
 def node_spec(job_dir: Path, argv: list[str], **env: str) -> dict:
-    node_env = process_specs.launcher_env(os.environ, sys.executable)
+    node_env = launcher_env(os.environ, sys.executable)
     node_env.update({"TRAINJOB_JOB_DIR": str(job_dir), "PET_NNODES": "1", "PET_NPROC_PER_NODE": "1",
                      "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(process_specs.free_port()),
                      "PET_NODE_RANK": "0", **env})

@@ -82,7 +82,6 @@ from trainjob.backends.local.mpi.hosts import (
 from trainjob.backends.local.node_env import (  # noqa: F401  (part of this module's interface)
     PASSED_ENV,
     PASSED_ENV_PREFIXES,
-    launcher_env,
     passed_env,
     with_python,
 )

@@ -53,9 +53,9 @@ class Launcher:
     def give(self, spec: dict[str, Any], cpus: list[int]) -> tuple[subprocess.Popen[bytes], int] | None:
         """Hand the launcher its node: the node's process and the read end of its output, or ``None`` when the
         launcher is gone (the node is then started as it would have been without one)."""
-        order = {"node": spec["node"], "argv": spec["argv"], "cwd": spec["cwd"], "env": spec["env"], "cpus": cpus}
         if self.process.poll() is not None:  # it failed to start, or was killed
             return None
+        order = {"node": spec["node"], "argv": spec["argv"], "cwd": spec["cwd"], "env": spec["env"], "cpus": cpus}
         try:
             self.process.stdin.write(json.dumps(order).encode() + b"\n")  # type: ignore[union-attr]
             self.process.stdin.close()  # type: ignore[union-attr]

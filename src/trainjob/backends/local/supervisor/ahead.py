@@ -18,25 +18,23 @@ import sys
 from trainjob.backends.local.node_env import launcher_env
 from trainjob.backends.local.node_keeper.launcher import AHEAD_FLAG
 
+#: How a supervisor starts a node's keeper (one started ahead gets :data:`AHEAD_FLAG` too).
+KEEPER_ARGV = [sys.executable, "-m", "trainjob.backends.local.node_keeper"]
 #: Keepers started ahead of their job, waiting for a node.
 _ahead: list[subprocess.Popen[bytes]] = []
 _released: list[subprocess.Popen[bytes]] = []
-_started = False
 
 
 def start_keepers_ahead(count: int) -> None:
     """Start ``count`` keepers that wait for a node (:meth:`NodeHandle.start` takes them in turn). They stay in
     this process's group until given a node (then each starts a session of its own, as keepers do), so a standby
-    stopped with its group takes them with it. Once until :func:`release_keepers_ahead`: the supervisor's entry
-    point starts them, and its ``main`` asks again."""
-    global _started
-    if count < 1 or _started:
+    stopped with its group takes them with it."""
+    if count < 1:
         return
-    _started = True
     launcher = (json.dumps({"env": launcher_env(os.environ, sys.executable)}) + "\n").encode()
     for _ in range(count):
         try:
-            keeper = subprocess.Popen([sys.executable, "-m", "trainjob.backends.local.node_keeper", AHEAD_FLAG], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            keeper = subprocess.Popen([*KEEPER_ARGV, AHEAD_FLAG], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL)
         except OSError:  # the nodes get keepers started for them instead
             return
@@ -49,8 +47,6 @@ def start_keepers_ahead(count: int) -> None:
 def release_keepers_ahead(wait: bool = True) -> None:
     """Let the keepers started ahead that no node took go: their stdin ends, and they exit (``wait``: reaped
     before this returns; else by the next call that waits)."""
-    global _started
-    _started = False
     while _ahead:
         keeper = _ahead.pop()
         with contextlib.suppress(OSError):

@@ -20,7 +20,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,10 +29,8 @@ import psutil
 from trainjob.backends.local import processes
 from trainjob.backends.local.node_keeper.keeper import exit_record_path
 from trainjob.backends.local.node_keeper.launcher import WARM_SCRIPT
-from trainjob.backends.local.supervisor.ahead import keeper_ahead
+from trainjob.backends.local.supervisor.ahead import KEEPER_ARGV, keeper_ahead
 from trainjob.backends.local.supervisor.failures import NodeExit
-
-_KEEPER_ARGV = [sys.executable, "-m", "trainjob.backends.local.node_keeper"]
 
 
 def _node_processes(keeper: psutil.Process) -> list[psutil.Process]:
@@ -66,7 +63,7 @@ class NodeHandle:
             spec = {**spec, "own_output": True}
         else:
             with (job_dir / "supervisor.log").open("ab") as log:
-                popen = subprocess.Popen(_KEEPER_ARGV, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                popen = subprocess.Popen(KEEPER_ARGV, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         with contextlib.suppress(BrokenPipeError):  # a keeper that died at once is seen by poll()
             popen.stdin.write(json.dumps(spec).encode())
@@ -120,7 +117,7 @@ class NodeHandle:
 
     def wait_started(self, timeout: float) -> None:
         """Wait until the keeper has started its node process (or ended); a launcher it started ahead and is
-        letting go (:class:`~trainjob.backends.local.node_keeper.keeper.Launcher`) is not that process."""
+        letting go (:class:`~trainjob.backends.local.node_keeper.launcher.Launcher`) is not that process."""
         deadline = time.monotonic() + timeout
         with contextlib.suppress(psutil.Error):
             keeper = psutil.Process(self.pid)

@@ -48,7 +48,7 @@ from trainjob.backends.local.node_keeper.mounts import node_mounts
 from trainjob.backends.local.process_specs import ProcessSpec
 from trainjob.backends.local.store import ACTIVE_STATUSES, Store
 from trainjob.backends.local.supervisor import rendezvous, standby
-from trainjob.backends.local.supervisor.ahead import release_keepers_ahead, start_keepers_ahead
+from trainjob.backends.local.supervisor.ahead import release_keepers_ahead
 from trainjob.backends.local.supervisor.environment import (
     InstallStopped,
     PackageInstallError,
@@ -610,10 +610,8 @@ class Supervisor:
 
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
-    keepers = standby.keepers_ahead(args)
-    in_standby = keepers is not None
-    if keepers is not None:  # started ahead of its job: wait to be handed one, its keepers started ahead too
-        start_keepers_ahead(keepers)
+    in_standby = standby.keepers_ahead(args) is not None
+    if in_standby:  # started ahead of its job (its keepers too, by the entry point): wait to be handed one
         handed = standby.wait_for_job()
         if handed is None:
             release_keepers_ahead()
