@@ -14,7 +14,7 @@ it reports pod phase, readiness, container exit codes and termination messages b
   such as ``batch.kubernetes.io/job-completion-index``, config maps, secrets), in a private mount namespace where
   emptyDir / hostPath / configMap / secret / projected / PVC volumes are bind-mounted at their ``mountPath``, a
   mount point under ``/run`` (the service account token's) is made in the container's own layer over ``/run``, and
-  ``/dev/termination-log`` is the container's own file; the image is not run (an Event says so); downward-API files
+  ``/dev/termination-log`` is the container's own file, and so is its temporary folder (``TMPDIR``); the image is not run (an Event says so); downward-API files
   of labels and annotations are written again when those change;
 - ``restartPolicy`` Never / OnFailure / Always, init containers, deletion with the grace period (SIGTERM, then
   SIGKILL; a finished or deleted pod loses every process left in its network namespace, as a container's cgroup
@@ -614,11 +614,13 @@ class NodeAgent:
     def _launch(self, run: PodRun, container: dict[str, Any], sources: dict[str, tuple[str, Path]]) -> ContainerRun:
         pod = run.pod
         state = run.containers.setdefault(container["name"], ContainerRun(container["name"]))
-        env = {"HOSTNAME": podspec.pod_hostname(pod), "PATH": self.path_env, "HOME": "/root"}
+        cdir = run.directory / container["name"]
+        (cdir / "tmp").mkdir(parents=True, exist_ok=True)
+        # a container's /tmp is its own: temporary files (torchrun's torchelastic_* folders, say) go with the pod
+        env = {"HOSTNAME": podspec.pod_hostname(pod), "PATH": self.path_env, "HOME": "/root",
+               "TMPDIR": str(cdir / "tmp")}
         env.update(podspec.container_env(pod, container, self.lookup))
         argv = podspec.container_argv(container, env)
-        cdir = run.directory / container["name"]
-        cdir.mkdir(parents=True, exist_ok=True)
         state.log_path = cdir / f"{state.restarts}.log"
         state.message_path = cdir / f"{state.restarts}.termination-log"
         state.message_path.write_text("")
