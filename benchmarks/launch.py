@@ -8,7 +8,11 @@ ratio of the fastest runs. Where the time goes, as medians:
 - ``*_to_first_init_s``: from the command to the first rank reaching ``init_process_group`` (each rank writes
   the time it got there into a directory named on its command line), for both;
 - ``command_to_nodes_started_s`` and ``nodes_exited_to_command_exit_s``: trainjob's own time before its node
-  processes start and after the last one exits, from the store.
+  processes start and after the last one exits, from the store;
+- ``trainjob_cpu_s``, ``torchrun_cpu_s`` and ``cpu_ratio``: the CPU time (user and system) of every process of a
+  run, the command's supervisor, keepers and launchers included (this script adopts the processes that outlive
+  their parents and reaps them before the next run starts). On a machine with few cores a run is CPU-bound, so
+  the CPU a run adds is what its wall time pays there; and it varies far less from run to run than wall time.
 
 ``--json PATH`` also writes the figures to a file that ``benchmarks/compare.py`` reads. On a shared machine two
 runs of this script minutes apart can differ by more than a change does, so ``--baseline-src DIR`` (the ``src``
@@ -25,7 +29,9 @@ listing a large store is ``benchmarks/listing.py``::
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -54,6 +60,32 @@ LAUNCHER = textwrap.dedent("""
     from trainjob.cli import main as cli
     sys.exit(getattr(cli, "console", cli.main)())
 """)
+
+
+#: ``prctl`` option: orphaned descendants are re-parented to this process, so their CPU time is counted here.
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans() -> None:
+    """Become the parent of this script's orphaned descendants (Linux), so :func:`children_cpu` counts them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def children_cpu(timeout: float = 30.0) -> float:
+    """CPU seconds of every descendant so far, once all have ended (a job's supervisor exits just after its
+    command: it is waited for, up to ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            time.sleep(0.01)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def first_init(stamps: Path) -> float:
@@ -94,14 +126,20 @@ def launch_overhead(runs: int, workdir: Path, baseline_src: Path | None = None) 
     launcher = workdir / "trainjob-command.py"
     launcher.write_text(LAUNCHER)
     trainjob = [sys.executable, str(launcher)]
-    plain, plain_init = [], []
-    ours: dict[str, dict[str, list[float]]] = {tree: {"run": [], "init": [], "before": [], "after": []} for tree in trees}
+    plain, plain_init, plain_cpu = [], [], []
+    ours: dict[str, dict[str, list[float]]] = {
+        tree: {"run": [], "init": [], "before": [], "after": [], "cpu": []} for tree in trees
+    }
+    adopt_orphans()
+    cpu = children_cpu()
     for run in range(runs):
         stamps = workdir / f"torchrun-stamps-{run}"
         stamps.mkdir()
         wall, init = time_plain_torchrun(script, env, workdir, stamps)
         plain.append(wall)
         plain_init.append(init)
+        cpu, used = children_cpu(), cpu
+        plain_cpu.append(cpu - used)
         for tree, tree_env in trees.items():
             name = f"{tree}-{run}"
             stamps = workdir / f"{name}-stamps"
@@ -114,6 +152,8 @@ def launch_overhead(runs: int, workdir: Path, baseline_src: Path | None = None) 
             nodes_started, nodes_exited = node_times(workdir / "home", name)
             figures["before"].append(nodes_started - started)
             figures["after"].append(started + figures["run"][-1] - nodes_exited)
+            cpu, used = children_cpu(), cpu
+            figures["cpu"].append(cpu - used)
     return {
         tree: {
             "runs": runs,
@@ -127,6 +167,9 @@ def launch_overhead(runs: int, workdir: Path, baseline_src: Path | None = None) 
             # Where trainjob's extra time goes: command start to node processes started, last node exit to exit.
             "command_to_nodes_started_s": statistics.median(figures["before"]),
             "nodes_exited_to_command_exit_s": statistics.median(figures["after"]),
+            "trainjob_cpu_s": statistics.median(figures["cpu"]),
+            "torchrun_cpu_s": statistics.median(plain_cpu),
+            "cpu_ratio": statistics.median(figures["cpu"]) / statistics.median(plain_cpu),
         }
         for tree, figures in ours.items()
     }
