@@ -61,3 +61,23 @@ def test_files_without_figures_in_common_are_an_error(compare, tmp_path, capsys)
 
 def test_a_zero_figure_has_no_ratio(compare):
     assert compare.compare({"x": 0.0}, {"x": 1.0}) == [("x", 0.0, 1.0, None)]
+
+
+def test_launch_benchmark_counts_the_cpu_of_processes_that_outlive_their_parents(subprocesses, tmp_path):
+    """``benchmarks/launch.py`` adopts the processes a run leaves (a job's supervisor outlives its command) and
+    counts their CPU time: here a child that starts a grandchild burning ~0.3 s of CPU and exits at once."""
+    import sys
+
+    burn = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+    parent = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {burn!r}], start_new_session=True)\n"
+    probe = (
+        "import subprocess, sys\n"
+        f"sys.path.insert(0, {str(COMPARE.parent)!r})\n"
+        "import launch\n"
+        "launch.adopt_orphans()\n"
+        f"subprocess.run([sys.executable, '-c', {parent!r}], check=True)\n"
+        "print(launch.children_cpu())\n"
+    )
+    counted = float(subprocesses.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                                     cwd=tmp_path, timeout=60).stdout)
+    assert counted >= 0.3, counted  # the orphaned grandchild's CPU time, not only its parent's
