@@ -26,7 +26,7 @@ needs_mpirun = pytest.mark.skipif(
 )
 
 ALL_REDUCE = """
-    import json, os
+    import json, os, tempfile
     import torch
     import torch.distributed as dist
 
@@ -37,7 +37,8 @@ ALL_REDUCE = """
     dist.all_reduce(total)
     print(f"rank {rank} of {world}: sum {total.item():g}", flush=True)
     seen = {"world": world, "sum": total.item(), "node": os.environ["TRAINJOB_MPI_NODE"],
-            "local_rank": os.environ["OMPI_COMM_WORLD_LOCAL_RANK"], "greeting": os.environ.get("GREETING")}
+            "local_rank": os.environ["OMPI_COMM_WORLD_LOCAL_RANK"], "greeting": os.environ.get("GREETING"),
+            "tmp": tempfile.gettempdir()}
     with open(os.path.join(os.environ["TRAINJOB_JOB_DIR"], f"rank-{rank}.json"), "w") as f:
         json.dump(seen, f)
     dist.destroy_process_group()
@@ -58,6 +59,8 @@ def test_an_mpi_job_runs_its_ranks_on_their_nodes_and_completes(backend, script)
     assert [s["sum"] for s in seen] == [10.0, 10.0, 10.0, 10.0]  # 1 + 2 + 3 + 4
     assert [(s["node"], s["local_rank"]) for s in seen] == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
     assert {s["greeting"] for s in seen} == {"hi"}
+    # a /tmp per host, as each pod has one: OpenMPI's daemons of one job race for a shared one's session folder
+    assert [s["tmp"] for s in seen] == [str(job_dir / "mpi" / f"tmp-node-{node}") for node in (0, 0, 1, 1)]
     assert (job_dir / "mpi" / "hostfile").read_text() == "allreduce-node-0-0.allreduce slots=2\n" \
                                                          "allreduce-node-0-1.allreduce slots=2\n"
     for node, ranks in ((0, (0, 1)), (1, (2, 3))):  # each rank's output is in its own node's log
@@ -109,6 +112,17 @@ def test_the_failure_report_names_the_first_rank_mpirun_saw_fail(tmp_path):
     assert f"  error_file: {error_file}\n" in report
     assert json.loads(error_file.read_text()) == {"message": {"message": "KeyError: 'x'"}}
     assert failure_report("mpirun: no such file\n", ["h"], 1, 1, {}, tmp_path) is None
+
+
+def test_when_mpirun_names_no_rank_the_first_rank_that_printed_an_exception_is_named(tmp_path):
+    (tmp_path / "logs").mkdir()
+    text = ("Primary job  terminated normally, but 1 process returned\na non-zero exit code. Per user-direction, "
+            "the job has been aborted.\n")  # and nothing more, now and then
+    report = failure_report(text, ["j-node-0-0.j", "j-node-0-1.j"], 2, 1,
+                            {3: "ValueError: boom on rank 3", 0: "RuntimeError: peer closed"}, tmp_path)
+    assert "  host      : j-node-0-1.j\n  rank      : 3 (local_rank: 1)\n  exitcode  : 1\n" in report
+    assert json.loads((tmp_path / "logs" / "mpi-rank-3.error.json").read_text()) == {
+        "message": {"message": "ValueError: boom on rank 3"}}
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ it reports pod phase, readiness, container exit codes and termination messages b
   such as ``batch.kubernetes.io/job-completion-index``, config maps, secrets), in a private mount namespace where
   emptyDir / hostPath / configMap / secret / projected / PVC volumes are bind-mounted at their ``mountPath``, a
   mount point under ``/run`` (the service account token's) is made in the container's own layer over ``/run``, and
-  ``/dev/termination-log`` is the container's own file, and so is its temporary folder (``TMPDIR``); the image is not run (an Event says so); downward-API files
+  ``/dev/termination-log`` is the container's own file, and so is its temporary folder (``TMPDIR``, a tmpfs); the image is not run (an Event says so); downward-API files
   of labels and annotations are written again when those change;
 - ``restartPolicy`` Never / OnFailure / Always, init containers, deletion with the grace period (SIGTERM, then
   SIGKILL; a finished or deleted pod loses every process left in its network namespace, as a container's cgroup
@@ -56,6 +56,8 @@ CAPACITY_ANNOTATION = "trainjob.dev/capacity"
 log = logging.getLogger("node-agent")
 
 POLL_SECONDS = 0.25
+#: Each container's TMPDIR: a tmpfs mounted there in the container's own mount namespace (the host's is untouched).
+CONTAINER_TMP = "/var/tmp"
 #: Every agent's pod subnet lies in this range (:func:`free_subnet`); pods reach it through their node's bridge.
 POD_RANGE = ipaddress.ip_network("10.192.0.0/11")
 LEASE_SECONDS = 40
@@ -615,16 +617,19 @@ class NodeAgent:
         pod = run.pod
         state = run.containers.setdefault(container["name"], ContainerRun(container["name"]))
         cdir = run.directory / container["name"]
-        (cdir / "tmp").mkdir(parents=True, exist_ok=True)
-        # a container's /tmp is its own: temporary files (torchrun's torchelastic_* folders, say) go with the pod
-        env = {"HOSTNAME": podspec.pod_hostname(pod), "PATH": self.path_env, "HOME": "/root",
-               "TMPDIR": str(cdir / "tmp")}
+        cdir.mkdir(parents=True, exist_ok=True)
+        # A container's temporary files are its own (its image's /tmp): TMPDIR is a tmpfs of the container's mount
+        # namespace, gone with its last process, so torchrun's torchelastic_* folders do not pile up on the host.
+        # /tmp itself stays the host's (the tests' scripts and host paths live there); the path is short, as
+        # sockets under it must be (Ray's, 107 bytes at most).
+        env = {"HOSTNAME": podspec.pod_hostname(pod), "PATH": self.path_env, "HOME": "/root", "TMPDIR": CONTAINER_TMP}
         env.update(podspec.container_env(pod, container, self.lookup))
         argv = podspec.container_argv(container, env)
         state.log_path = cdir / f"{state.restarts}.log"
         state.message_path = cdir / f"{state.restarts}.termination-log"
         state.message_path.write_text("")
-        script = [f"hostname {shlex.quote(podspec.pod_hostname(pod))}"]
+        script = [f"hostname {shlex.quote(podspec.pod_hostname(pod))}",
+                  f"mount -t tmpfs -o mode=1777 container-tmp {CONTAINER_TMP}"]
         mounts = container.get("volumeMounts") or []
         if any(_under_run(Path(m["mountPath"])) for m in mounts):
             # /run is per boot and per container: the container gets its own layer over the host's /run, so the
@@ -774,8 +779,9 @@ class NodeAgent:
         return text[-FALLBACK_LOG_BYTES:]
 
     def _finish(self, run: PodRun) -> None:
-        self._write_status(run)
+        # cleaned up first: whoever sees the pod's terminal phase finds its mount points and network gone already
         self._cleanup(run)
+        self._write_status(run)
 
     def _stop_pod(self, run: PodRun, grace: int, delete: bool) -> None:
         """Deletion: SIGTERM every container, SIGKILL after ``grace`` seconds, clean up, remove the pod object."""

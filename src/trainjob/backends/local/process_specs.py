@@ -77,6 +77,7 @@ from trainjob.backends.local.mpi.hosts import (
     MPIRUN_NAMES,
     NODE_ENV,
     SLOTS_ENV,
+    host_tmpdir,
     hostfile_path,
 )
 from trainjob.backends.local.node_env import (  # noqa: F401  (part of this module's interface)
@@ -300,6 +301,7 @@ def build_mpi_process_spec(
         # address ("VM hole"); OpenMPI 4.1's orted started beside others here at times crashed writing it
         # (SIGSEGV in hwloc_shmem_topology_write), failing the job before any rank ran.
         env.setdefault(VMHOLE_ENV, "none")
+        env.setdefault("TMPDIR", str(host_tmpdir(job_dir, index)))  # a /tmp per host, as each pod has
         env.update({
             HOSTS_ENV: json.dumps(policy.hosts),
             NODE_ENV: str(index),

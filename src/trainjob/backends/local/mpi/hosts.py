@@ -59,6 +59,25 @@ def hostfile_path(job_dir: Path) -> Path:
     return job_dir / "mpi" / "hostfile"
 
 
+def host_tmpdir(job_dir: Path, node: int | None) -> Path:
+    """The temporary folder (``TMPDIR``) of host ``node``, or of the launcher's ``mpirun`` (``None``).
+
+    Each pod of an MPI job has a ``/tmp`` of its own. Here every host is this machine, and OpenMPI's daemons keep
+    their session folders in ``$TMPDIR/ompi.<hostname>.<uid>/jf.<job family>``: daemons of one job started at once
+    on one machine with one ``TMPDIR`` race to create it, and the loser fails to start ("ORTE was unable to
+    reliably start one or more daemons", exit code 213, after "A call to mkdir ... File exists"). So each host,
+    and ``mpirun`` beside host 0, gets a folder of its own in the job's folder, gone with the job."""
+    return job_dir / "mpi" / ("tmp-launcher" if node is None else f"tmp-node-{node}")
+
+
+def _make_own_tmpdir(job_dir: str, node: int | None) -> None:
+    """Create this host's temporary folder when ``TMPDIR`` is the one :func:`host_tmpdir` gave it (a job may
+    name its own)."""
+    own = host_tmpdir(Path(job_dir), node)
+    if os.environ.get("TMPDIR") == str(host_tmpdir(Path(job_dir), 0 if node is None else node)):
+        own.mkdir(parents=True, exist_ok=True)
+
+
 def socket_address(job_dir: str | Path, node: int) -> str:
     """The abstract socket node ``node`` of the job in ``job_dir`` listens on (no file to clean up)."""
     digest = hashlib.sha256(str(job_dir).encode()).hexdigest()[:24]
@@ -170,6 +189,7 @@ def _stop_when_closed(conn: socket.socket, process: subprocess.Popen[bytes]) -> 
 def run_node() -> int:
     """A node that is not the launcher: serve ``mpirun`` until the launcher is done."""
     job_dir, node = os.environ["TRAINJOB_JOB_DIR"], int(os.environ[NODE_ENV])
+    _make_own_tmpdir(job_dir, node)
     server = HostServer(job_dir, node, sys.stdout)
     server.note(f"host {json.loads(os.environ[HOSTS_ENV])[node]} is ready for mpirun")
     server.serve()
@@ -180,6 +200,8 @@ def run_node() -> int:
 def run_launcher(command: list[str]) -> int:
     """Node 0: serve host 0, wait for every host, run ``command`` (``mpirun ...``) and report how it ended."""
     job_dir, hosts = os.environ["TRAINJOB_JOB_DIR"], json.loads(os.environ[HOSTS_ENV])
+    _make_own_tmpdir(job_dir, 0)
+    _make_own_tmpdir(job_dir, None)
     server = HostServer(job_dir, 0, sys.stdout)
     threading.Thread(target=server.serve, daemon=True).start()
     try:
@@ -200,8 +222,12 @@ def run_launcher(command: list[str]) -> int:
 
 
 def mpirun_env(environ: dict[str, str]) -> dict[str, str]:
-    """The launcher's environment for ``mpirun``: the rsh agent, tagged output, no binding, root allowed."""
+    """The launcher's environment for ``mpirun``: the rsh agent, tagged output, no binding, root allowed, and a
+    temporary folder apart from host 0's (:func:`host_tmpdir`) unless the job named its own."""
     env = dict(environ)
+    job_dir = environ.get("TRAINJOB_JOB_DIR")
+    if job_dir and environ.get("TMPDIR") == str(host_tmpdir(Path(job_dir), 0)):
+        env["TMPDIR"] = str(host_tmpdir(Path(job_dir), None))
     env.update(
         OMPI_MCA_plm_rsh_agent=f"{sys.executable} -m {RSH_MODULE}",
         OMPI_MCA_orte_tag_output="1",

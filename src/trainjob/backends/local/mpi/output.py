@@ -125,15 +125,22 @@ def failure_report(
     mpirun_text: str, hosts: list[str], slots: int, code: int, exceptions: dict[int, str], job_dir: Path
 ) -> str | None:
     """A failure report in torchrun's format for the first rank ``mpirun`` says failed, or ``None``; the rank's
-    last exception goes to an error file in torchelastic's format (``logs/mpi-rank-<N>.error.json``)."""
+    last exception goes to an error file in torchelastic's format (``logs/mpi-rank-<N>.error.json``).
+
+    OpenMPI names that rank after its "Primary job terminated normally, but 1 process returned a non-zero exit
+    code" notice, but not always (now and then it ends the job without the block that names it). Then the first
+    rank that printed an exception (``exceptions``, in the order they were printed) is the one named, with
+    ``mpirun``'s exit code, which is that process's."""
     found = _FIRST_FAILED.search(mpirun_text)
+    signaled = None if found else _SIGNALED.search(mpirun_text)
     if found:
         rank, exit_code, pid = int(found.group(1)), int(found.group(2)), None
-    else:
-        signaled = _SIGNALED.search(mpirun_text)
-        if not signaled:
-            return None
+    elif signaled:
         rank, pid, exit_code = int(signaled.group(1)), int(signaled.group(2)), -int(signaled.group(3))
+    elif exceptions:
+        rank, exit_code, pid = next(iter(exceptions)), code, None
+    else:
+        return None
     host = hosts[min(rank // max(1, slots), len(hosts) - 1)]
     stamp = time.strftime("%Y-%m-%d_%H:%M:%S")
     error_file = "<N/A>"
