@@ -37,6 +37,7 @@ def torchrun(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
             sys.executable, "-m", "torch.distributed.run",
             "--nnodes=1", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
             f"--max-restarts={max_restarts}", "--monitor-interval=0.2",
+            f"--log-dir={tmp_path / 'torchrun-logs'}",  # not a torchelastic_* folder left in the system's /tmp
             str(script), *args,
         ]  # fmt: skip
         full_env = {

@@ -7,7 +7,7 @@ from pathlib import Path
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gpt_3d.py"
 
 
-def test_gpt_example_trains_under_torchrun_with_tensor_and_pipeline_parallelism(subprocesses):
+def test_gpt_example_trains_under_torchrun_with_tensor_and_pipeline_parallelism(subprocesses, tmp_path):
     command = [
         sys.executable,
         "-m",
@@ -15,6 +15,7 @@ def test_gpt_example_trains_under_torchrun_with_tensor_and_pipeline_parallelism(
         "--standalone",
         "--nproc-per-node",
         "4",
+        f"--log-dir={tmp_path}",  # not a torchelastic_* folder left in the system's /tmp
         str(EXAMPLE),
     ]
     command += ["--tp", "2", "--pp", "2", "--schedule", "ZBVZeroBubble", "--steps", "6", "--log-every", "3"]
