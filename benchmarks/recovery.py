@@ -115,7 +115,7 @@ def run_torchrun_in_place(args: argparse.Namespace, base: Path, kill: bool, atte
     with (out / "torchrun.log").open("wb") as log:
         agent = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=3", "--max-restarts=3",
-             "--monitor-interval=0.1", "--standalone", *worker_args(args)],
+             "--monitor-interval=0.1", "--standalone", f"--log-dir={out / 'torchrun-logs'}", *worker_args(args)],
             env=worker_env(out), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         killed = None
         if kill:
@@ -138,7 +138,7 @@ def run_torchrun_nodes(args: argparse.Namespace, base: Path) -> dict:
         return subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes=3", "--nproc-per-node=1", "--max-restarts=3",
              "--monitor-interval=0.1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-             "--rdzv-id=bench", *worker_args(args)],
+             "--rdzv-id=bench", f"--log-dir={out / 'torchrun-logs'}", *worker_args(args)],
             env={**worker_env(out), "PET_NODE_RANK": str(node)}, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)
 

@@ -66,7 +66,9 @@ def run_node_ahead(job_dir: Path, argv: list[str], seen: list[int] | None = None
 
 
 def torchrun(script: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1", str(script)]
+    # its log folder beside the script: not a torchelastic_* folder left in the system's /tmp
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
+            "--log-dir", str(script.parent / "torchrun-logs"), str(script)]
 
 
 def test_a_torchrun_node_runs_in_the_launcher_started_ahead_with_the_nodes_environment(supervised, subprocesses):

@@ -400,7 +400,8 @@ class ControlPlane:
         from kubernetes.dynamic.exceptions import ConflictError, ResourceNotFoundError
 
         with self.client() as api:
-            dynamic = DynamicClient(api)
+            # its discovery cache in this cluster's folder (by default a file in the system's /tmp, left there)
+            dynamic = DynamicClient(api, cache_file=str(self.root / "discovery-cache.json"))
             for obj in objects:
                 try:
                     resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
