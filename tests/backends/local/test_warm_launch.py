@@ -117,16 +117,21 @@ def test_a_command_that_cannot_start_says_why_in_the_nodes_log(supervised, subpr
 def test_a_released_standby_leaves_no_launcher_behind(subprocesses):
     from trainjob.backends.local.supervisor import standby
 
-    standby.start(nodes=2)
-    supervisor = psutil.Process(standby._standby.pid)
-    deadline = time.monotonic() + 60
-    while len(supervisor.children(recursive=True)) < 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    below = supervisor.children(recursive=True)
-    kinds = sorted("keeper" if "--ahead" in p.cmdline() else p.cmdline()[1].rsplit("/", 1)[-1] for p in below)
-    assert kinds == ["keeper", "keeper", "warm.py", "warm.py"]
+    def kinds(processes: list[psutil.Process]) -> list[str]:
+        # a launcher between its fork and its exec still shows its keeper's command line
+        return sorted("keeper" if "--ahead" in p.cmdline() else p.cmdline()[1].rsplit("/", 1)[-1] for p in processes)
 
-    standby.release()
+    standby.start(nodes=2)
+    try:
+        supervisor = psutil.Process(standby._standby.pid)
+        deadline = time.monotonic() + 60
+        below = supervisor.children(recursive=True)
+        while kinds(below) != ["keeper", "keeper", "warm.py", "warm.py"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+            below = supervisor.children(recursive=True)
+        assert kinds(below) == ["keeper", "keeper", "warm.py", "warm.py"]
+    finally:
+        standby.release()  # whatever happened: a standby left running would be blamed on the tests after this one
 
     gone, alive = psutil.wait_procs(below, timeout=30)
     assert alive == [], "a keeper or launcher started ahead outlived its standby"
