@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from jobtest import deepspeed_ops
 from jobtest.local import delete_all_jobs, processes_under, trainjob_resource
 
 from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
@@ -32,16 +33,17 @@ STEPS = 12
 if importlib.util.find_spec("deepspeed") is None and not os.environ.get("TRAINJOB_REQUIRE_DEEPSPEED"):
     pytest.skip("DeepSpeed is not installed (pip install 'trainjob[deepspeed]')", allow_module_level=True)
 
-#: The first job compiles DeepSpeed's CPU ops (CPU Adam, shared-memory comm): about 5 minutes on 2 busy cores.
+#: Without the ops built ahead, the first job compiles them (CPU Adam, shared-memory comm): minutes on 2 busy cores.
 pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
 def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Ops DeepSpeed did not prebuild compile on first use (minutes): once per module, in a temp dir. Once only
-    because the jobs and the reference runs find the same ninja (this environment's, first on both PATHs): two
-    ninja versions record a build differently, and each would rebuild what the other built."""
-    return tmp_path_factory.mktemp("torch_extensions")
+    """Where DeepSpeed finds its CPU ops: built ahead by ``bash scripts/test.sh`` (:mod:`jobtest.deepspeed_ops`),
+    or else compiled on first use (minutes) once per module, in a temp dir. Once only because the jobs and the
+    reference runs find the same ninja (this environment's, first on both PATHs): two ninja versions record a
+    build differently, and each would rebuild what the other built."""
+    return deepspeed_ops.ready_dir() or tmp_path_factory.mktemp("torch_extensions")
 
 
 def _env(extensions: Path) -> dict[str, str]:

@@ -36,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -70,12 +71,17 @@ def host_tmpdir(job_dir: Path, node: int | None) -> Path:
     return job_dir / "mpi" / ("tmp-launcher" if node is None else f"tmp-node-{node}")
 
 
+def _gave_tmpdir(environ: Mapping[str, str], node: int) -> bool:
+    """Whether ``TMPDIR`` in ``environ`` is the one :func:`host_tmpdir` gave host ``node`` (a job may name its
+    own, which is then left as it is)."""
+    job_dir = environ.get("TRAINJOB_JOB_DIR")
+    return bool(job_dir) and environ.get("TMPDIR") == str(host_tmpdir(Path(job_dir), node))
+
+
 def _make_own_tmpdir(job_dir: str, node: int | None) -> None:
-    """Create this host's temporary folder when ``TMPDIR`` is the one :func:`host_tmpdir` gave it (a job may
-    name its own)."""
-    own = host_tmpdir(Path(job_dir), node)
-    if os.environ.get("TMPDIR") == str(host_tmpdir(Path(job_dir), 0 if node is None else node)):
-        own.mkdir(parents=True, exist_ok=True)
+    """Create the temporary folder of host ``node`` (of ``mpirun``: ``None``) unless the job named its own."""
+    if _gave_tmpdir(os.environ, 0 if node is None else node):
+        host_tmpdir(Path(job_dir), node).mkdir(parents=True, exist_ok=True)
 
 
 def socket_address(job_dir: str | Path, node: int) -> str:
@@ -225,9 +231,8 @@ def mpirun_env(environ: dict[str, str]) -> dict[str, str]:
     """The launcher's environment for ``mpirun``: the rsh agent, tagged output, no binding, root allowed, and a
     temporary folder apart from host 0's (:func:`host_tmpdir`) unless the job named its own."""
     env = dict(environ)
-    job_dir = environ.get("TRAINJOB_JOB_DIR")
-    if job_dir and environ.get("TMPDIR") == str(host_tmpdir(Path(job_dir), 0)):
-        env["TMPDIR"] = str(host_tmpdir(Path(job_dir), None))
+    if _gave_tmpdir(environ, 0):
+        env["TMPDIR"] = str(host_tmpdir(Path(environ["TRAINJOB_JOB_DIR"]), None))
     env.update(
         OMPI_MCA_plm_rsh_agent=f"{sys.executable} -m {RSH_MODULE}",
         OMPI_MCA_orte_tag_output="1",

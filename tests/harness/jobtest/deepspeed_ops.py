@@ -1,0 +1,107 @@
+"""DeepSpeed's CPU ops for the DeepSpeed tests, built ahead once per set of versions instead of in every run.
+
+DeepSpeed compiles the ops it did not prebuild (CPU Adam, fused Adam, shared-memory comm) on first use, into
+``TORCH_EXTENSIONS_DIR`` (``~/.cache/torch_extensions`` by default): about 1.5 minutes on 2 cores, every run when
+the folder is a fresh temporary one. ``bash scripts/test.sh`` (not ``--fast``) builds them here first, like the
+test cluster's components, into a cache folder named after everything the build depends on (this is
+``python -m jobtest.deepspeed_ops``); the tests use that folder when it is complete and compile into a temporary
+one otherwise. A build made by another ninja, compiler, DeepSpeed, torch or interpreter (a new ``.venv`` is another
+interpreter: the build's include paths name it) gets a folder of its own, and older folders are removed, so the
+jobs' ninja finds the build up to date and never rebuilds it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+#: The ops the DeepSpeed configs of examples/deepspeed load on the CPU accelerator.
+OPS = ("CPUAdamBuilder", "FusedAdamBuilder", "ShareMemCommBuilder")
+READY = "ready"
+
+
+def _first_line(command: list[str]) -> str:
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "missing"
+    return out.splitlines()[0] if out else ""
+
+
+def build_env() -> dict[str, str]:
+    """The environment DeepSpeed builds in: the CPU accelerator, and this interpreter's ``bin`` (its ninja) first
+    on ``PATH``, as it is for the jobs the tests run."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return {"DS_ACCELERATOR": "cpu", "PATH": path}
+
+
+def cache_dir() -> Path:
+    """The folder for this environment's build: ``~/.cache/trainjob/torch-extensions/KEY``."""
+    env = {**os.environ, **build_env()}
+    ninja = shutil.which("ninja", path=env["PATH"]) or "missing"
+    versions = {
+        "python": sys.version,
+        "prefix": sys.prefix,
+        "torch": importlib.metadata.version("torch"),
+        "deepspeed": importlib.metadata.version("deepspeed"),
+        "ninja": [ninja, _first_line([ninja, "--version"])],
+        "c++": _first_line([os.environ.get("CXX", "c++"), "--version"]),
+    }
+    key = hashlib.sha256(json.dumps(versions, sort_keys=True).encode()).hexdigest()[:16]
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return home / "trainjob" / "torch-extensions" / key
+
+
+def ready_dir() -> Path | None:
+    """This environment's built ops, or ``None`` when they were not built (or their build did not finish)."""
+    try:
+        folder = cache_dir()
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return folder if (folder / READY).exists() else None
+
+
+def build() -> Path:
+    """Build the ops into :func:`cache_dir` (a no-op when they are built) and remove other environments' builds."""
+    folder = cache_dir()
+    if not (folder / READY).exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **build_env(), "TORCH_EXTENSIONS_DIR": str(folder)}
+        script = (
+            "from deepspeed.accelerator import get_accelerator\n"
+            f"for name in {OPS!r}:\n"
+            "    get_accelerator().create_op_builder(name).load(verbose=False)\n"
+        )
+        subprocess.run([sys.executable, "-c", script], env=env, check=True)
+        (folder / READY).write_text(json.dumps({"built": time.time()}))
+    for other in folder.parent.iterdir():
+        if other != folder:
+            shutil.rmtree(other, ignore_errors=True)
+    return folder
+
+
+def main() -> int:
+    start = time.monotonic()
+    try:
+        importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        print("deepspeed_ops: DeepSpeed is not installed; nothing to build")
+        return 0
+    try:
+        folder = build()
+    except subprocess.CalledProcessError as error:  # the tests compile them on first use, and say what failed
+        print(f"deepspeed_ops: building DeepSpeed's CPU ops failed ({error}); the tests will compile them")
+        return 0
+    print(f"DeepSpeed's CPU ops ready in {time.monotonic() - start:.0f} s ({folder})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
