@@ -23,9 +23,15 @@
   job's logs) drops that output instead of dying of it (``print`` raising ``ENOSPC`` would end the training), and
   once the disk has room again says, once, how much went missing.
 
+- **A training process and the node's torchrun** leave what they built out of the interpreter's last garbage
+  collections at exit (:func:`_freeze_at_exit`): walking torch's objects there costs each about a quarter of a
+  CPU-second, paid by every rank and node at the end of every job (plain torchrun pays it too). Exit handlers run
+  and files are flushed as before; garbage in reference cycles is no longer finalized at exit (Python does not
+  promise that anyway).
+
 Processes the training process starts (data loader workers, subprocesses) are left alone. Costs next to nothing
-at start-up: ``os`` and ``sys``, and for a training process ``faulthandler`` and ``signal`` (built in) and one
-open file.
+at start-up: ``os`` and ``sys``, for a training process ``faulthandler`` and ``signal`` and for both ``atexit``
+and ``gc`` (all built in), and one open file.
 """
 
 import os
@@ -263,6 +269,19 @@ class _DropWhenFull:
         return getattr(self._stream, name)
 
 
+def _freeze_at_exit():
+    """At exit, leave what the process built out of the interpreter's last garbage collections (``gc.freeze``
+    after every other exit handler: registered first, it runs last). A process that imported torch spends about a
+    quarter of a CPU-second at exit walking torch's objects, which go back to the system with the process anyway;
+    on a node of 2 ranks that is the CPU of all three processes at once, at the end of every job. Exit handlers,
+    the flushing of open files and objects freed as the modules are cleared run as before; only garbage kept
+    alive by reference cycles is no longer finalized at exit."""
+    import atexit
+    import gc
+
+    atexit.register(gc.freeze)
+
+
 def _main():
     env = os.environ
     error_file = env.get("TORCHELASTIC_ERROR_FILE")
@@ -270,6 +289,7 @@ def _main():
         if error_file and _WORKER_MARK not in env:
             env[_WORKER_MARK] = str(os.getpid())  # the processes it starts inherit the mark and are left alone
             _install_worker_hook(error_file)
+            _freeze_at_exit()
             if env.get("TRAINJOB_STACKS_DIR") and env.get("TRAINJOB_STACKS_SIGNAL"):
                 _register_stack_dumps(env["TRAINJOB_STACKS_DIR"], env["TRAINJOB_STACKS_SIGNAL"])
             if sys.stdout is not None and sys.stderr is not None:
@@ -287,6 +307,7 @@ def node_started():
         return
     env[_NODE_MARK] = str(os.getpid())
     _install_torchrun_hook()
+    _freeze_at_exit()
     tail_log = sys.modules.get(_TAIL_LOG_MODULE)
     if tail_log is not None:
         import contextlib
