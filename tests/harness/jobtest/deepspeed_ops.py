@@ -6,8 +6,9 @@ the folder is a fresh temporary one. ``bash scripts/test.sh`` (not ``--fast``) b
 test cluster's components, into a cache folder named after everything the build depends on (this is
 ``python -m jobtest.deepspeed_ops``); the tests use that folder when it is complete and compile into a temporary
 one otherwise. A build made by another ninja, compiler, DeepSpeed, torch or interpreter (a new ``.venv`` is another
-interpreter: the build's include paths name it) gets a folder of its own, and older folders are removed, so the
-jobs' ninja finds the build up to date and never rebuilds it.
+interpreter: the build's include paths name it) gets a folder of its own, so the jobs' ninja finds the build up
+to date and never rebuilds it. Other environments' builds are kept for a while (two checkouts side by side each
+keep theirs): the two most recently used, each until unused for two weeks.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from pathlib import Path
 #: The ops the DeepSpeed configs of examples/deepspeed load on the CPU accelerator.
 OPS = ("CPUAdamBuilder", "FusedAdamBuilder", "ShareMemCommBuilder")
 READY = "ready"
+#: Another environment's build (another checkout's ``.venv``, an older DeepSpeed) is removed once unused this long.
+KEEP_UNUSED_S = 14 * 24 * 3600
+#: ... and at most this many others are kept (about 100 MB each), the most recently used.
+KEEP_OTHERS = 2
 
 
 def _first_line(command: list[str]) -> str:
@@ -69,7 +74,8 @@ def ready_dir() -> Path | None:
 
 
 def build() -> Path:
-    """Build the ops into :func:`cache_dir` (a no-op when they are built) and remove other environments' builds."""
+    """Build the ops into :func:`cache_dir` (a no-op when they are built) and remove the builds of other
+    environments past :data:`KEEP_OTHERS` or unused for :data:`KEEP_UNUSED_S`."""
     folder = cache_dir()
     if not (folder / READY).exists():
         folder.mkdir(parents=True, exist_ok=True)
@@ -81,10 +87,29 @@ def build() -> Path:
         )
         subprocess.run([sys.executable, "-c", script], env=env, check=True)
         (folder / READY).write_text(json.dumps({"built": time.time()}))
-    for other in folder.parent.iterdir():
-        if other != folder:
-            shutil.rmtree(other, ignore_errors=True)
+    os.utime(folder / READY)  # used now: what the clean-up goes by
+    clean_up(folder)
     return folder
+
+
+def clean_up(folder: Path) -> None:
+    """Remove the builds beside ``folder`` past the :data:`KEEP_OTHERS` last used, or unused for
+    :data:`KEEP_UNUSED_S`."""
+    others = sorted((_last_used(other), str(other)) for other in folder.parent.iterdir() if other != folder)
+    for rank, (used, other) in enumerate(reversed(others)):
+        if rank >= KEEP_OTHERS or time.time() - used > KEEP_UNUSED_S:
+            shutil.rmtree(other, ignore_errors=True)
+
+
+def _last_used(folder: Path) -> float:
+    """When a test run last used the build in ``folder``; for a build not finished (under way in another run, or
+    cut short), when the folder changed last."""
+    for path in (folder / READY, folder):
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            continue
+    return 0.0
 
 
 def main() -> int:

@@ -1,0 +1,45 @@
+"""The cache of DeepSpeed's CPU ops that ``scripts/test.sh`` builds ahead (``jobtest.deepspeed_ops``): which other
+environments' builds its clean-up keeps."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from jobtest import deepspeed_ops
+
+DAY = 24 * 3600
+
+
+def _build(base: Path, name: str, used_days_ago: float, finished: bool = True) -> Path:
+    folder = base / name
+    folder.mkdir(parents=True)
+    when = time.time() - used_days_ago * DAY
+    if finished:
+        (folder / deepspeed_ops.READY).write_text("{}")
+        os.utime(folder / deepspeed_ops.READY, (when, when))
+    os.utime(folder, (when, when))
+    return folder
+
+
+def test_the_clean_up_keeps_the_two_builds_last_used_and_none_unused_for_two_weeks(tmp_path: Path):
+    this = _build(tmp_path, "this", 0)
+    _build(tmp_path, "yesterday", 1)
+    _build(tmp_path, "under-way", 0, finished=False)  # another run's build, not finished yet
+    _build(tmp_path, "three-days", 3)
+    _build(tmp_path, "cut-short", 30, finished=False)
+    _build(tmp_path, "old", 20)
+
+    deepspeed_ops.clean_up(this)
+
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["this", "under-way", "yesterday"]
+
+
+def test_the_clean_up_removes_builds_unused_for_two_weeks_even_when_few(tmp_path: Path):
+    this = _build(tmp_path, "this", 0)
+    _build(tmp_path, "old", 15)
+
+    deepspeed_ops.clean_up(this)
+
+    assert [path.name for path in tmp_path.iterdir()] == ["this"]
