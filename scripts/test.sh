@@ -19,8 +19,8 @@ if [ "$fast" = 0 ]; then
   else
     echo "test.sh: Go not found: the Kubernetes tests will be skipped (set TRAINJOB_REQUIRE_CLUSTER=1 to fail instead)"
   fi
-  # DeepSpeed's CPU ops, built once per environment under ~/.cache/trainjob/torch-extensions (about 1.5 min on 2
-  # cores the first time, seconds once cached) rather than on first use in every run of the DeepSpeed tests.
+  # DeepSpeed's CPU ops, built once per .venv under ~/.cache/trainjob/torch-extensions (about 1.5 min on 2 cores,
+  # seconds once built) rather than on first use inside the DeepSpeed tests, beside their jobs.
   PYTHONPATH=tests/harness .venv/bin/python -m jobtest.deepspeed_ops
 fi
 # The 25 slowest tests close the report, so what a change costs shows in every run.

@@ -18,6 +18,8 @@ import importlib.util
 import json
 import os
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,12 +40,20 @@ pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
-def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def extensions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Where DeepSpeed finds its CPU ops: built ahead by ``bash scripts/test.sh`` (:mod:`jobtest.deepspeed_ops`),
     or else compiled on first use (minutes) once per module, in a temp dir. Once only because the jobs and the
     reference runs find the same ninja (this environment's, first on both PATHs): two ninja versions record a
     build differently, and each would rebuild what the other built."""
-    return deepspeed_ops.ready_dir() or tmp_path_factory.mktemp("torch_extensions")
+    built = deepspeed_ops.ready_dir()
+    if built is None:
+        yield tmp_path_factory.mktemp("torch_extensions")
+        return
+    before = {path: path.stat().st_mtime_ns for path in built.glob("*/*.so")}
+    yield built
+    rebuilt = sorted(path.name for path, mtime in before.items() if path.stat().st_mtime_ns != mtime)
+    if rebuilt:  # the cache's key missed what the build depends on: every run pays the build again
+        warnings.warn(f"DeepSpeed rebuilt {', '.join(rebuilt)} in {built}", stacklevel=1)
 
 
 def _env(extensions: Path) -> dict[str, str]:

@@ -1,14 +1,18 @@
-"""DeepSpeed's CPU ops for the DeepSpeed tests, built ahead once per set of versions instead of in every run.
+"""DeepSpeed's CPU ops for the DeepSpeed tests, built ahead once per environment instead of in every run.
 
 DeepSpeed compiles the ops it did not prebuild (CPU Adam, fused Adam, shared-memory comm) on first use, into
 ``TORCH_EXTENSIONS_DIR`` (``~/.cache/torch_extensions`` by default): about 1.5 minutes on 2 cores, every run when
-the folder is a fresh temporary one. ``bash scripts/test.sh`` (not ``--fast``) builds them here first, like the
-test cluster's components, into a cache folder named after everything the build depends on (this is
-``python -m jobtest.deepspeed_ops``); the tests use that folder when it is complete and compile into a temporary
-one otherwise. A build made by another ninja, compiler, DeepSpeed, torch or interpreter (a new ``.venv`` is another
-interpreter: the build's include paths name it) gets a folder of its own, so the jobs' ninja finds the build up
-to date and never rebuilds it. Other environments' builds are kept for a while (two checkouts side by side each
-keep theirs): the two most recently used, each until unused for two weeks.
+the folder is a fresh temporary one, and slower still inside the tests, beside the jobs. ``bash scripts/test.sh``
+(not ``--fast``) builds them first, like the test cluster's components, into a cache folder named after
+everything the build depends on (this is ``python -m jobtest.deepspeed_ops``); the tests use that folder when it
+is complete and compile into a temporary one otherwise.
+
+A build made by another ninja, compiler or interpreter (the build's include paths name the ``.venv``), or against
+another installation of DeepSpeed or torch (another version, or the same one installed anew, as a fresh clone's
+``.venv`` does: its sources and headers are then newer than the build, and ninja would rebuild it), gets a folder
+of its own, so the jobs' ninja finds the build up to date and never rebuilds it. Other environments' builds are
+kept for a while (two checkouts side by side each keep theirs): the two last used, each until unused for two
+weeks.
 """
 
 from __future__ import annotations
@@ -40,6 +44,13 @@ def _first_line(command: list[str]) -> str:
     return out.splitlines()[0] if out else ""
 
 
+def _installed(package: str) -> int:
+    """When ``package`` was installed: its ``__init__.py``'s modification time (pip writes every file anew)."""
+    files = importlib.metadata.files(package) or []
+    init = next((file for file in files if str(file) == f"{package}/__init__.py"), None)
+    return init.locate().stat().st_mtime_ns if init is not None else 0
+
+
 def build_env() -> dict[str, str]:
     """The environment DeepSpeed builds in: the CPU accelerator, and this interpreter's ``bin`` (its ninja) first
     on ``PATH``, as it is for the jobs the tests run."""
@@ -54,8 +65,10 @@ def cache_dir() -> Path:
     versions = {
         "python": sys.version,
         "prefix": sys.prefix,
-        "torch": importlib.metadata.version("torch"),
-        "deepspeed": importlib.metadata.version("deepspeed"),
+        # Versions, and when each was installed: ninja rebuilds what is older than its sources and headers, and a
+        # reinstall (a fresh .venv, as in a new clone) writes them anew.
+        "torch": [importlib.metadata.version("torch"), _installed("torch")],
+        "deepspeed": [importlib.metadata.version("deepspeed"), _installed("deepspeed")],
         "ninja": [ninja, _first_line([ninja, "--version"])],
         "c++": _first_line([os.environ.get("CXX", "c++"), "--version"]),
     }
