@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -46,9 +47,8 @@ def _first_line(command: list[str]) -> str:
 
 def _installed(package: str) -> int:
     """When ``package`` was installed: its ``__init__.py``'s modification time (pip writes every file anew)."""
-    files = importlib.metadata.files(package) or []
-    init = next((file for file in files if str(file) == f"{package}/__init__.py"), None)
-    return init.locate().stat().st_mtime_ns if init is not None else 0
+    spec = importlib.util.find_spec(package)  # found, not imported
+    return os.stat(spec.origin).st_mtime_ns if spec is not None and spec.origin else 0
 
 
 def build_env() -> dict[str, str]:
@@ -60,8 +60,7 @@ def build_env() -> dict[str, str]:
 
 def cache_dir() -> Path:
     """The folder for this environment's build: ``~/.cache/trainjob/torch-extensions/KEY``."""
-    env = {**os.environ, **build_env()}
-    ninja = shutil.which("ninja", path=env["PATH"]) or "missing"
+    ninja = shutil.which("ninja", path=build_env()["PATH"]) or "missing"
     versions = {
         "python": sys.version,
         "prefix": sys.prefix,
