@@ -998,6 +998,43 @@ def test_pod_counts_moving_in_a_burst_are_written_once_when_it_settles_and_condi
     assert any(c["type"] == "Failed" for c in api.stored(TRAINJOBS, NS, NAME)["status"]["conditions"])
 
 
+
+@pytest.mark.parametrize("jobset_condition_", [
+    jobset_condition("Completed", "AllJobsCompleted", "jobset completed successfully"),
+    jobset_condition("Failed", "FailedJobs", "jobset failed due to job"),
+])
+def test_a_report_waiting_for_its_interval_is_written_with_the_condition_that_finishes_the_job(
+    jobset_condition_: dict[str, Any]
+) -> None:
+    """The pods' last report often arrives within the status endpoint's write interval, and the job can finish
+    before that interval is over: the finished status must already hold it, in the same write."""
+    clock, api = cluster_with(trainjob())
+    written = {"progressPercentage": 98, "estimatedRemainingSeconds": 1, "lastUpdatedTime": "2026-11-24T10:00:00Z",
+               "metrics": [{"name": "step", "value": "59"}]}
+    waiting: dict[tuple[str, str], dict[str, Any]] = {}
+    reconciler = Reconciler(api, SIGNER, clock=clock, cache=SyncedWatchCache(api),
+                            status_endpoint=StatusEndpoint("https://10.0.0.1:8443", "CA"),
+                            pending_progress=lambda ns, name: waiting.get((ns, name)))
+    reconciler.reconcile(NS, NAME)
+    api.set_status(JOBSETS, NS, NAME, trainer_jobs(active=1, ready=1))
+    api.set_status(TRAINJOBS, NS, NAME, {**api.stored(TRAINJOBS, NS, NAME).get("status", {}),
+                                         "trainerStatus": written})
+    clock.now = START + 5
+    reconciler.reconcile(NS, NAME)
+    waiting[(NS, NAME)] = {"progressPercentage": 100, "lastUpdatedTime": "2026-11-24T10:00:01Z",
+                           "metrics": [{"name": "step", "value": "60"}]}
+    assert api.stored(TRAINJOBS, NS, NAME)["status"]["trainerStatus"] == written  # not while the job runs
+    clock.now = START + 6
+    api.requests.clear()
+    counts = {"succeeded": 1} if jobset_condition_["type"] == "Completed" else {"failed": 1}
+    api.set_status(JOBSETS, NS, NAME, {**trainer_jobs(**counts), "conditions": [jobset_condition_]})
+    reconciler.reconcile(NS, NAME)
+    assert api.requests.count(PATCH_STATUS) == 1, api.requests
+    status = api.stored(TRAINJOBS, NS, NAME)["status"]
+    assert any(c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in status["conditions"])
+    assert status["trainerStatus"] == waiting[(NS, NAME)]  # estimatedRemainingSeconds, not reported, is gone
+
+
 RANK_0_IN_ALL_REDUCE = """[trainjob-stacks rank 0] no progress for 6 s; its stacks:
 [trainjob-stacks rank 0] Thread 0x1 (most recent call first):
 [trainjob-stacks rank 0]   File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2810 in all_reduce

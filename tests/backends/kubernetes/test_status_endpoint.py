@@ -4,7 +4,8 @@ Two jobs run a script that keeps a copy of its pod's token and CA (``KUBEFLOW_TR
 ``_CA_CERT``) and waits. The test then posts as the pods would: each job's token writes its own job's
 ``status.trainerStatus`` and nothing else (another job's status, no token, a forged token, a malformed body are
 refused with the status code and a message that says why), and while the jobs run and report the operator reads
-no pod log and lists no pod of theirs.
+no pod log and lists no pod of theirs. A report still waiting for the write interval when its job ends is written
+with the job's ``Complete``.
 """
 
 from __future__ import annotations
@@ -135,3 +136,13 @@ def test_each_pods_token_writes_its_own_jobs_status_and_nothing_else(
     assert not [r for r in mine if r["objectRef"].get("subresource") == "log"]
     reviews = [r for r in requests if (r.get("objectRef") or {}).get("resource") == "tokenreviews"]
     assert len(reviews) == 3, len(reviews)  # one per token (a, b, the forged one); the answers are remembered
+
+    # The last reports come just before the job ends, within the interval: the newest is written with the
+    # condition that finishes the job, not after it (nor lost).
+    assert post(url_a, ca, report(90, "0.95"), token_a)[0] == 200
+    assert post(url_a, ca, report(100, "0.9"), token_a)[0] == 200
+    (a / "done").touch()
+    finished = k8s.wait_for_condition("job-a", "Complete", namespace=namespace, timeout=120)
+    assert finished["status"]["trainerStatus"]["progressPercentage"] == 100, finished["status"]
+    code, answer = post(url_a, ca, report(100, "0.9"), token_a)
+    assert code == 409 and "has finished" in answer["message"], answer

@@ -300,7 +300,8 @@ async def operate(
         server = StatusServer(api, cache, tls, host=status_host, port=status_port,
                               on_report=lambda result: metrics.observe_status_report(result == "accepted"))
     state = OperatorState(
-        api=api, reconciler=Reconciler(api, SnapshotSigner(key), cache=cache, status_endpoint=endpoint),
+        api=api, reconciler=Reconciler(api, SnapshotSigner(key), cache=cache, status_endpoint=endpoint,
+                                       pending_progress=server.pending_report if server is not None else None),
         cache=cache, workers=workers, status_server=server, metrics=metrics,
         queue=WorkQueue(on_take=lambda _key, waited: metrics.observe_queue_wait(TRAINJOBS.kind, waited)),
         pytorchjob_queue=WorkQueue(on_take=lambda _key, waited: metrics.observe_queue_wait(PYTORCHJOBS.kind, waited)))

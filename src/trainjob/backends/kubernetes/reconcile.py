@@ -110,7 +110,8 @@ class Reconciler:
     """Converges TrainJobs through a :class:`KubeApi`; ``clock`` is injectable for deadline tests."""
 
     def __init__(self, api: KubeApi, signer: SnapshotSigner, clock: Callable[[], float] = time.time,
-                 cache: ObjectCache | None = None, status_endpoint: StatusEndpoint | None = None) -> None:
+                 cache: ObjectCache | None = None, status_endpoint: StatusEndpoint | None = None,
+                 pending_progress: Callable[[str, str], dict[str, Any] | None] | None = None) -> None:
         self.api = api
         self.signer = signer
         self.clock = clock
@@ -118,6 +119,9 @@ class Reconciler:
         self.cache = cache
         #: Where the pods push their progress (:mod:`.status_server`); ``None``: it is read from node 0's log.
         self.status_endpoint = status_endpoint
+        #: A job's pushed report still waiting to be written (:meth:`.StatusServer.pending_report`): a job's last
+        #: report may arrive within the endpoint's write interval, just before the job finishes.
+        self.pending_progress = pending_progress
         #: The JobSet (uid) whose JobSetCreated event this process posted, by job; forgotten with the job.
         self._announced: dict[tuple[str, str], str] = {}
         #: When each job's status was last written (its pod counts are written at most every STATUS_SETTLE_SECONDS).
@@ -200,6 +204,11 @@ class Reconciler:
         elastic = progress.is_elastic(jobset, trainer)
         if not suspend and _trainer_started(jobset, trainer) and (self.status_endpoint is None or elastic):
             new = self._observe_trainer(job, new, jobset, trainer)
+        if self.pending_progress is not None and st.finished_condition(new) is not None \
+                and st.finished_condition(status) is None:
+            last = self.pending_progress(namespace, name)  # written with the condition that finishes the job
+            if last is not None:
+                new = {**new, "trainerStatus": last}
         settle = self._settling(namespace, name, status, new, now)
         if settle is not None:  # only pod counts moved, just after a write: one write for the burst, shortly
             return settle if remaining is None else min(remaining, settle)
@@ -688,6 +697,9 @@ class Reconciler:
             for key in sorted(self._written, key=self._written.__getitem__)[:25_000]:
                 del self._written[key]
         patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+        for k, v in patch.items():  # an object replaced (trainerStatus): the fields it no longer has go too
+            if isinstance(v, dict) and isinstance(old.get(k), dict):
+                patch[k] = {**{gone: None for gone in old[k] if gone not in v}, **v}
         patch.update({k: None for k in old if k not in new})  # merge-patch deletes with null
         self._stored(TRAINJOBS, self.api.patch_status(TRAINJOBS, namespace, name, patch))
 

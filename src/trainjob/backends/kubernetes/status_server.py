@@ -316,6 +316,12 @@ class StatusServer:
 
         asyncio.get_running_loop().create_task(later())
 
+    def pending_report(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The job's report still waiting for its interval, if any. The reconciler writes it with the condition
+        that finishes the job, so a finished job's status holds the last progress its pods sent; the wait then ends
+        in no second write (the job's status already says it). Safe from any thread."""
+        return self._pending.get((namespace, name))
+
     async def _flush(self, key: tuple[str, str]) -> None:
         trainer_status = self._pending.pop(key, None)
         if trainer_status is None:
