@@ -23,5 +23,33 @@ if [ "$fast" = 0 ]; then
   # seconds once built) rather than on first use inside the DeepSpeed tests, beside their jobs.
   PYTHONPATH=tests/harness .venv/bin/python -m jobtest.deepspeed_ops
 fi
-# The 25 slowest tests close the report, so what a change costs shows in every run.
-exec .venv/bin/python -m pytest -q --durations=25 "$@"
+# The slowest tests close the report, so what a change costs shows in every run.
+if [ "$#" -gt 0 ]; then
+  exec .venv/bin/python -m pytest -q --durations=25 "$@"
+fi
+# Every tier, in two pytest sessions side by side: the cluster tier spends much of its time waiting on controllers
+# and pods (about half of 2 cores busy), the others keep the cores busy; together they take about the time of the
+# longer one. The cluster tier's report follows the others'. Each test counts only its own processes: the local
+# jobs' (by their job directory) or the pods' (by their network namespace).
+report=$(mktemp -d)
+cluster=
+stop_cluster() {  # an interrupted run: the cluster session tears its control plane and pods down (SIGINT)
+  [ -n "$cluster" ] && kill -INT "$cluster" 2>/dev/null && wait "$cluster" 2>/dev/null
+  cat "$report/cluster.txt" 2>/dev/null
+  rm -rf "$report"
+}
+trap 'stop_cluster; exit 130' INT TERM
+.venv/bin/python -m pytest -q --durations=15 -p no:cacheprovider -m cluster >"$report/cluster.txt" 2>&1 &
+cluster=$!
+others=0
+.venv/bin/python -m pytest -q --durations=15 -m "not cluster" || others=$?
+cluster_rc=0
+wait "$cluster" || cluster_rc=$?
+cluster=
+trap - INT TERM
+echo
+echo "==================== the cluster tier (run beside the tests above) ===================="
+cat "$report/cluster.txt"
+rm -rf "$report"
+echo "test.sh: cluster tier exit $cluster_rc, the other tiers exit $others"
+[ "$others" = 0 ] && [ "$cluster_rc" = 0 ]

@@ -107,7 +107,7 @@ def _final_loss(output: str) -> float:
 def test_seed_ray_train_script_on_two_nodes_completes_reports_and_trains_like_plain_ray(
     local_jobs, subprocesses, tmp_path: Path
 ):
-    assert not ray_processes(), "Ray is already running on this machine; this test counts Ray's processes"
+    assert not ray_processes(), "Ray is already running in this network namespace; this test counts Ray's processes"
     plain_storage, job_storage = tmp_path / "plain", tmp_path / "job"
     env = {**os.environ, "EPOCHS": str(EPOCHS), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)

@@ -179,7 +179,7 @@ def test_progress_reported_in_the_job_reaches_its_trainer_status(k8s: TrainJobCl
     from trainjob.backends.kubernetes.config import KubernetesBackendConfig
 
     k8s.create_job("reporting", namespace,
-                   trainer=cpu_trainer(2, "--steps", "60", "--step-seconds", "0.5", "--progress"))
+                   trainer=cpu_trainer(2, "--steps", "20", "--step-seconds", "0.5", "--progress"))
 
     def running_status() -> dict[str, Any] | None:
         job = k8s.api.get(TRAINJOBS, namespace, "reporting") or {}

@@ -35,12 +35,14 @@ def test_the_seed_ray_train_script_runs_as_a_trainjob_on_the_cluster(
         "env": [{"name": "EPOCHS", "value": str(EPOCHS)}, {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}],
         "resourcesPerNode": {"requests": {"cpu": "1"}},
     })
+    # Ray runs in the pods' network namespaces, where the check below looks (what runs beside them is not counted)
+    wait_for(lambda: ray_processes(in_pods=True), timeout=300, what="Ray's processes in the job's pods", every=0.5)
     job = k8s.wait_for_condition("ray-seed", "Complete", namespace=namespace, timeout=600)
     trainer_status = job["status"].get("trainerStatus") or {}
     metrics = {m["name"]: m["value"] for m in trainer_status.get("metrics") or []}
     assert "loss" in metrics, trainer_status
     checkpoints = [p for p in (storage / "my-training").glob("checkpoint_*") if p.is_dir()]
     assert len(checkpoints) == 3, sorted(p.name for p in (storage / "my-training").iterdir())
-    wait_for(lambda: not ray_processes(), timeout=60, what="no Ray process left")
+    wait_for(lambda: not ray_processes(in_pods=True), timeout=60, what="no Ray process left in the pods")
     print(f"Ray TrainJob on the cluster: Complete, loss {metrics['loss']}, {len(checkpoints)} checkpoints kept",
           file=sys.stderr)
