@@ -77,6 +77,18 @@ def test_a_report_from_an_earlier_attempt_is_not_this_attempts_failure(tmp_path:
     assert (failure.rank, failure.exit_code, failure.exception) == (None, 1, "ValueError: bad batch")
 
 
+def test_reported_ranks_their_keeper_never_saw_are_still_this_attempts_failures(tmp_path: Path):
+    """A rank that raises as it starts can end between two of the keeper's looks; the keeper saw only a rank that
+    finished well (torchrun does not report it)."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "node-1.log").write_text(TORCHRUN_REPORT)
+    ended = NodeExit(code=1, time=106.0, ranks=[{"pid": 4004, "rank": 4, "local_rank": 2, "time": 100.05}])
+
+    failures = node_failures(tmp_path, 1, ended, 1)
+
+    assert sorted((f.rank, f.pid, f.exit_code) for f in failures) == [(2, 4002, -15), (3, 4003, -9)]
+
+
 def test_a_node_whose_keeper_was_killed_says_so(tmp_path: Path):
     lost = NodeExit(code=-9, time=50.0, ranks=[], lost=True)
     (failure,) = node_failures(tmp_path, 2, lost, -9)

@@ -120,14 +120,24 @@ def node_failures(job_dir: Path, node: int, exit: NodeExit | None, code: int) ->
             pid=pid,
             exception=_error_file_message(error_file) or _last_exception_line(tail, node, rank),
         ))
-    # The last report in the log may be an earlier attempt's (an elastic restart appends to the same log).
-    if failures and (not ended or any(f.pid in ended for f in failures)):
+    if failures and not _reported_earlier(failures, exit):
         return failures
     if exit is not None and exit.lost:
         return [NodeFailure(node=node, exit_code=code, time=exit.time,
                             detail="its keeper was killed before it recorded how the node ended")]
     return [NodeFailure(node=node, exit_code=code, time=exit.time if exit else None,
                         exception=_last_exception_line(tail, node, None))]
+
+
+def _reported_earlier(failures: list[NodeFailure], exit: NodeExit | None) -> bool:
+    """Whether torchrun's report in the log is an earlier run's: it names a rank with another pid than the one
+    this run's keeper saw for that rank. A rank the keeper did not see at all (one that raised at start can end
+    between two of its looks) says nothing against the report."""
+    seen: dict[int, set[int]] = {}
+    for rank in exit.ranks if exit else []:
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            seen.setdefault(int(rank["rank"]), set()).add(int(rank["pid"]))
+    return any(f.rank in seen and f.pid is not None and f.pid not in seen[f.rank] for f in failures)
 
 
 def pick_root_cause(failures: list[NodeFailure]) -> NodeFailure:
