@@ -8,6 +8,7 @@ that start none of them (``scripts/test.sh --fast``), and those are held to it: 
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +27,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A session started in the background by a shell (scripts/test.sh runs the cluster tier so) begins with SIGINT
+    # ignored; it is made to stop on SIGINT as any other, tearing its fixtures (a cluster, its pods) down.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     for tier, what in TIERS.items():
         config.addinivalue_line("markers", f"{tier}: {what} (applied from the fixtures it uses)")
     if config.getoption("--fast"):
