@@ -11,7 +11,9 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -109,12 +111,18 @@ def test_seed_ray_train_script_on_two_nodes_completes_reports_and_trains_like_pl
 ):
     assert not ray_processes(), "Ray is already running in this network namespace; this test counts Ray's processes"
     plain_storage, job_storage = tmp_path / "plain", tmp_path / "job"
-    env = {**os.environ, "EPOCHS": str(EPOCHS), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    # plain Ray's session folder: a short path of the test's own (its sockets allow 107 bytes), not /tmp/ray
+    ray_tmp = Path(tempfile.mkdtemp(prefix="tjr"))
+    env = {**os.environ, "EPOCHS": str(EPOCHS), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+           "RAY_TMPDIR": str(ray_tmp)}
     env.pop("RAY_ADDRESS", None)
-    plain = subprocesses.run([sys.executable, str(SEED_SCRIPT), str(plain_storage)], env=env, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=JOB_TIMEOUT)
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    wait_until(lambda: not ray_processes(), timeout=30)  # plain Ray stops its own cluster as the driver exits
+    try:
+        plain = subprocesses.run([sys.executable, str(SEED_SCRIPT), str(plain_storage)], env=env, cwd=tmp_path,
+                                 capture_output=True, text=True, timeout=JOB_TIMEOUT)
+        assert plain.returncode == 0, plain.stderr[-3000:]
+        wait_until(lambda: not ray_processes(), timeout=30)  # plain Ray stops its own cluster as the driver exits
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
     job = trainjob_resource("ray-seed", ["python", str(SEED_SCRIPT), str(job_storage)], runtime="ray-distributed",
                             num_nodes=2, env=[{"name": "EPOCHS", "value": str(EPOCHS)}])

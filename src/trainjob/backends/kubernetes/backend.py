@@ -431,17 +431,18 @@ class KubernetesBackend(Backend):
 
 #: What every node runs for a ``CustomTrainer``: no shell, so nothing in the function's source or the package list
 #: is ever parsed as a command. Installs the packages (requirements only, after ``--``), writes the program
-#: and hands over to torchrun.
+#: and hands over to torchrun. The program goes to the container's temp folder (``$TMPDIR``, else ``/tmp``).
 _LAUNCHER = """\
-import json, os, subprocess, sys
+import json, os, subprocess, sys, tempfile
 packages = json.loads(os.environ["TRAINJOB_PACKAGES"])
 if packages:
     indexes = json.loads(os.environ["TRAINJOB_PIP_INDEX_URLS"])
     flags = ["--index-url=" + url for url in indexes[:1]] + ["--extra-index-url=" + url for url in indexes[1:]]
     subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", *flags, "--", *packages])
-with open("/tmp/trainjob_train.py", "w") as f:
+program = os.path.join(tempfile.gettempdir(), "trainjob_train.py")
+with open(program, "w") as f:
     f.write(os.environ["TRAINJOB_PROGRAM"])
-os.execvp("torchrun", ["torchrun", "/tmp/trainjob_train.py"])
+os.execvp("torchrun", ["torchrun", program])
 """
 
 
