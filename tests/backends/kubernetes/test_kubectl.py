@@ -31,7 +31,13 @@ def test_apply_get_explain_wait_logs_and_delete_a_trainjob(k8s: TrainJobCluster,
         "trainjob.trainer.kubeflow.org/by-kubectl created"
     explained = k8s.kubectl("explain", "trainjob.spec.trainer").stdout
     assert "Overrides for the runtime's trainer" in explained and "numProcPerNode" in explained, explained
-    k8s.kubectl("wait", *ns, "--for=condition=Complete", "trainjob/by-kubectl", "--timeout=180s", timeout=200)
+    waited = k8s.kubectl("wait", *ns, "--for=condition=Complete", "trainjob/by-kubectl", "--timeout=180s",
+                         timeout=200, check=False)
+    if waited.returncode != 0:  # say where the job stands, and its pods and events
+        where = [k8s.kubectl(*args, check=False).stdout for args in (
+            ("get", *ns, "trainjob", "by-kubectl", "-o", "jsonpath={.status}"), ("get", *ns, "pods", "-o", "wide"),
+            ("get", *ns, "events", "--sort-by=.lastTimestamp"))]
+        raise AssertionError(f"kubectl wait: {waited.stderr.strip()}\n" + "\n".join(where))
 
     header, row = k8s.kubectl("get", *ns, "trainjobs").stdout.strip().splitlines()
     cells = dict(zip(header.split(), row.split(), strict=False))
