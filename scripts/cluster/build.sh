@@ -16,6 +16,10 @@
 #   scheduler-plugins/ sigs.k8s.io/scheduler-plugins  its cmd/scheduler, kube-scheduler with the Coscheduling
 #                plugin (tests/harness/kubetest/coscheduling.py; the gang scheduling test), built inside a copy
 #                of its module (its go.mod has replace lines) on the cluster's Kubernetes patch version
+#   node/        k8s.io/kubernetes              kubelet and kube-proxy, the test cluster's real nodes (same version and
+#                ldflags as the control plane; tests/harness/kubetest/nodes.py), and the pause image's pause.c
+#   coredns/     github.com/coredns/coredns     the cluster DNS (the kube-dns Service) the nodes' pods resolve names with
+#   cri-tools/   sigs.k8s.io/cri-tools          crictl, with which the harness looks at and cleans up a node's containers
 # Binaries are cached by component and by a hash of its go.mod/go.sum and the Go version, under
 # ${TRAINJOB_CLUSTER_CACHE:-~/.cache/trainjob/cluster}, so a warm run takes seconds. Manifests that the tests
 # need (CRDs, JobSet's RBAC and webhook paths) are copied from the module cache next to the binaries.
@@ -101,6 +105,23 @@ build_scheduler_plugins() {
   echo "$out"
 }
 
+# build_pause: the pause container's binary from the Kubernetes module's build/pause/linux/pause.c (static, as the
+# upstream image has it); tests/harness/kubetest/images.py makes the pause image of it.
+build_pause() {
+  local src out
+  src="$(module_dir node k8s.io/kubernetes)/build/pause/linux/pause.c"
+  out="$cache/pause-$(cat "$src" | { cat; gcc --version | head -1; } | sha256sum | cut -c1-16)"
+  if [ ! -f "$out/.complete" ]; then
+    command -v gcc >/dev/null || { log "gcc is needed to build the pause container"; return 1; }
+    rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+    gcc -Os -Wall -Werror -static -DVERSION=v3.10-trainjob -o "$out.tmp/pause" "$src"
+    strip "$out.tmp/pause"
+    touch "$out.tmp/.complete"
+    rm -rf "$out" && mv -T "$out.tmp" "$out"
+  fi
+  echo "$out"
+}
+
 if [ "$manifests_only" = 0 ]; then
   etcd_bin="$(build etcd etcd trainjob.local/cluster/etcd)"
   # The release's version, as Kubernetes' own build stamps it: clients that check the server's version (Kueue
@@ -116,7 +137,11 @@ if [ "$manifests_only" = 0 ]; then
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler)"
   kubectl_bin="$(build kubectl kubectl k8s.io/kubernetes/cmd/kubectl)"
+  node_bin="$(build node node k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)"
   ldflags_extra=""
+  pause_bin="$(build_pause)"
+  coredns_bin="$(build coredns coredns github.com/coredns/coredns)"
+  crictl_bin="$(build cri-tools cri-tools sigs.k8s.io/cri-tools/cmd/crictl)"
   jobset_bin="$(build jobset jobset sigs.k8s.io/jobset)"
   kubeflow_bin="$(build kubeflow-trainer kubeflow github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager)"
   kwok_bin="$(build kwok kwok sigs.k8s.io/kwok/cmd/kwok)"
@@ -170,7 +195,9 @@ cat > "$cache/manifest.json" <<EOF
     "kubeflow-trainer": "$(version_of github.com/kubeflow/trainer/v2 kubeflow)",
     "kwok": "$(version_of sigs.k8s.io/kwok kwok)",
     "scheduler-plugins": "$(version_of sigs.k8s.io/scheduler-plugins scheduler-plugins)",
-    "kueue": "$(version_of sigs.k8s.io/kueue kueue)"
+    "kueue": "$(version_of sigs.k8s.io/kueue kueue)",
+    "coredns": "$(version_of github.com/coredns/coredns coredns)",
+    "cri-tools": "$(version_of sigs.k8s.io/cri-tools cri-tools)"
   },
   "binaries": {
     "etcd": "$etcd_bin/etcd",
@@ -182,7 +209,12 @@ cat > "$cache/manifest.json" <<EOF
     "kubectl": "$kubectl_bin/kubectl",
     "kwok": "$kwok_bin/kwok",
     "scheduler-plugins": "$sp_bin/scheduler",
-    "kueue": "$kueue_bin/kueue"
+    "kueue": "$kueue_bin/kueue",
+    "kubelet": "$node_bin/kubelet",
+    "kube-proxy": "$node_bin/kube-proxy",
+    "pause": "$pause_bin/pause",
+    "coredns": "$coredns_bin/coredns",
+    "crictl": "$crictl_bin/crictl"
   },
   "manifests": "$manifests"
 }

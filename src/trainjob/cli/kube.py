@@ -25,6 +25,10 @@ _context = click.option("--context", help="kubeconfig context (default: the curr
 @click.command("install")
 @click.option("--dry-run", is_flag=True, help="Print the manifests instead of applying them.")
 @click.option("--image", default=None, help="Operator image (default: the release image of this version).")
+@click.option("--torch-image", default=None, metavar="IMAGE",
+              help="The image of the built-in torch runtimes' nodes (torch-distributed, torch-distributed-volcano), "
+                   "instead of pytorch/pytorch: e.g. your build of deploy/training.Dockerfile, which has trainjob "
+                   "in it, or a mirror in a registry your nodes reach.")
 @click.option(
     "--write",
     "write_dir",
@@ -62,6 +66,7 @@ _context = click.option("--context", help="kubeconfig context (default: the curr
 def install(
     dry_run: bool,
     image: str | None,
+    torch_image: str | None,
     write_dir: Path | None,
     operator_replicas: int,
     kueue: bool,
@@ -90,14 +95,14 @@ def install(
         objects = _kueue_objects(namespace, local_queue, cluster_queue, flavor, {"cpu": cpu, "memory": memory,
                                  "gpu": gpu}, node_labels, tolerations, preempt_lower_priority)
     elif write_dir is not None:
-        for name, text in manifests.deploy_files(image).items():
+        for name, text in manifests.deploy_files(image, torch_image).items():
             target = write_dir / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
             click.echo(f"wrote {target}")
         return
     else:
-        objects = manifests.install_manifests(image, operator_replicas)
+        objects = manifests.install_manifests(image, operator_replicas, torch_image)
     if dry_run:
         click.echo(manifests.manifests_yaml(objects), nl=False)
         return

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 from pathlib import Path
 
@@ -17,7 +16,6 @@ from trainjob.errors import AlreadyExistsError, JobFailedError, NotFoundError, V
 from trainjob.sdk import types
 
 SCRIPT = str(Path(__file__).resolve().parent / "ddp_script.py")
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
 def manifest(name: str = "mnist", *args: str, runtime: dict | None = None, **trainer: object) -> TrainJob:
@@ -29,7 +27,7 @@ def manifest(name: str = "mnist", *args: str, runtime: dict | None = None, **tra
                 "trainer": {
                     "numNodes": 2,
                     "numProcPerNode": 1,
-                    "command": [TORCHRUN, SCRIPT, *args],
+                    "command": ["torchrun", SCRIPT, *args],
                     "resourcesPerNode": {"requests": {"cpu": "1"}},
                     **trainer,
                 },

@@ -4,7 +4,6 @@ environment variables or kubectl's flags, ``describe``, ``logs --rank`` of an ``
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import yaml
@@ -26,7 +25,7 @@ def test_apply_wait_list_logs_delete(k8s: TrainJobCluster, namespace: str, workd
             "runtimeRef": {"name": "torch-distributed"},
             "trainer": {
                 "numNodes": 2,
-                "command": [str(Path(sys.executable).parent / "torchrun"), SCRIPT, "--steps", "4"],
+                "command": ["torchrun", SCRIPT, "--steps", "4"],
                 "resourcesPerNode": {"requests": {"cpu": "1"}},
             },
         },
@@ -59,7 +58,7 @@ def test_kubectl_flags_describe_rank_logs_and_delete_on_the_cluster(
             "trainer": {
                 "numNodes": 2,
                 "numProcPerNode": "auto",  # 2 CPUs requested: 2 processes per node, ranks 2-3 on node-1
-                "command": [str(Path(sys.executable).parent / "torchrun"), SCRIPT, "--steps", "2"],
+                "command": ["torchrun", SCRIPT, "--steps", "2"],
                 "resourcesPerNode": {"requests": {"cpu": "2"}},
             },
         },

@@ -10,7 +10,6 @@ Each test prints how long from the fault to recovered, for the record.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ print("done", flush=True)
 
 
 def _trainer() -> dict[str, Any]:
-    return {"numNodes": 2, "command": [sys.executable, "-c", SCRIPT], "resourcesPerNode": {"requests": {"cpu": "1"}}}
+    return {"numNodes": 2, "command": ["python", "-c", SCRIPT], "resourcesPerNode": {"requests": {"cpu": "1"}}}
 
 
 def _running(k8s: TrainJobCluster, namespace: str, name: str) -> bool:
@@ -143,7 +142,7 @@ def test_a_job_that_stops_reporting_progress_is_failed_as_stalled(k8s: TrainJobC
     """The watchdog on Kubernetes works from the progress the status endpoint receives (no log is read): past
     ``trainjob/stall-timeout`` without a report the job fails with reason ``Stalled`` and its pods are stopped."""
     k8s.create_job("stuck", namespace, annotations={"trainjob/stall-timeout": "10s", "trainjob/stall-action": "fail"},
-                   trainer={"numNodes": 1, "command": [sys.executable, "-c", STALLS],
+                   trainer={"numNodes": 1, "command": ["python", "-c", STALLS],
                             "resourcesPerNode": {"requests": {"cpu": "100m"}}})
     _until(lambda: (k8s.job("stuck", namespace).get("status") or {}).get("trainerStatus"), 120,
            "a progress report", lambda: k8s.diagnostics("stuck", namespace))
@@ -201,7 +200,7 @@ def test_a_stalled_jobs_stuck_rank_is_named_from_the_stacks_it_wrote(
     script.write_text(STUCK_RANK)
     k8s.create_job("named", namespace,
                    annotations={"trainjob/stall-timeout": "30s", "trainjob/stall-action": "fail"},
-                   trainer={"numNodes": 2, "command": [str(Path(sys.executable).parent / "torchrun"), str(script)],
+                   trainer={"numNodes": 2, "command": ["torchrun", str(script)],
                             "resourcesPerNode": {"requests": {"cpu": "100m"}}})
     _until(lambda: _running(k8s, namespace, "named"), 120, "named running", lambda: k8s.diagnostics("named", namespace))
     flags = ["--backend", "kubernetes", "--kubeconfig", str(k8s.kubeconfig), "-n", namespace]
@@ -249,7 +248,7 @@ def test_a_stalled_job_restarts_its_node_group_and_completes(k8s: TrainJobCluste
     in ``trainjob/stall-restarts``; the job completes."""
     k8s.create_job("restarts", namespace,
                    annotations={"trainjob/stall-timeout": "10s", "trainjob/stall-action": "restart"},
-                   trainer={"numNodes": 1, "command": [sys.executable, "-c", STALLS_ONCE, str(workdir / "ran")],
+                   trainer={"numNodes": 1, "command": ["python", "-c", STALLS_ONCE, str(workdir / "ran")],
                             "resourcesPerNode": {"requests": {"cpu": "100m"}}})
     started = time.monotonic()
     done = k8s.wait_for_condition("restarts", "Complete", namespace=namespace, timeout=240)
@@ -345,8 +344,7 @@ def test_a_lost_node_static_pods_move_and_an_elastic_job_shrinks_to_the_node_lef
     try:
         core.patch_node(LOST, {"spec": {"unschedulable": True}})
         k8s.create_job("shrink", namespace, runtime="elastic-placed", runtime_kind="TrainingRuntime", trainer={
-            "command": [str(Path(sys.executable).parent / "torchrun"), str(ELASTIC_WORKER), str(ELASTIC_STEPS),
-                        "10", "40", "linear"],
+            "command": ["torchrun", str(ELASTIC_WORKER), str(ELASTIC_STEPS), "10", "40", "linear"],
             "env": [{"name": "ELASTIC_OUT", "value": str(elastic_out)}, {"name": "ELASTIC_STEP_SECONDS", "value": "0.25"}],
             "resourcesPerNode": {"requests": {"cpu": "1"}},
         })
@@ -360,7 +358,7 @@ def test_a_lost_node_static_pods_move_and_an_elastic_job_shrinks_to_the_node_lef
             _until(lambda: (elastic_out / "ckpt").exists() and any((elastic_out / "ckpt").iterdir()), 60,
                    "the elastic job's first checkpoint")
             k8s.create_job("lost", namespace,
-                           trainer={"numNodes": 2, "command": [sys.executable, "-c", RESUMES, str(workdir)],
+                           trainer={"numNodes": 2, "command": ["python", "-c", RESUMES, str(workdir)],
                                     "resourcesPerNode": {"requests": {"cpu": "1"}}})
             _until(lambda: _running(k8s, namespace, "lost"), 120, "lost running",
                    lambda: k8s.diagnostics("lost", namespace))

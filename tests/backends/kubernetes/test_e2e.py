@@ -9,14 +9,13 @@ from __future__ import annotations
 import copy
 import datetime
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kubetest.cluster import TrainJobCluster, no_retries, wait_for
+from kubetest.cluster import TrainJobCluster, mount_shared_folders, no_retries, wait_for
 
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
@@ -32,7 +31,7 @@ SEEDS = HERE.parents[1] / "api" / "seed_manifests"
 
 
 def torchrun(*args: str) -> list[str]:
-    return [str(Path(sys.executable).parent / "torchrun"), SCRIPT, *args]
+    return ["torchrun", SCRIPT, *args]
 
 
 def cpu_trainer(num_nodes: int = 2, *args: str, **extra: Any) -> dict[str, Any]:
@@ -60,19 +59,21 @@ def pod_logs(k8s: TrainJobCluster, job: str, namespace: str) -> dict[str, str]:
 
 
 def test_seed_runtime_and_trainjob_train_ddp_to_complete(k8s: TrainJobCluster) -> None:
-    """Seed 000's ClusterTrainingRuntime and TrainJob as written, but for a runnable command and GPUs scaled to CPU.
+    """Seed 000's ClusterTrainingRuntime and TrainJob as written, but for a runnable command and image, GPUs scaled
+    to CPU, and the shared folders every runtime here mounts.
 
     Its Volcano PodGroup is created against Volcano's real CRD (see ``scheduler_config`` for its pods)."""
     k8s.cp.install_podgroup_crds()
     runtime = seed("000-2.yaml")
     pod_spec = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     pod_spec["containers"][0]["resources"] = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
-    k8s.cp.apply([runtime])
+    k8s.cp.apply([mount_shared_folders(runtime, k8s.shared_folders)])
     job = seed("000-3.yaml")
     namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
     k8s.cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}])
     job["spec"]["trainer"].update(
-        numNodes=2, command=torchrun("--steps", "5"), resourcesPerNode={"requests": {"cpu": "1"}}
+        numNodes=2, command=torchrun("--steps", "5"), resourcesPerNode={"requests": {"cpu": "1"}},
+        image=k8s.cp.training_image,
     )
     job["spec"]["trainer"].pop("args", None)
     k8s.api.create(job, TRAINJOBS)

@@ -4,14 +4,12 @@ everything the job made."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import yaml
 from kubetest.cluster import TrainJobCluster, wait_for
 
 SCRIPT = str(Path(__file__).parent / "ddp_script.py")
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
 def test_apply_get_explain_wait_logs_and_delete_a_trainjob(k8s: TrainJobCluster, namespace: str,
@@ -22,7 +20,7 @@ def test_apply_get_explain_wait_logs_and_delete_a_trainjob(k8s: TrainJobCluster,
         "kind": "TrainJob",
         "metadata": {"name": "by-kubectl"},
         "spec": {"runtimeRef": {"name": "torch-distributed"},
-                 "trainer": {"numNodes": 2, "command": [TORCHRUN, SCRIPT, "--steps", "3"],
+                 "trainer": {"numNodes": 2, "command": ["torchrun", SCRIPT, "--steps", "3"],
                              "resourcesPerNode": {"requests": {"cpu": "1"}}}},
     }), encoding="utf-8")
     ns = ["-n", namespace]

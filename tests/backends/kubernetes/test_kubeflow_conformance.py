@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,7 +236,7 @@ MILESTONES = {"running": True, "suspended": True, "resumed": False, "complete": 
 def _trainer(nodes: int, *args: str) -> dict[str, Any]:
     return {
         "numNodes": nodes,
-        "command": [str(Path(sys.executable).parent / "torchrun"), SCRIPT, *args],
+        "command": ["torchrun", SCRIPT, *args],
         "resourcesPerNode": {"requests": {"cpu": "1"}},
     }
 

@@ -9,7 +9,6 @@ pods it admits. Pods are sampled every 0.3 s; a job "holds" the node while it ha
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,7 +77,7 @@ def _job_yaml(name: str, namespace: str, priority: str, steps: int, every: float
                      "labels": {"kueue.x-k8s.io/queue-name": QUEUE, "kueue.x-k8s.io/priority-class": f"test-{priority}"}},
         "spec": {
             "runtimeRef": {"name": "torch-distributed"},
-            "trainer": {"numNodes": NODES, "command": [sys.executable, "-c", STEPS_SCRIPT, str(steps), str(every)],
+            "trainer": {"numNodes": NODES, "command": ["python", "-c", STEPS_SCRIPT, str(steps), str(every)],
                         "resourcesPerNode": {"requests": {"cpu": "1"}}},
             "podTemplateOverrides": [{
                 "targetJobs": [{"name": "node"}],

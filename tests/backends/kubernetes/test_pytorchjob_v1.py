@@ -5,7 +5,6 @@ operator, and a failing job.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +14,10 @@ from kubetest.cluster import TrainJobCluster, wait_for
 from trainjob.backends.kubernetes.resources import PYTORCHJOBS
 
 HERE = Path(__file__).parent
-PYTHON = sys.executable
 
-#: Seed 004's ``pytorch-job.yaml`` made runnable here: a CPU request instead of GPUs, the DDP script (gloo) run by
-#: ``python`` as v1 runs it (MASTER_ADDR, RANK, WORLD_SIZE from the operator), 1 master + 2 workers.
+#: Seed 004's ``pytorch-job.yaml`` made runnable here: the cluster's training image (``{image}``) instead of
+#: ``my-training:latest``, a CPU request instead of GPUs, the DDP script (gloo) run by ``python`` as v1 runs it
+#: (MASTER_ADDR, RANK, WORLD_SIZE from the operator), 1 master + 2 workers.
 SEED_MANIFEST = f"""
 apiVersion: kubeflow.org/v1
 kind: PyTorchJob
@@ -33,8 +32,8 @@ spec:
         spec:
           containers:
           - name: pytorch
-            image: my-training:latest
-            command: [{PYTHON}, {HERE / "ddp_script.py"}, --steps=2]
+            image: {{image}}
+            command: [python, {HERE / "ddp_script.py"}, --steps=2]
             resources:
               requests:
                 cpu: 100m
@@ -45,8 +44,8 @@ spec:
         spec:
           containers:
           - name: pytorch
-            image: my-training:latest
-            command: [{PYTHON}, {HERE / "ddp_script.py"}, --steps=2]
+            image: {{image}}
+            command: [python, {HERE / "ddp_script.py"}, --steps=2]
             env:
             - name: NCCL_DEBUG
               value: INFO
@@ -62,7 +61,7 @@ def seed_job(k8s: TrainJobCluster, tmp_path_factory: pytest.TempPathFactory) -> 
     namespace = "pytorchjob-seed"
     k8s.kubectl("create", "namespace", namespace)
     manifest = tmp_path_factory.mktemp("seed004") / "pytorch-job.yaml"
-    manifest.write_text(SEED_MANIFEST, encoding="utf-8")
+    manifest.write_text(SEED_MANIFEST.format(image=k8s.cp.training_image), encoding="utf-8")
     applied = k8s.kubectl("apply", "-n", namespace, "-f", str(manifest))  # kubectl apply -f pytorch-job.yaml
     assert applied.stdout.strip() == "pytorchjob.kubeflow.org/my-training created", applied.stdout
 
@@ -119,9 +118,9 @@ def test_training_operator_sdk_runs_a_job_to_success(k8s: TrainJobCluster, names
     from kubernetes.client import V1Container, V1ObjectMeta, V1PodSpec, V1PodTemplateSpec
 
     def replica(count: int) -> KubeflowOrgV1ReplicaSpec:
-        command = [PYTHON, "-c", "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"]
+        command = ["python", "-c", "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"]
         return KubeflowOrgV1ReplicaSpec(replicas=count, restart_policy="OnFailure", template=V1PodTemplateSpec(
-            spec=V1PodSpec(containers=[V1Container(name="pytorch", image="python:3.11", command=command)])))
+            spec=V1PodSpec(containers=[V1Container(name="pytorch", image=k8s.cp.training_image, command=command)])))
 
     client = TrainingClient(config_file=str(k8s.kubeconfig), namespace=namespace, job_kind="PyTorchJob")
     client.create_job(KubeflowOrgV1PyTorchJob(
@@ -141,8 +140,9 @@ def test_a_failing_worker_is_recreated_then_fails_the_job_and_everything_is_clea
         k8s: TrainJobCluster, namespace: str) -> None:
     """restartPolicy ExitCode, backoffLimit 1: exit 137 is retried once, then the job fails naming the pod;
     cleanPodPolicy All removes the pods and services; ttlSecondsAfterFinished removes the job."""
-    template = {"spec": {"containers": [{"name": "pytorch", "image": "x", "command": ["sh", "-c", "sleep 60"]}]}}
-    failing = {"spec": {"containers": [{"name": "pytorch", "image": "x", "command": ["sh", "-c", "exit 137"]}]}}
+    image = k8s.cp.training_image
+    template = {"spec": {"containers": [{"name": "pytorch", "image": image, "command": ["sh", "-c", "sleep 60"]}]}}
+    failing = {"spec": {"containers": [{"name": "pytorch", "image": image, "command": ["sh", "-c", "exit 137"]}]}}
     k8s.api.create({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
                     "metadata": {"name": "failing", "namespace": namespace},
                     "spec": {"runPolicy": {"backoffLimit": 1, "cleanPodPolicy": "All", "ttlSecondsAfterFinished": 3},

@@ -3,8 +3,6 @@ options and container trainers reach the TrainJob and its JobSet."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 from kubetest.cluster import TrainJobCluster, no_retries
 
@@ -51,9 +49,9 @@ def test_options_and_a_container_trainer_reach_the_trainjob_and_its_pods(
     patch = {"template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
         "metadata": {"labels": {"patched": "yes"}}}}}}]}}}
     name = backend.train(
-        trainer=types.CustomTrainerContainer(image="registry.example/train:1", num_nodes=1, env={"GREETING": "hi"}),
+        trainer=types.CustomTrainerContainer(image=k8s.cp.training_image, num_nodes=1, env={"GREETING": "hi"}),
         options=[Name("from-options"), Labels({"team": "vision"}), Annotations({"note": "sdk"}),
-                 TrainerCommand([sys.executable, "-c", "import os; print(os.environ['GREETING'], flush=True)"]),
+                 TrainerCommand(["python", "-c", "import os; print(os.environ['GREETING'], flush=True)"]),
                  RuntimePatch(training_runtime_spec=patch)],
     )
 
@@ -62,7 +60,7 @@ def test_options_and_a_container_trainer_reach_the_trainjob_and_its_pods(
     assert job.resource["metadata"]["labels"]["team"] == "vision"
     assert job.resource["metadata"]["annotations"]["note"] == "sdk"
     assert job.resource["spec"]["runtimePatches"][0]["manager"] == "trainer.kubeflow.org/kubeflow-sdk"
-    assert job.resource["spec"]["trainer"]["image"] == "registry.example/train:1"
+    assert job.resource["spec"]["trainer"]["image"] == k8s.cp.training_image
     assert {pod["metadata"]["labels"].get("patched") for pod in k8s.pods(name, namespace)} == {"yes"}
     # the SDK's log lines carry the prefix `trainjob logs` prints
     assert "node-0 | hi" in list(backend.get_job_logs(name))

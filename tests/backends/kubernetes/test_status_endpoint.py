@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import ssl
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -41,7 +40,7 @@ while not (out / "done").exists() and time.time() < deadline:
 def start(k8s: TrainJobCluster, namespace: str, name: str, tmp_path: Path) -> Path:
     out = tmp_path / name
     out.mkdir()
-    k8s.create_job(name, namespace, trainer={"numNodes": 1, "command": [sys.executable, "-c", KEEPER, str(out)],
+    k8s.create_job(name, namespace, trainer={"numNodes": 1, "command": ["python", "-c", KEEPER, str(out)],
                                              "resourcesPerNode": {"requests": {"cpu": "100m"}}})
     return out
 

@@ -1,4 +1,10 @@
-"""trainjob on the test control plane: installed with ``trainjob install``, its operator run as its ServiceAccount.
+"""trainjob on the test cluster: installed with ``trainjob install``, its operator run as its ServiceAccount.
+
+The built-in torch runtimes run the training image built from ``deploy/training.Dockerfile``
+(``trainjob install --torch-image``). Every runtime's pods also mount two host folders at their own paths, as a
+cluster mounts a shared file system: the repo, read-only (the tests' training scripts), and the session's
+temporary folder (what a test's pods write and the test reads). Both nodes are this host, so a hostPath is that
+shared file system here.
 
 :class:`TrainJobCluster` is what the end-to-end tests use::
 
@@ -23,8 +29,7 @@ from typing import Any
 
 from jobtest.waiting import wait_until
 
-from kubetest.controlplane import ControlPlane, free_port
-from kubetest.node_agent import POD_GATEWAY_ANNOTATION
+from kubetest.controlplane import REPO, ControlPlane, free_port
 from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_api_client
 from trainjob.backends.kubernetes.kubeapi import KubeApi
 from trainjob.backends.kubernetes.manifests import NAME as OPERATOR_NAME
@@ -41,6 +46,23 @@ from trainjob.backends.kubernetes.status import find_condition
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "the condition", every: float = 0.2) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail naming ``what`` on timeout."""
     return wait_until(predicate, timeout, interval=every, what=what)
+
+
+def mount_shared_folders(runtime: dict[str, Any], folders: dict[str, bool]) -> dict[str, Any]:
+    """``runtime`` with ``folders`` (path -> read-only) mounted at their own paths in every container of its pods."""
+    runtime = copy.deepcopy(runtime)
+    for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        pod = rj["template"]["spec"]["template"]["spec"]
+        volumes = pod.setdefault("volumes", [])
+        for index, (path, read_only) in enumerate(folders.items()):
+            name = f"shared-{index}"
+            if any(v["name"] == name for v in volumes):
+                continue
+            volumes.append({"name": name, "hostPath": {"path": path, "type": "Directory"}})
+            for container in pod.get("initContainers", []) + pod.get("containers", []):
+                container.setdefault("volumeMounts", []).append(
+                    {"name": name, "mountPath": path, "readOnly": read_only})
+    return runtime
 
 
 def no_retries(spec: dict[str, Any]) -> None:
@@ -137,19 +159,18 @@ class TrainJobCluster:
         return done
 
     def install(self) -> None:
-        self.trainjob("install", f"--kubeconfig={self.kubeconfig}", "--operator-replicas=0")
+        self.trainjob("install", f"--kubeconfig={self.kubeconfig}", "--operator-replicas=0",
+                      f"--torch-image={self.cp.training_image}")
+        for runtime in self.api.list(CLUSTER_TRAINING_RUNTIMES, None):
+            spec = mount_shared_folders(runtime, self.shared_folders)["spec"]
+            self.api.patch(CLUSTER_TRAINING_RUNTIMES, None, runtime["metadata"]["name"], {"spec": spec})
         self.cp.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_NAME, self.operator_kubeconfig)
-        self.operator.status_host = self.pod_gateway()
+        self.operator.status_host = self.cp.host_address
 
-    def pod_gateway(self) -> str:
-        """The address the pods reach this machine at (the node agent's bridge), where the operator's status
-        endpoint listens for them."""
-        nodes = self.api.core.list_node(label_selector="trainjob.dev/node-agent=true").items
-        for node in nodes:
-            address = (node.metadata.annotations or {}).get(POD_GATEWAY_ANNOTATION)
-            if address:
-                return str(address)
-        raise AssertionError("the node agent's Node has no trainjob.dev/pod-gateway annotation")
+    @property
+    def shared_folders(self) -> dict[str, bool]:
+        """Host folders every runtime's pods mount at the same path: folder -> read-only."""
+        return {str(REPO): True, str(self.root.parent): False}
 
     # -- objects --------------------------------------------------------------------------------------------------
 
@@ -235,6 +256,9 @@ class TrainJobCluster:
         events = self.api.list_events(namespace, name, include_children=True)
         lines += [f"event {e['involvedObject']['name']}: {e['type']} {e['reason']}: {e['message']}" for e in events[-15:]]
         lines.append(f"operator log:\n{self.operator.tail(2500)}")
-        for component in ("node-agent", "kube-scheduler", "kube-controller-manager", "jobset"):
-            lines.append(f"{component} log:\n{self.cp.processes[component].tail(1500)}")
+        nodes = {p["spec"].get("nodeName") for p in self.pods(name, namespace)}
+        for component in (*(f"kubelet-{n}" for n in sorted(n for n in nodes if n)), "kube-scheduler",
+                          "kube-controller-manager", "jobset"):
+            if component in self.cp.processes:
+                lines.append(f"{component} log:\n{self.cp.processes[component].tail(1500)}")
         return "\n".join(lines)

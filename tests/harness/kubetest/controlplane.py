@@ -1,11 +1,11 @@
-"""A real Kubernetes control plane on loopback, from upstream binaries built by ``scripts/cluster/build.sh``.
+"""A real Kubernetes cluster on this machine, from upstream binaries built by ``scripts/cluster/build.sh``.
 
-etcd, kube-apiserver (TLS, ``--authorization-mode=Node,RBAC``, service-account tokens, NodeRestriction),
-kube-controller-manager (Job controller, garbage collector, service accounts, node lifecycle; every controller with
-its own service-account credentials), kube-scheduler and the JobSet controller manager (as its ServiceAccount with
-JobSet's own RBAC; its webhooks registered by URL, since there is no kube-proxy). Pods bound to the one Node are run
-by :mod:`kubetest.node_agent`, the only stand-in: it plays the kubelet and the container runtime, which cannot run
-here::
+The control plane: etcd, kube-apiserver (TLS, ``--authorization-mode=Node,RBAC``, service-account tokens,
+NodeRestriction), kube-controller-manager (Job controller, garbage collector, service accounts, node lifecycle, node
+IPAM; every controller with its own service-account credentials), kube-scheduler and the JobSet controller manager
+(as its ServiceAccount with JobSet's own RBAC). The nodes (:mod:`kubetest.nodes`): two real kubelets, each with a
+containerd of its own, kube-proxy and CoreDNS; pods run from images built here and pulled from a registry on
+loopback (:mod:`kubetest.images`)::
 
     with ControlPlane.start(tmp / "cluster") as cp:
         api = cp.admin_client()                       # kubernetes.client.ApiClient as system:masters
@@ -25,7 +25,7 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -34,12 +34,16 @@ from typing import Any
 
 import yaml
 
-from kubetest.node_agent import agent_tag, kill_netns_processes, remove_netns
+from kubetest.images import Registry, build_images, cache_dir
+from kubetest.nodes import CLUSTER_CIDR, Nodes, clean_leftovers, host_ip
 from kubetest.pki import CertificateAuthority, service_account_key
 
 REPO = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO / "scripts" / "cluster" / "build.sh"
+#: The cluster's nodes: the first one is where single-node tests place their pods, the second is the one a test may
+#: lose and bring back.
 NODE_NAME = "trainjob-node"
+SECOND_NODE = "trainjob-node-b"
 JOBSET_NAMESPACE = "jobset-system"
 JOBSET_ACCOUNT = "jobset-controller-manager"
 KUBEFLOW_NAMESPACE = "kubeflow-system"
@@ -151,19 +155,28 @@ class ControlPlane:
     #: (component, Unix time) of every ``start_again``: a restarted kube-apiserver refuses requests for a moment,
     #: until its RBAC caches have loaded.
     restarts: list[tuple[str, float]] = field(default_factory=list)
-    #: The directory of this environment's python, torchrun and trainjob, first on a container's PATH.
-    python_bin: str = ""
+    #: The real nodes (None until they start, or with ``nodes=0``), and the images their pods run.
+    nodes: Any = None
+    images: dict[str, str] = field(default_factory=dict)
+    registry: Any = None
+    #: The host's address: the nodes' InternalIP and where pods reach processes on the host.
+    host_address: str = ""
 
     # -- life cycle -------------------------------------------------------------------------------------------------
 
     @classmethod
-    def start(cls, root: Path, python_path: str | None = None, client_qps: int | None = None) -> ControlPlane:
+    def start(cls, root: Path, client_qps: int | None = None, nodes: int = 2) -> ControlPlane:
+        """The control plane, then ``nodes`` real nodes (at most 2; 0 for tests and benchmarks of the control plane
+        alone, such as KWOK's)."""
         components = build_components()
         root.mkdir(parents=True, exist_ok=True)
         (root / "logs").mkdir(exist_ok=True)
         cp = cls(root, components, CertificateAuthority.create(root / "pki"), client_qps=client_qps)
+        cp.host_address = host_ip()
         try:
-            cp._start_all(python_path or os.path.dirname(sys.executable))
+            cp._start_all()
+            if nodes:
+                cp._start_nodes([NODE_NAME, SECOND_NODE][:nodes])
         except BaseException:
             cp.stop()
             raise
@@ -176,10 +189,14 @@ class ControlPlane:
         self.stop()
 
     def stop(self) -> None:
-        """Stop every component, newest first (the node agent first, so it can clean its pods up)."""
+        """Stop every component, newest first; the nodes first, with their pods, then the control plane."""
+        if self.nodes is not None:
+            self.nodes.stop()
         for process in reversed(list(self.processes.values())):
-            process.stop(grace=15.0 if process.name == "node-agent" else 5.0)
+            process.stop(grace=5.0)
         self.processes.clear()
+        if self.registry is not None:
+            self.registry.stop()
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
         log = self.root / "logs" / f"{name}.log"
@@ -211,13 +228,13 @@ class ControlPlane:
         self.restarts.append((name, time.time()))
         return self._spawn(name, old.argv, old.env)
 
-    def _start_all(self, python_bin: str) -> None:
+    def _start_all(self) -> None:
         bins = self.components["binaries"]
         pki = self.ca.directory
         sa_key, sa_pub = service_account_key(pki)
         serving_cert, serving_key = self.ca.issue(
             "apiserver",
-            ips=["127.0.0.1", "10.96.0.1"],
+            ips=["127.0.0.1", "10.96.0.1", self.host_address],
             dns=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
         )
         kubelet_client = self.ca.issue("apiserver-kubelet-client", organization="system:masters", client=True)
@@ -246,8 +263,9 @@ class ControlPlane:
             [
                 bins["kube-apiserver"],
                 f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                # pods reach it through the kubernetes Service, at the host's address
+                "--bind-address=0.0.0.0",
+                f"--advertise-address={self.host_address}",
                 f"--secure-port={api_port}",
                 f"--cert-dir={self.root / 'apiserver'}",
                 f"--tls-cert-file={serving_cert}",
@@ -296,6 +314,10 @@ class ControlPlane:
                 f"--root-ca-file={self.ca.cert_path}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--controllers=*,-bootstrapsigner,-tokencleaner",
+                # every node's pod CIDR, which its containerd writes into the node's bridge config
+                "--allocate-node-cidrs=true",
+                f"--cluster-cidr={CLUSTER_CIDR}",
+                "--node-cidr-mask-size=24",
                 "--concurrent-job-syncs=10",
                 # A node whose heartbeats stop is NotReady after 25 s (50 s by default), so a test of a lost node
                 # takes seconds, not minutes; a longer silence of the only node (the API server restarted) is a
@@ -325,7 +347,6 @@ class ControlPlane:
             ],
         )
         self._start_jobset()
-        self._start_node_agent(python_bin)
 
     def _component_kubeconfig(self, name: str, user: str, organization: str | None = None) -> Path:
         cert, key = self.ca.issue(name, common_name=user, organization=organization, client=True)
@@ -522,81 +543,42 @@ class ControlPlane:
             time.sleep(0.3)
         raise TimeoutError(f"{name} not ready after {timeout:g} s:\n{self.processes[name].tail()}")
 
-    # -- the node -------------------------------------------------------------------------------------------------
+    # -- the nodes ------------------------------------------------------------------------------------------------
+
+    def _start_nodes(self, names: list[str]) -> None:
+        """The registry and the images, then each node, kube-proxy and CoreDNS."""
+        clean_leftovers()
+        self.registry = Registry.start(cache_dir() / "registry", self.root / "logs" / "registry.log")
+        self.images = build_images(self.registry, self.components, self.root / "logs" / "images.log")
+        self.nodes = Nodes(self, self.registry, self.images, self.host_address)
+        for name in names:
+            self.nodes.start_node(name, wait=False)
+        self.nodes.start_kube_proxy()
+        for name in names:
+            self.wait_node_ready(timeout=120.0, name=name)
+        self.nodes.start_coredns()
+        pulls = [threading.Thread(target=self.nodes.pull, args=(node, self.images["trainjob-train"]))
+                 for node in self.nodes.nodes.values()]
+        for thread in pulls:
+            thread.start()
+        for thread in pulls:
+            thread.join()
+        self.nodes.wait_dns()
 
     @property
-    def hosts_dir(self) -> Path:
-        """Where the node agents publish their pods' names and addresses to each other."""
-        return self.root / "hosts"
+    def training_image(self) -> str:
+        """The image the tests' training pods run: ``deploy/training.Dockerfile`` (torch, trainjob, examples/)."""
+        return self.images["trainjob-train"]
 
-    def _start_node_agent(self, python_bin: str, name: str = NODE_NAME) -> None:
-        self.python_bin = python_bin
-        component = "node-agent" if name == NODE_NAME else f"node-agent-{name}"
-        node_kubeconfig = self._component_kubeconfig(component, f"system:node:{name}", organization="system:nodes")
-        serving = self.ca.issue(f"{component}-serving", ips=["127.0.0.1"], dns=["localhost"])
-        env = {
-            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]),
-            # What a container finds on PATH: this environment's python, torchrun and trainjob first.
-            "TRAINJOB_NODE_PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
-        }
-        self._spawn(
-            component,
-            [
-                sys.executable,
-                "-m",
-                "kubetest.node_agent",
-                f"--kubeconfig={node_kubeconfig}",
-                f"--node-name={name}",
-                f"--root={self.root / ('node' if name == NODE_NAME else name)}",
-                f"--serving-cert={serving[0]}",
-                f"--serving-key={serving[1]}",
-                f"--client-ca={self.ca.cert_path}",
-                f"--hosts-dir={self.hosts_dir}",
-            ],
-            env=env,
-        )
-        self.wait_node_ready(timeout=60.0, name=name)
+    def lose_node(self, name: str = SECOND_NODE) -> None:
+        """Node ``name``'s machine is gone: its kubelet, containerd and every container SIGKILLed at once. The Node
+        and its pods stay in the API server until Kubernetes' node lifecycle acts (NotReady after the grace period,
+        then the ``unreachable`` taints); :meth:`restore_node` brings the machine back."""
+        self.nodes.lose_node(name)
 
-    def add_node(self, name: str) -> None:
-        """A second node: another node agent, registered as Node ``name``. Each agent has its own bridge and pod
-        subnet; the host forwards between them, so a job's pods reach each other across nodes by name and address."""
-        self._start_node_agent(self.python_bin, name)
-
-    def lose_node(self, name: str) -> None:
-        """Node ``name``'s machine is gone: its agent SIGKILLed (no heartbeat, no status from then on) and every
-        process of its pods with it, as a power loss would. The Node and its pods stay in the API server, as they
-        would; :meth:`remove_node` clears them away afterwards."""
-        process = self.processes.pop(f"node-agent-{name}")
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.popen.pid, signal.SIGKILL)
-        process.popen.wait()
-        tag = agent_tag(process.popen.pid)  # its bridge, and the prefix of its pods' network namespaces
-        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
-        namespaces = [line.split()[0] for line in listed if line.startswith(f"{tag}p")]
-        kill_netns_processes(namespaces)
-        for netns in namespaces:
-            remove_netns(netns)
-        subprocess.run(["ip", "link", "del", tag[:15]], capture_output=True)
-        with contextlib.suppress(OSError):
-            Path("/etc/netns").rmdir()
-        with contextlib.suppress(OSError):  # its pods' names go with them, as their DNS records would
-            (self.hosts_dir / f"{name}.json").unlink()
-
-    def remove_node(self, name: str) -> None:
-        """Take node ``name`` out of the cluster: its pods deleted at once (no kubelet is left to confirm), then the
-        Node; its agent stopped first if it still runs."""
-        import kubernetes.client
-
-        agent = self.processes.pop(f"node-agent-{name}", None)
-        if agent is not None:
-            agent.stop(grace=15.0)
-        with self.client() as api:
-            core = kubernetes.client.CoreV1Api(api)
-            for pod in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items:
-                with contextlib.suppress(kubernetes.client.ApiException):
-                    core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
-            with contextlib.suppress(kubernetes.client.ApiException):
-                core.delete_node(name)
+    def restore_node(self, name: str = SECOND_NODE) -> None:
+        """Node ``name`` back: its containerd and kubelet started again; Ready once the kubelet reports."""
+        self.nodes.start_node(name)
 
     def wait_node_ready(self, timeout: float = 60.0, name: str = NODE_NAME) -> None:
         import kubernetes.client
@@ -613,5 +595,5 @@ class ControlPlane:
                     if ready and ready[0].status == "True" and not taints:
                         return
                 time.sleep(0.3)
-        agent = self.processes["node-agent" if name == NODE_NAME else f"node-agent-{name}"]
-        raise TimeoutError(f"node {name} not Ready after {timeout:g} s:\n{agent.tail()}")
+        kubelet = self.processes.get(f"kubelet-{name}")
+        raise TimeoutError(f"node {name} not Ready after {timeout:g} s:\n{kubelet.tail() if kubelet else ''}")

@@ -214,11 +214,24 @@ def service() -> dict[str, Any]:
     }
 
 
-def builtin_runtimes() -> list[dict[str, Any]]:
-    """The built-in ClusterTrainingRuntimes (``torch-distributed``, ``torch-distributed-volcano``) as objects."""
+#: The built-in runtimes whose containers run torchrun (``install --torch-image`` sets their image).
+TORCH_RUNTIMES = ("torch-distributed", "torch-distributed-volcano")
+
+
+def builtin_runtimes(torch_image: str | None = None) -> list[dict[str, Any]]:
+    """The built-in ClusterTrainingRuntimes as objects. ``torch_image`` replaces the image of the torch runtimes'
+    containers (``torch-distributed``, ``torch-distributed-volcano``): a cluster's own build of
+    ``deploy/training.Dockerfile``, or a mirror of the default image in a registry the nodes can reach."""
     from trainjob.runtime import builtin_runtimes as runtimes
 
-    return [runtime.to_dict() for _, runtime in sorted(runtimes().items())]
+    objects = [runtime.to_dict() for _, runtime in sorted(runtimes().items())]
+    if torch_image:
+        for obj in objects:
+            if obj["metadata"]["name"] in TORCH_RUNTIMES:
+                for rj in obj["spec"]["template"]["spec"]["replicatedJobs"]:
+                    for container in rj["template"]["spec"]["template"]["spec"].get("containers", []):
+                        container["image"] = torch_image
+    return objects
 
 
 def kubeflow_version() -> list[dict[str, Any]]:
@@ -242,8 +255,10 @@ def kubeflow_version() -> list[dict[str, Any]]:
     ]
 
 
-def install_manifests(image: str = DEFAULT_IMAGE, operator_replicas: int = OPERATOR_REPLICAS) -> list[dict[str, Any]]:
-    """Everything to install, in apply order (CRDs before the runtimes that need them)."""
+def install_manifests(image: str = DEFAULT_IMAGE, operator_replicas: int = OPERATOR_REPLICAS,
+                      torch_image: str | None = None) -> list[dict[str, Any]]:
+    """Everything to install, in apply order (CRDs before the runtimes that need them); ``torch_image``: see
+    :func:`builtin_runtimes`."""
     return [
         namespace(),
         *custom_resource_definitions(),
@@ -251,7 +266,7 @@ def install_manifests(image: str = DEFAULT_IMAGE, operator_replicas: int = OPERA
         *rbac(),
         deployment(image, operator_replicas),
         service(),
-        *builtin_runtimes(),
+        *builtin_runtimes(torch_image),
         *kubeflow_version(),
     ]
 
@@ -261,7 +276,7 @@ def manifests_yaml(objects: list[dict[str, Any]]) -> str:
     return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)
 
 
-def deploy_files(image: str = DEFAULT_IMAGE) -> dict[str, str]:
+def deploy_files(image: str = DEFAULT_IMAGE, torch_image: str | None = None) -> dict[str, str]:
     """deploy/'s generated files by relative path: a kustomization over namespace, CRDs, RBAC, operator, runtimes."""
     crds = [*custom_resource_definitions(), pytorchjob_crd()]
     files = {
@@ -269,7 +284,7 @@ def deploy_files(image: str = DEFAULT_IMAGE) -> dict[str, str]:
         **{f"crds/{crd['metadata']['name']}.yaml": manifests_yaml([crd]) for crd in crds},
         "rbac.yaml": manifests_yaml(rbac()),
         "operator.yaml": manifests_yaml([deployment(image), service()]),
-        "runtimes.yaml": manifests_yaml(builtin_runtimes()),
+        "runtimes.yaml": manifests_yaml(builtin_runtimes(torch_image)),
         "kubeflow-version.yaml": manifests_yaml(kubeflow_version()),
     }
     kustomization = {

@@ -1,0 +1,37 @@
+# The training image: Python 3.11, torch and trainjob (with the examples' packages) at the versions that
+# requirements/dev.lock pins, and examples/ in /workspace/examples. A TrainJob's pods run it:
+#   buildah bud -f deploy/training.Dockerfile -t <registry>/trainjob-train:0.1.0 .    (or docker build ...)
+#   spec.trainer.image: <registry>/trainjob-train:0.1.0
+# BASE is any Debian-based image with Python 3.11 and its venv module (python:3.11-slim by default). torch's CUDA
+# libraries come with it from PyPI: the image is several GB, most of it the first layer below.
+ARG BASE=python:3.11-slim
+FROM ${BASE}
+
+# Build-time only, never in a layer: a CA bundle for a TLS proxy between the build and PyPI, and a pip cache
+# mounted into the build (buildah bud --volume ~/.cache/pip:/pip-cache --build-arg PIP_CACHE_DIR=/pip-cache).
+ARG PIP_CERT
+ARG PIP_CACHE_DIR
+
+ENV VIRTUAL_ENV=/opt/trainjob \
+    PATH=/opt/trainjob/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# Layer 1, the large one, rebuilt only when the lock or the dependency list changes: every package trainjob and the
+# examples import, at the lock's versions, and the build tools that install trainjob below.
+COPY requirements/dev.lock pyproject.toml /tmp/trainjob-deps/
+RUN python3 -m venv /opt/trainjob \
+ && python3 -c 'import tomllib; p = tomllib.load(open("/tmp/trainjob-deps/pyproject.toml", "rb"))["project"]; \
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["examples"] + ["setuptools", "wheel"]))' \
+      > /tmp/trainjob-deps/requirements.txt \
+ && pip install -q -c /tmp/trainjob-deps/dev.lock -r /tmp/trainjob-deps/requirements.txt \
+ && rm -rf /tmp/trainjob-deps /root/.cache/pip
+
+# Layer 2, small: trainjob itself, and the examples.
+COPY pyproject.toml README.md /tmp/trainjob-src/
+COPY src /tmp/trainjob-src/src
+RUN pip install -q --no-deps --no-build-isolation /tmp/trainjob-src \
+ && python -m compileall -q /opt/trainjob/lib/python3.11/site-packages/trainjob >/dev/null \
+ && rm -rf /tmp/trainjob-src /root/.cache/pip
+COPY examples /workspace/examples
+WORKDIR /workspace

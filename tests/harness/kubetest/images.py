@@ -1,0 +1,274 @@
+"""The test cluster's images: built here with buildah, served by a registry on loopback, pulled by the nodes.
+
+Nothing can be pulled from outside, so every image is built on this machine, each the way its project ships it:
+
+- ``debian-python``: Debian bookworm from ``debootstrap --variant=minbase`` with Python 3.11 and its venv module, the
+  stand-in base for ``python:3.11-slim`` (the training Dockerfile's default ``BASE``);
+- ``pause``: the sandbox image, Kubernetes' own ``build/pause/linux/pause.c`` built static by
+  ``scripts/cluster/build.sh``;
+- ``coredns``: the cluster DNS, CoreDNS's static binary (``scripts/cluster/build.sh``);
+- ``trainjob-train``: ``deploy/training.Dockerfile`` on the repo, as users build it (torch and trainjob at the lock's
+  versions, the examples).
+
+Each image is tagged by a hash of what goes into it, kept in buildah's storage and in the registry's
+(``$TRAINJOB_IMAGE_CACHE``, by default ``~/.cache/trainjob/images``), and built again only when that hash is new::
+
+    with Registry.start(cache_dir() / "registry", logs) as registry:
+        images = build_images(registry, components)      # {"trainjob-train": "registry.trainjob.test/...:<hash>", ...}
+
+Pods name images at :data:`REGISTRY_HOST`; each node's containerd maps that name to the loopback registry
+(``hosts.toml``), as a cluster maps its registry's name to a mirror.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+#: The registry name in every image reference of the test cluster.
+REGISTRY_HOST = "registry.trainjob.test"
+TRAINING_DOCKERFILE = REPO / "deploy" / "training.Dockerfile"
+#: What debootstrap installs into the base: what ``python:3.11-slim`` has that the Dockerfile uses.
+BASE_PACKAGES = ["python3", "python3-venv", "python-is-python3", "ca-certificates", "netbase", "procps"]
+DEBIAN_MIRROR = os.environ.get("TRAINJOB_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+#: What the training image's context holds (the rest of the repo is left out by .dockerignore).
+TRAINING_INPUTS = ["deploy/training.Dockerfile", "requirements/dev.lock", "pyproject.toml", "README.md", "src",
+                   "examples", ".dockerignore"]
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("TRAINJOB_IMAGE_CACHE", Path.home() / ".cache" / "trainjob" / "images"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _run(argv: list[str], what: str, timeout: float = 1800, **kwargs: Any) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed ({done.returncode}): {' '.join(argv)}\n{done.stdout[-3000:]}\n"
+                           f"{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def _hash_paths(paths: list[Path], extra: str = "") -> str:
+    """A short hash of files and folders (names and contents; compiled bytecode left out) and ``extra``."""
+    digest = hashlib.sha256(extra.encode())
+    for root in paths:
+        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        for path in files:
+            if "__pycache__" in path.parts or path.suffix == ".pyc":
+                continue
+            digest.update(str(path.relative_to(REPO) if path.is_relative_to(REPO) else path.name).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """One builder at a time per cache (a test session and a benchmark may start together)."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class Registry:
+    """Debian's ``docker-registry`` (the CNCF Distribution registry) on ``127.0.0.1:<port>``; its storage lasts
+    across test sessions, so an image pushed once is there for every later cluster."""
+
+    def __init__(self, storage: Path, log: Path) -> None:
+        from kubetest.controlplane import free_port  # noqa: PLC0415 (controlplane imports this module)
+
+        self.storage = storage
+        self.port = free_port()
+        self.log = log
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @classmethod
+    def start(cls, storage: Path, log: Path) -> Registry:
+        binary = shutil.which("docker-registry")
+        if binary is None:
+            raise RuntimeError("docker-registry is not installed (Debian's docker-registry; scripts/setup.sh "
+                               "installs it)")
+        registry = cls(storage, log)
+        storage.mkdir(parents=True, exist_ok=True)
+        config = log.parent / "registry.yaml"
+        config.write_text(yaml.safe_dump({
+            "version": 0.1,
+            "log": {"level": "warn", "accesslog": {"disabled": True}},
+            "storage": {"filesystem": {"rootdirectory": str(storage)}, "delete": {"enabled": True}},
+            "http": {"addr": registry.address},
+        }))
+        with log.open("ab") as out:
+            registry.popen = subprocess.Popen([binary, "serve", str(config)], stdout=out, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if registry.popen.poll() is not None:
+                raise RuntimeError(f"docker-registry exited {registry.popen.returncode}:\n{log.read_text()[-2000:]}")
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"http://{registry.address}/v2/", timeout=2):
+                return registry
+            time.sleep(0.1)
+        registry.stop()
+        raise TimeoutError(f"docker-registry did not answer on {registry.address}")
+
+    def has(self, repository: str, tag: str) -> bool:
+        request = urllib.request.Request(
+            f"http://{self.address}/v2/{repository}/manifests/{tag}", method="HEAD",
+            headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10):
+                return True
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return False
+            raise
+
+    def stop(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class Builder:
+    """buildah with its storage under the image cache."""
+
+    cache: Path
+    log: Path
+
+    def buildah(self, *args: str, what: str = "buildah", timeout: float = 3600) -> str:
+        storage = self.cache / "buildah"
+        argv = ["buildah", f"--root={storage / 'storage'}", f"--runroot={storage / 'run'}",
+                "--storage-driver=overlay", *args]
+        with self.log.open("a") as out:
+            out.write(f"$ {' '.join(argv)}\n")
+        return _run(argv, what, timeout=timeout, env={**os.environ, "BUILDAH_ISOLATION": "chroot"})
+
+    def exists(self, reference: str) -> bool:
+        storage = self.cache / "buildah"
+        return subprocess.run(
+            ["buildah", f"--root={storage / 'storage'}", f"--runroot={storage / 'run'}", "--storage-driver=overlay",
+             "inspect", "--type=image", reference], capture_output=True,
+        ).returncode == 0
+
+    def push(self, local: str, registry: Registry, remote: str) -> None:
+        # Uncompressed layers: gzip of torch's CUDA libraries alone takes minutes of one core, and the registry and
+        # the nodes are on this disk. The nodes' containerd drops a layer's blob once it is unpacked.
+        self.buildah("push", "--tls-verify=false", "--disable-compression", "--quiet", local,
+                     f"docker://{registry.address}/{remote}", what=f"pushing {local}")
+
+    def base(self) -> str:
+        """The Debian base with Python 3.11 (debootstrap), committed once per package list."""
+        stamp = hashlib.sha256(" ".join([*BASE_PACKAGES, DEBIAN_MIRROR]).encode()).hexdigest()[:12]
+        reference = f"localhost/trainjob-test/debian-python:bookworm-{stamp}"
+        if self.exists(reference):
+            return reference
+        with tempfile.TemporaryDirectory(dir=self.cache) as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            _run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", "bookworm",
+                  str(rootfs), DEBIAN_MIRROR], "debootstrap", timeout=1200)
+            shutil.rmtree(rootfs / "var" / "cache" / "apt" / "archives", ignore_errors=True)
+            (rootfs / "var" / "cache" / "apt" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
+            container = self.buildah("from", "scratch", what="buildah from scratch").strip()
+            try:
+                mount = self.buildah("mount", container).strip()
+                _run(["bash", "-c", f"tar --numeric-owner -C {rootfs} -cf - . | tar --numeric-owner -C {mount} -xpf -"],
+                     "copying the base's root file system")
+                self.buildah("config", "--env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                             "--env", "LANG=C.UTF-8", "--cmd", "python3", container)
+                self.buildah("commit", "--quiet", container, reference, what="committing the base")
+            finally:
+                self.buildah("rm", container)
+        return reference
+
+    def from_binary(self, name: str, binary: Path, user: str | None = None) -> str:
+        """A ``FROM scratch`` image of one static binary, its entry point."""
+        tag = _hash_paths([binary], extra=f"{name}:{user}")
+        reference = f"localhost/trainjob-test/{name}:{tag}"
+        if self.exists(reference):
+            return reference
+        with tempfile.TemporaryDirectory(dir=self.cache) as tmp:
+            shutil.copy(binary, Path(tmp) / name)
+            lines = ["FROM scratch", f"COPY {name} /{name}", *([f"USER {user}"] if user else []),
+                     f'ENTRYPOINT ["/{name}"]']
+            (Path(tmp) / "Containerfile").write_text("\n".join(lines) + "\n")
+            self.buildah("bud", "--quiet", "--pull-never", "-f", str(Path(tmp) / "Containerfile"), "-t", reference,
+                         tmp, what=f"building the {name} image")
+        return reference
+
+    def training(self, base: str) -> str:
+        tag = _hash_paths([REPO / p for p in TRAINING_INPUTS], extra=base)
+        reference = f"localhost/trainjob-test/trainjob-train:{tag}"
+        if self.exists(reference):
+            return reference
+        bundle = "/etc/ssl/certs/ca-certificates.crt"
+        pip_cache = Path.home() / ".cache" / "pip"
+        pip_cache.mkdir(parents=True, exist_ok=True)
+        # --layers: the torch layer is kept and reused while the lock and pyproject.toml stay as they are.
+        self.buildah(
+            "bud", "--quiet", "--layers", "--pull-never", "--network=host", "-f", str(TRAINING_DOCKERFILE),
+            f"--build-arg=BASE={base}",
+            *([f"--volume={bundle}:/run/host-ca.crt:ro", "--build-arg=PIP_CERT=/run/host-ca.crt"]
+              if Path(bundle).exists() else []),
+            f"--volume={pip_cache}:/pip-cache", "--build-arg=PIP_CACHE_DIR=/pip-cache",
+            "-t", reference, str(REPO), what="building the training image (deploy/training.Dockerfile)",
+        )
+        return reference
+
+
+def build_images(registry: Registry, components: dict[str, Any], log: Path) -> dict[str, str]:
+    """Every image of the test cluster in ``registry``: name -> the reference pods use (at :data:`REGISTRY_HOST`)."""
+    cache = cache_dir()
+    builder = Builder(cache, log)
+    bins = components["binaries"]
+    references: dict[str, str] = {}
+    with _locked(cache / ".lock"):
+        wanted = {
+            "pause": lambda: builder.from_binary("pause", Path(bins["pause"]), user="65535:65535"),
+            "coredns": lambda: builder.from_binary("coredns", Path(bins["coredns"])),
+            "trainjob-train": lambda: builder.training(builder.base()),
+        }
+        for name, build in wanted.items():
+            local = build()
+            tag = local.rsplit(":", 1)[1]
+            repository = f"trainjob/{name}"
+            if not registry.has(repository, tag):
+                started = time.monotonic()
+                builder.push(local, registry, f"{repository}:{tag}")
+                with log.open("a") as out:
+                    out.write(f"pushed {name} in {time.monotonic() - started:.0f} s\n")
+            references[name] = f"{REGISTRY_HOST}/{repository}:{tag}"
+    return references
