@@ -44,3 +44,18 @@ if ! command -v mpirun >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/
     echo "setup.sh: could not install openmpi-bin; the MPI tests will be skipped (or fail under TRAINJOB_REQUIRE_MPI=1)"
   fi
 fi
+# The test cluster's real nodes: containerd, runc and the CNI plugins run the pods; buildah builds their images,
+# Debian's docker-registry serves them on loopback, debootstrap makes the Debian base; kube-proxy programs iptables,
+# conntrack cleans its entries. Installed the same way (CI requires the cluster tests).
+node_packages=(containerd runc containernetworking-plugins buildah docker-registry debootstrap iptables conntrack)
+missing=()
+for package in "${node_packages[@]}"; do
+  dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+done
+if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "setup.sh: installing Debian's ${missing[*]} for the test cluster's nodes"
+  if ! { DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null \
+         && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }; then
+    echo "setup.sh: could not install ${missing[*]}; the cluster tests will be skipped (or fail under TRAINJOB_REQUIRE_CLUSTER=1)"
+  fi
+fi

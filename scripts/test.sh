@@ -2,9 +2,10 @@
 # Sets up the environment and runs the tests; exits non-zero when a test fails. Arguments go to pytest.
 #   bash scripts/test.sh            every tier: the cluster, browser and multi-process tests included (CI runs this)
 #   bash scripts/test.sh --fast     only the tests that start nothing: no cluster, browser or process (~1 minute)
-#   bash scripts/test.sh -m procs   one tier (markers: cluster, netns, browser, procs; tests/harness/jobtest/tiers.py)
-# The Kubernetes tests run on a real control plane built from Go modules (scripts/cluster/build.sh: about 15 min
-# on 2 cores the first time, seconds once cached under ~/.cache/trainjob/cluster); they need Go and root.
+#   bash scripts/test.sh -m procs   one tier (markers: cluster, nodes, browser, procs; tests/harness/jobtest/tiers.py)
+# The Kubernetes tests run on a real cluster built from Go modules (scripts/cluster/build.sh: about 25 min on 2 cores
+# the first time, seconds once cached under ~/.cache/trainjob/cluster) with two real nodes (kubelet, Debian's
+# containerd and runc) whose pods run images built here (python -m kubetest.images); they need Go and root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fast=0
@@ -16,6 +17,12 @@ if [ "$fast" = 0 ]; then
     start=$SECONDS
     bash scripts/cluster/build.sh >/dev/null
     echo "test.sh: test cluster components ready in $((SECONDS - start)) s"
+    # The nodes' images (pause, CoreDNS, the training image of deploy/training.Dockerfile), built with buildah and
+    # pushed to the loopback registry's storage: about 8 min the first time, seconds once cached under
+    # ~/.cache/trainjob/images (the training image again only when src/, examples/ or the lock change).
+    start=$SECONDS
+    PYTHONPATH=tests/harness .venv/bin/python -m kubetest.images >/dev/null
+    echo "test.sh: test cluster images ready in $((SECONDS - start)) s"
   else
     echo "test.sh: Go not found: the Kubernetes tests will be skipped (set TRAINJOB_REQUIRE_CLUSTER=1 to fail instead)"
   fi

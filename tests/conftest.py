@@ -1,7 +1,7 @@
 """Shared fixtures and the test tiers.
 
 Every test gets its own TRAINJOB_HOME under its temp dir. Tests are marked by what they start, from the fixtures
-they use (:mod:`jobtest.tiers`): ``cluster``, ``netns``, ``browser``, ``procs``; ``--fast`` keeps only the tests
+they use (:mod:`jobtest.tiers`): ``cluster``, ``nodes``, ``browser``, ``procs``; ``--fast`` keeps only the tests
 that start none of them (``scripts/test.sh --fast``), and those are held to it: starting a process fails them.
 """
 

@@ -1,8 +1,9 @@
-"""Fixtures: a real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, JobSet)
-built from Go modules by ``scripts/cluster/build.sh``, with trainjob installed and its operator running as its
-ServiceAccount. Pods run on the node agent (``tests/harness/kubetest/node_agent.py``), the only stand-in.
+"""Fixtures: a real Kubernetes cluster (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, JobSet; two
+nodes, each a kubelet with its own containerd, kube-proxy and CoreDNS) built from Go modules by
+``scripts/cluster/build.sh``, with trainjob installed and its operator running as its ServiceAccount. Pods run from
+images built here (``tests/harness/kubetest/images.py``).
 
-The control plane starts once per test session; every test gets its own namespace.
+The cluster starts once per test session; every test gets its own namespace.
 """
 
 from __future__ import annotations
@@ -19,15 +20,18 @@ from kubetest.cluster import TrainJobCluster
 from kubetest.controlplane import ControlPlane
 
 _NAMESPACES = itertools.count()
+#: What the nodes run on (Debian's packages, from scripts/setup.sh).
+NODE_TOOLS = ("containerd", "runc", "buildah", "docker-registry", "debootstrap", "iptables", "ip")
 
 
 def _unavailable() -> str | None:
     if shutil.which("go") is None:
         return "the test cluster is built from Go modules and needs Go (https://go.dev/dl/)"
     if os.geteuid() != 0:
-        return "the node agent runs each pod in a network namespace, which needs root"
-    if shutil.which("ip") is None or shutil.which("unshare") is None:
-        return "the node agent needs the ip (iproute2) and unshare (util-linux) commands"
+        return "the test cluster's nodes (kubelet, containerd) need root"
+    missing = [tool for tool in NODE_TOOLS if shutil.which(tool) is None]
+    if missing:
+        return f"the test cluster's nodes need {', '.join(missing)} (bash scripts/setup.sh installs them as root)"
     return None
 
 
@@ -38,7 +42,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-@starts("cluster", "netns")
+@starts("cluster", "nodes")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     reason = _unavailable()
     if reason is not None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from kubetest.cluster import TrainJobCluster
-from kubetest.controlplane import NODE_NAME
+from kubetest.controlplane import NODE_NAME, SECOND_NODE
 
 from trainjob.backends.kubernetes.progress import RESIZE_ANNOTATION
 
@@ -276,7 +276,8 @@ for step in range(start, 40):
     state.write_text(json.dumps({"step": step + 1}))
 print("done", flush=True)
 """
-LOST = "lost-node"
+#: The node a test loses: the cluster's second one, brought back afterwards.
+LOST = SECOND_NODE
 OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
 
 
@@ -316,7 +317,7 @@ def _rounds(out: Path) -> list[dict[str, Any]]:
 def test_a_lost_node_static_pods_move_and_an_elastic_job_shrinks_to_the_node_left(
     k8s: TrainJobCluster, namespace: str, workdir: Any
 ) -> None:
-    """A second node is lost (its agent and every process of its pods SIGKILLed: the machine is gone) with two jobs
+    """The second node is lost (its kubelet, containerd and every container SIGKILLed: the machine is gone) with two jobs
     on it. The Node goes NotReady once its heartbeats lapse; its pods cannot finish terminating without a kubelet, so,
     as Kubernetes documents for a node that was shut down, the node is tainted ``out-of-service``: its pods are
     evicted and deleted.
@@ -340,13 +341,12 @@ def test_a_lost_node_static_pods_move_and_an_elastic_job_shrinks_to_the_node_lef
             rj["template"]["spec"]["template"]["spec"]["schedulingGates"] = [{"name": PLACEMENT_GATE}]
 
     k8s.namespaced_runtime(namespace, "elastic-placed", gated_elastic)
-    cp.add_node(LOST)
     try:
         core.patch_node(LOST, {"spec": {"unschedulable": True}})
         k8s.create_job("shrink", namespace, runtime="elastic-placed", runtime_kind="TrainingRuntime", trainer={
             "command": ["torchrun", str(ELASTIC_WORKER), str(ELASTIC_STEPS), "10", "40", "linear"],
             "env": [{"name": "ELASTIC_OUT", "value": str(elastic_out)}, {"name": "ELASTIC_STEP_SECONDS", "value": "0.25"}],
-            "resourcesPerNode": {"requests": {"cpu": "1"}},
+            "resourcesPerNode": {"requests": {"cpu": "400m"}},  # four fit on one 2-CPU node, as after the loss
         })
         _place(k8s, namespace, "shrink", "0", NODE_NAME)  # the rendezvous' host stays
         core.patch_node(NODE_NAME, {"spec": {"unschedulable": True}})
@@ -359,7 +359,7 @@ def test_a_lost_node_static_pods_move_and_an_elastic_job_shrinks_to_the_node_lef
                    "the elastic job's first checkpoint")
             k8s.create_job("lost", namespace,
                            trainer={"numNodes": 2, "command": ["python", "-c", RESUMES, str(workdir)],
-                                    "resourcesPerNode": {"requests": {"cpu": "1"}}})
+                                    "resourcesPerNode": {"requests": {"cpu": "400m"}}})
             _until(lambda: _running(k8s, namespace, "lost"), 120, "lost running",
                    lambda: k8s.diagnostics("lost", namespace))
         finally:
@@ -446,4 +446,5 @@ def test_a_lost_node_static_pods_move_and_an_elastic_job_shrinks_to_the_node_lef
         assert RESIZE_ANNOTATION in k8s.job("shrink", namespace)["metadata"]["annotations"]
         assert (k8s.jobset("shrink", namespace).get("status") or {}).get("restarts", 0) == 0, "torchrun's own restarts"
     finally:
-        cp.remove_node(LOST)
+        core.patch_node(NODE_NAME, {"spec": {"unschedulable": False}})
+        cp.restore_node(LOST)

@@ -1,7 +1,8 @@
 """Gang scheduling for real: the Coscheduling plugin of scheduler-plugins (``kubetest.coscheduling``) places a
 TrainJob's pods all together or not at all.
 
-The Node has room for exactly three 1-CPU node pods; two TrainJobs of two nodes each are created together. Pod
+The pods ask for a CPU share of which exactly three fit on the first Node (its real allocatable, less what its pods
+request), and are placed on it; two TrainJobs of two nodes each are created together. Pod
 bindings (``spec.nodeName``) are sampled every 0.2 s. Through Coscheduling, one job is placed and runs; the other
 gets no pod placed until the first one's pods finish, then runs whole. Through kube-scheduler (no gang), the same
 jobs take the three slots as 2 + 1: one job is left partly placed, holding a slot it cannot use.
@@ -15,7 +16,8 @@ from typing import Any
 
 import pytest
 from kubetest.cluster import TrainJobCluster
-from kubetest.coscheduling import coscheduling_scheduler, node_capacity, requested_cpu
+from kubetest.controlplane import NODE_NAME
+from kubetest.coscheduling import coscheduling_scheduler, cpu_for_slots
 
 JOBS = ("first", "second")
 NODES = 2
@@ -29,8 +31,8 @@ TRANSIENT = 3.0
 Sample = tuple[float, dict[str, tuple[int, int, int]]]
 
 
-def _trainer() -> dict[str, Any]:
-    return {"numNodes": NODES, "command": ["sleep", str(RUN_SECONDS)], "resourcesPerNode": {"requests": {"cpu": "1"}}}
+def _trainer(cpu: str) -> dict[str, Any]:
+    return {"numNodes": NODES, "command": ["sleep", str(RUN_SECONDS)], "resourcesPerNode": {"requests": {"cpu": cpu}}}
 
 
 def _runtime_change(scheduler: str | None, gang: bool) -> Callable[[dict[str, Any]], None]:
@@ -41,6 +43,7 @@ def _runtime_change(scheduler: str | None, gang: bool) -> Callable[[dict[str, An
             pod_spec = replicated["template"]["spec"]["template"]["spec"]
             if scheduler:
                 pod_spec["schedulerName"] = scheduler
+            pod_spec["nodeSelector"] = {"kubernetes.io/hostname": NODE_NAME}
             replicated["template"]["spec"]["backoffLimit"] = 0
 
     return change
@@ -57,11 +60,11 @@ def _sample(k8s: TrainJobCluster, namespace: str) -> dict[str, tuple[int, int, i
     return counts
 
 
-def _run(k8s: TrainJobCluster, namespace: str, runtime: str, until: Callable[[list[Sample]], bool],
+def _run(k8s: TrainJobCluster, namespace: str, runtime: str, cpu: str, until: Callable[[list[Sample]], bool],
          timeout: float) -> list[Sample]:
     """Create both jobs, then sample their pods' bindings until ``until(samples)`` (or fail at ``timeout``)."""
     for job in JOBS:
-        k8s.create_job(job, namespace, runtime=runtime, runtime_kind="TrainingRuntime", trainer=_trainer())
+        k8s.create_job(job, namespace, runtime=runtime, runtime_kind="TrainingRuntime", trainer=_trainer(cpu))
     start = time.monotonic()
     samples: list[Sample] = []
     while not until(samples):
@@ -106,16 +109,14 @@ def _both_complete(k8s: TrainJobCluster, namespace: str) -> Callable[[list[Sampl
 
 
 @pytest.fixture
-def room_for_three(k8s: TrainJobCluster) -> Iterator[None]:
-    """The Node with room for exactly three more 1-CPU pods (whole cores beyond what its pods request now)."""
-    used_cores = -(-requested_cpu(k8s.cp) // 1000)
-    with node_capacity(k8s.cp, {"cpu": str(used_cores + SLOTS)}):
-        yield
+def room_for_three(k8s: TrainJobCluster) -> str:
+    """The CPU request of which exactly three pods fit on the first Node."""
+    return cpu_for_slots(k8s.cp, NODE_NAME, SLOTS)
 
 
 @pytest.fixture
-def second_namespace(k8s: TrainJobCluster, namespace: str, room_for_three: None) -> Iterator[str]:
-    """For the jobs placed by kube-scheduler; deleted (with their pods) before the Node gets its room back."""
+def second_namespace(k8s: TrainJobCluster, namespace: str) -> Iterator[str]:
+    """For the jobs placed by kube-scheduler; deleted with their pods."""
     name = f"{namespace}-default"
     k8s.cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}])
     yield name
@@ -129,13 +130,13 @@ def _delete_namespace(k8s: TrainJobCluster, name: str) -> None:
 
 
 def test_coscheduling_places_whole_gangs_and_the_default_scheduler_does_not(
-    k8s: TrainJobCluster, namespace: str, second_namespace: str
+    k8s: TrainJobCluster, namespace: str, second_namespace: str, room_for_three: str
 ) -> None:
     # Through Coscheduling: one job at a time, each placed whole.
     try:
         with coscheduling_scheduler(k8s.cp) as scheduler:
             k8s.namespaced_runtime(namespace, "gang", _runtime_change(scheduler, gang=True))
-            samples = _run(k8s, namespace, "gang", _both_complete(k8s, namespace), timeout=150)
+            samples = _run(k8s, namespace, "gang", room_for_three, _both_complete(k8s, namespace), timeout=150)
     finally:
         _delete_namespace(k8s, namespace)
     both_partial = [(t, c) for t, c in samples if all(_partial(c[job]) for job in JOBS)]
@@ -155,6 +156,6 @@ def test_coscheduling_places_whole_gangs_and_the_default_scheduler_does_not(
     def partly_placed(samples: list[Sample]) -> bool:
         return any(_longest_partial(samples, job) >= TRANSIENT for job in JOBS)
 
-    samples = _run(k8s, second_namespace, "plain", partly_placed, timeout=60)
+    samples = _run(k8s, second_namespace, "plain", room_for_three, partly_placed, timeout=60)
     t, last = samples[-1]
     assert sorted(bound for bound, _, _ in last.values()) == [1, 2], last

@@ -106,3 +106,13 @@ def test_root_cause_falls_back_to_the_first_exit_code_and_signal() -> None:
         "node-2: exited with code 137 (signal 9)"
     )
     assert root_cause([pod(0, "", "", code=0)], lambda p, c: "") is None
+
+
+def test_root_cause_puts_an_oom_killed_container_before_the_exceptions_it_caused() -> None:
+    oom = pod(1, "torchrun: Signal 9 (SIGKILL) received", "2026-11-23T09:23:48Z", code=137)
+    oom["status"]["containerStatuses"][0]["state"]["terminated"]["reason"] = "OOMKilled"
+    oom["spec"] = {"nodeName": "worker-3", "containers": [{"name": "node", "resources": {"limits": {"memory": "512Mi"}}}]}
+    peer = pod(0, TORCHRUN_TAIL, "2026-11-23T09:23:47Z")  # an exception, and even earlier
+    assert root_cause([peer, oom], lambda p, c: "") == (
+        "node-1: OOMKilled: container node on node worker-3 went over its memory limit of 512Mi (exit code 137)"
+    )

@@ -2,14 +2,14 @@
 that uses it (directly or through other fixtures) gets the marker, so no test is marked by hand::
 
     @pytest.fixture(scope="session")
-    @starts("cluster", "netns")
+    @starts("cluster", "nodes")
     def k8s(...): ...
 
 ========  ===========================================================================================
 marker    the test starts
 ========  ===========================================================================================
 cluster   the Kubernetes test control plane (etcd, kube-apiserver, controllers, JobSet, the operator)
-netns     pods on the node agent, in network namespaces (root)
+nodes     pods on the cluster's real nodes: kubelets with containerd and runc (root)
 browser   headless Chromium
 procs     processes: torch ranks, local jobs (supervisor, node keepers, torchrun), CLI subprocesses
 ========  ===========================================================================================
@@ -30,7 +30,7 @@ import pytest
 
 TIERS = {
     "cluster": "starts the Kubernetes test control plane",
-    "netns": "runs pods on the node agent in network namespaces (needs root)",
+    "nodes": "runs pods on the test cluster's real nodes (kubelet, containerd, runc; needs root)",
     "browser": "starts headless Chromium",
     "procs": "starts processes (torch ranks, local jobs, CLI subprocesses)",
 }

@@ -577,8 +577,19 @@ class ControlPlane:
         self.nodes.lose_node(name)
 
     def restore_node(self, name: str = SECOND_NODE) -> None:
-        """Node ``name`` back: its containerd and kubelet started again; Ready once the kubelet reports."""
-        self.nodes.start_node(name)
+        """Node ``name`` back in service, as an admin brings a repaired machine back: its containerd and kubelet
+        started again if they are down, the ``out-of-service`` taint removed and the node made schedulable; until the
+        Node is Ready without taints."""
+        import kubernetes.client
+
+        if f"kubelet-{name}" not in self.processes:
+            self.nodes.start_node(name, wait=False)
+        with self.client() as api:
+            core = kubernetes.client.CoreV1Api(api)
+            taints = [t.to_dict() for t in core.read_node(name).spec.taints or []
+                      if t.key != "node.kubernetes.io/out-of-service"]
+            core.patch_node(name, {"spec": {"taints": taints or None, "unschedulable": None}})
+        self.wait_node_ready(timeout=120.0, name=name)
 
     def wait_node_ready(self, timeout: float = 60.0, name: str = NODE_NAME) -> None:
         import kubernetes.client

@@ -1,18 +1,19 @@
 """Gang scheduling on the test cluster: the scheduler of ``sigs.k8s.io/scheduler-plugins`` with its Coscheduling
-plugin, started beside kube-scheduler for the tests that need it, and a way to shrink the one Node.
+plugin, started beside kube-scheduler for the tests that need it, and a pod size that leaves a node room for a
+given number of pods.
 
 ``scripts/cluster/build.sh`` builds that scheduler (``binaries["scheduler-plugins"]``). It answers only to pods
 with ``schedulerName: scheduler-plugins-scheduler`` (kube-scheduler keeps every other pod), as its own user with
 kube-scheduler's roles plus the PodGroups (``scheduling.x-k8s.io/v1alpha1``) it reads::
 
-    with coscheduling_scheduler(cp) as scheduler_name, node_capacity(cp, {"cpu": "3"}):
-        ...  # pods with schedulerName: scheduler_name and a scheduling.x-k8s.io/pod-group label
+    with coscheduling_scheduler(cp) as scheduler_name:
+        cpu = cpu_for_slots(cp, NODE_NAME, 3)   # three pods of this request fit on the node, a fourth does not
+        ...  # pods with schedulerName: scheduler_name, a scheduling.x-k8s.io/pod-group label, on NODE_NAME
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import ssl
 import time
 import urllib.request
@@ -21,8 +22,7 @@ from typing import Any
 
 import yaml
 
-from kubetest.controlplane import NODE_NAME, ControlPlane, free_port
-from kubetest.node_agent import CAPACITY_ANNOTATION
+from kubetest.controlplane import ControlPlane, free_port
 
 SCHEDULER_NAME = "scheduler-plugins-scheduler"
 USER = "trainjob:scheduler-plugins"
@@ -128,34 +128,18 @@ def _wait_healthy(url: str, alive: Callable[[], bool], tail: Callable[[], str], 
     raise TimeoutError(f"{PROCESS} not healthy after {timeout:g} s:\n{tail()}")
 
 
-def _allocatable(cp: ControlPlane) -> dict[str, str]:
-    import kubernetes.client
-
-    with cp.client() as api:
-        return dict(kubernetes.client.CoreV1Api(api).read_node(NODE_NAME).status.allocatable or {})
-
-
-def _annotate(cp: ControlPlane, value: str | None) -> None:
-    import kubernetes.client
-
-    with cp.client() as api:
-        kubernetes.client.CoreV1Api(api).patch_node(
-            NODE_NAME, {"metadata": {"annotations": {CAPACITY_ANNOTATION: value}}}
-        )
-
-
 def millicores(quantity: str) -> int:
     """A CPU quantity (``"2"``, ``"500m"``, ``"1.5"``) in millicores."""
     return int(quantity[:-1]) if quantity.endswith("m") else round(float(quantity) * 1000)
 
 
-def requested_cpu(cp: ControlPlane) -> int:
-    """Millicores that the Node's unfinished pods request (what the scheduler counts as used)."""
+def requested_cpu(cp: ControlPlane, node: str) -> int:
+    """Millicores that the unfinished pods on ``node`` request (what the scheduler counts as used)."""
     import kubernetes.client
 
     with cp.client() as api:
         pods = kubernetes.client.CoreV1Api(api).list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={NODE_NAME}"
+            field_selector=f"spec.nodeName={node}"
         ).items
     total = 0
     for pod in pods:
@@ -166,23 +150,14 @@ def requested_cpu(cp: ControlPlane) -> int:
     return total
 
 
-@contextlib.contextmanager
-def node_capacity(cp: ControlPlane, resources: dict[str, str], timeout: float = 30.0) -> Iterator[None]:
-    """The one Node with ``resources`` as its capacity and allocatable (through the node agent's
-    ``trainjob.dev/capacity`` annotation) until the block ends; then its own capacity again."""
-    _annotate(cp, json.dumps(resources))
-    try:
-        _wait_allocatable(cp, lambda alloc: all(alloc.get(k) == v for k, v in resources.items()), timeout)
-        yield
-    finally:
-        _annotate(cp, None)
-        _wait_allocatable(cp, lambda alloc: any(alloc.get(k) != v for k, v in resources.items()), timeout)
+def cpu_for_slots(cp: ControlPlane, node: str, slots: int) -> str:
+    """A CPU request of which exactly ``slots`` more pods fit on ``node`` (its allocatable less what its pods
+    request now): the node's real size decides, as a smaller machine would."""
+    import kubernetes.client
 
-
-def _wait_allocatable(cp: ControlPlane, done: Callable[[dict[str, str]], bool], timeout: float) -> None:
-    """Until the Node's allocatable satisfies ``done``."""
-    deadline = time.monotonic() + timeout
-    while not done(alloc := _allocatable(cp)):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the node agent did not apply its capacity in {timeout:g} s: {alloc}")
-        time.sleep(0.3)
+    with cp.client() as api:
+        allocatable = kubernetes.client.CoreV1Api(api).read_node(node).status.allocatable or {}
+    free = millicores(str(allocatable["cpu"])) - requested_cpu(cp, node)
+    each = free // (slots + 0.5)  # slots fit; slots + 1 leave half a pod's worth short
+    assert each >= 100, f"node {node} has {free}m CPU free, too little for {slots} pods"
+    return f"{int(each)}m"

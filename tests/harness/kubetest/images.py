@@ -272,3 +272,26 @@ def build_images(registry: Registry, components: dict[str, Any], log: Path) -> d
                     out.write(f"pushed {name} in {time.monotonic() - started:.0f} s\n")
             references[name] = f"{REGISTRY_HOST}/{repository}:{tag}"
     return references
+
+
+def main() -> None:
+    """``python -m kubetest.images``: build (or find) every image of the test cluster and push it to the registry's
+    storage, so the first cluster test does not wait for it; prints each reference and the training image's size."""
+    import json
+
+    from kubetest.controlplane import build_components
+
+    components = build_components()
+    log = cache_dir() / "build.log"
+    started = time.monotonic()
+    with Registry.start(cache_dir() / "registry", cache_dir() / "registry.log") as registry:
+        references = build_images(registry, components, log)
+    sizes = dict(line.rsplit(" ", 2)[0:1] + [" ".join(line.rsplit(" ", 2)[1:])] for line in Builder(
+        cache_dir(), log).buildah("images", "--format={{.Name}}:{{.Tag}} {{.Size}}").splitlines() if line.strip())
+    local = references["trainjob-train"].replace(REGISTRY_HOST + "/trainjob/", "localhost/trainjob-test/")
+    print(json.dumps({**references, "trainjob-train size": sizes.get(local, "?"),
+                      "seconds": round(time.monotonic() - started)}))
+
+
+if __name__ == "__main__":
+    main()

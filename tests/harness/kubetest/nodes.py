@@ -41,7 +41,7 @@ import yaml
 from kubetest.images import REGISTRY_HOST, Registry, cache_dir
 
 if TYPE_CHECKING:
-    from kubetest.controlplane import ControlPlane, Process
+    from kubetest.controlplane import ControlPlane
 
 CLUSTER_CIDR = "10.244.0.0/16"
 CLUSTER_DNS = "10.96.0.10"

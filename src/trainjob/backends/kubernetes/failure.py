@@ -8,6 +8,11 @@ the end of its log::
 
     node-1 rank 1: NameError: name 'lr' is not defined
 
+A container its cgroup killed for going over its memory limit says so before any exception (the ranks that lost
+their peer raise afterwards)::
+
+    node-1: OOMKilled: container node on node worker-3 went over its memory limit of 512Mi (exit code 137)
+
 :func:`~trainjob.rootcause.exception_line` (shared with the local backend) finds the last Python exception
 line in text; :func:`failed_rank` reads the rank from torchrun's "Root Cause" summary.
 """
@@ -40,6 +45,18 @@ def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def _oom_killed(pod: dict[str, Any], state: dict[str, Any]) -> str | None:
+    """What the kubelet said of a container the kernel killed for its memory limit, or ``None``."""
+    if state.get("reason") != "OOMKilled":
+        return None
+    container = state["container"]
+    spec = next((c for c in pod["spec"].get("containers") or [] if c.get("name") == container), {})
+    limit = ((spec.get("resources") or {}).get("limits") or {}).get("memory")
+    over = f"went over its memory limit of {limit}" if limit else "ran out of memory (no memory limit)"
+    return (f"OOMKilled: container {container} on node {pod['spec'].get('nodeName') or '?'} {over} "
+            f"(exit code {state.get('exitCode')})")
+
+
 def root_cause(pods: list[dict[str, Any]], read_log: Callable[[dict[str, Any], str], str]) -> str | None:
     """``node-N rank R: Exception: message`` for the first trainer pod that failed, or ``None`` if none did.
 
@@ -51,6 +68,10 @@ def root_cause(pods: list[dict[str, Any]], read_log: Callable[[dict[str, Any], s
     failed.sort(key=lambda item: (item[1].get("finishedAt") or "", item[0]["metadata"]["name"]))
     described = []
     for pod, state in failed:
+        oom = _oom_killed(pod, state)
+        if oom is not None:
+            return root_cause_line(_node_of(pod), None, oom)
+    for pod, state in failed:
         text = state.get("message") or ""
         line = exception_line(text)
         if line is None:
@@ -59,14 +80,17 @@ def root_cause(pods: list[dict[str, Any]], read_log: Callable[[dict[str, Any], s
             except Exception:  # logs can be gone with the node; the exit code still says something
                 text = text or ""
             line = exception_line(text)
-        labels = pod["metadata"].get("labels") or {}
-        node = labels.get(COMPLETION_INDEX_LABEL) or (pod["metadata"].get("annotations") or {}).get(
-            COMPLETION_INDEX_LABEL
-        )
         rank = failed_rank(text)
-        where = f"node-{node}" if node is not None else pod["metadata"]["name"]
+        where = _node_of(pod)
         code = state.get("exitCode")
         signal = f" (signal {state['signal']})" if state.get("signal") else ""
         described.append((line is not None, root_cause_line(where, rank, line or f"exited with code {code}{signal}")))
     # The first failure that states an exception; else the first failure.
     return next((text for has_line, text in described if has_line), described[0][1])
+
+
+def _node_of(pod: dict[str, Any]) -> str:
+    """``node-N`` by the pod's completion index, else the pod's name."""
+    labels = pod["metadata"].get("labels") or {}
+    node = labels.get(COMPLETION_INDEX_LABEL) or (pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_LABEL)
+    return f"node-{node}" if node is not None else pod["metadata"]["name"]
