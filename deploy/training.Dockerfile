@@ -2,10 +2,13 @@
 # requirements/dev.lock pins, and examples/ in /workspace/examples. A TrainJob's pods run it:
 #   buildah bud -f deploy/training.Dockerfile -t <registry>/trainjob-train:0.1.0 .    (or docker build ...)
 #   spec.trainer.image: <registry>/trainjob-train:0.1.0
-# BASE is any Debian-based image with Python 3.11 and its venv module (python:3.11-slim by default). torch's CUDA
-# libraries come with it from PyPI: the image is several GB, most of it the first layer below.
+# BASE is any Debian-based image with Python 3.11 and its venv module (python:3.11-slim by default). EXTRAS: the
+# optional dependencies of trainjob's pyproject.toml to add, comma-separated (examples by default; examples,ray for
+# the ray-distributed runtime). torch's CUDA libraries come with it from PyPI: the image is several GB, most of it
+# the first layer below.
 ARG BASE=python:3.11-slim
 FROM ${BASE}
+ARG EXTRAS=examples
 
 # Build-time only, never in a layer: a CA bundle for a TLS proxy between the build and PyPI, and a pip cache
 # mounted into the build (buildah bud --volume ~/.cache/pip:/pip-cache --build-arg PIP_CACHE_DIR=/pip-cache).
@@ -17,12 +20,13 @@ ENV VIRTUAL_ENV=/opt/trainjob \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Layer 1, the large one, rebuilt only when the lock or the dependency list changes: every package trainjob and the
-# examples import, at the lock's versions, and the build tools that install trainjob below.
+# Layer 1, the large one, rebuilt only when the lock, pyproject.toml or EXTRAS change: every package trainjob and
+# the extras import, at the lock's versions, and the build tools that install trainjob below.
 COPY requirements/dev.lock pyproject.toml /tmp/trainjob-deps/
 RUN python3 -m venv /opt/trainjob \
- && python3 -c 'import tomllib; p = tomllib.load(open("/tmp/trainjob-deps/pyproject.toml", "rb"))["project"]; \
-print("\n".join(p["dependencies"] + p["optional-dependencies"]["examples"] + ["setuptools", "wheel"]))' \
+ && python3 -c 'import os, tomllib; p = tomllib.load(open("/tmp/trainjob-deps/pyproject.toml", "rb"))["project"]; \
+extras = [e for e in os.environ["EXTRAS"].split(",") if e]; \
+print("\n".join(p["dependencies"] + [d for e in extras for d in p["optional-dependencies"][e]] + ["setuptools", "wheel"]))' \
       > /tmp/trainjob-deps/requirements.txt \
  && pip install -q -c /tmp/trainjob-deps/dev.lock -r /tmp/trainjob-deps/requirements.txt \
  && rm -rf /tmp/trainjob-deps /root/.cache/pip

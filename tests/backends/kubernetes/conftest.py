@@ -8,6 +8,7 @@ The cluster starts once per test session; every test gets its own namespace.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -51,6 +52,9 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         pytest.skip(reason)
     with ControlPlane.start(tmp_path_factory.mktemp("cluster")) as cp:
         yield cp
+    # What a node leaves when it goes: shims, mounts, cgroups, bridges, kube-proxy's rules; none may stay.
+    left = cp.nodes.check_clean() if cp.nodes is not None else []
+    assert not left, f"the test cluster left {left}"
 
 
 @pytest.fixture(scope="session")
@@ -66,11 +70,16 @@ def k8s(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture
-def namespace(k8s: TrainJobCluster) -> str:
-    """A fresh namespace for one test."""
+def namespace(k8s: TrainJobCluster) -> Iterator[str]:
+    """A fresh namespace for one test, deleted with everything in it afterwards (the nodes are real: a job a test
+    leaves running holds their CPUs from the tests after it)."""
+    import kubernetes.client
+
     name = f"t{next(_NAMESPACES)}-{os.getpid() % 10000}"
     k8s.cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}])
-    return name
+    yield name
+    with contextlib.suppress(kubernetes.client.ApiException):
+        k8s.api.core.delete_namespace(name, propagation_policy="Background")
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """End to end on a real control plane: TrainJob -> operator -> JobSet -> Jobs -> pods -> real DDP training.
 
-Everything here is upstream and real (API server admission and validation, RBAC, the JobSet and Job controllers,
-the garbage collector, the scheduler) except the node agent, which runs pods as local processes.
+Everything here is upstream and real: API server admission and validation, RBAC, the JobSet and Job controllers,
+the garbage collector, the scheduler, and the nodes (kubelets with containerd) that run the pods from the training
+image.
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ def pod_logs(k8s: TrainJobCluster, job: str, namespace: str) -> dict[str, str]:
 
 
 def test_seed_runtime_and_trainjob_train_ddp_to_complete(k8s: TrainJobCluster) -> None:
-    """Seed 000's ClusterTrainingRuntime and TrainJob as written, but for a runnable command and image, GPUs scaled
-    to CPU, and the shared folders every runtime here mounts.
+    """Seed 000's ClusterTrainingRuntime and TrainJob as written, but for a runnable command and image (the seed's
+    ``my-registry/mnist-training:v1.0`` is not in any registry here), GPUs scaled to CPU, and the shared folders
+    every runtime here mounts.
 
     Its Volcano PodGroup is created against Volcano's real CRD (see ``scheduler_config`` for its pods)."""
     k8s.cp.install_podgroup_crds()
@@ -95,7 +97,7 @@ def test_seed_runtime_and_trainjob_train_ddp_to_complete(k8s: TrainJobCluster) -
         "rank 1/2",
     }
     assert "final loss" in logs
-    # Each pod resolved the master by its JobSet host name, in its own network namespace.
+    # Each pod resolved the master by its JobSet host name through the cluster's DNS, in a container of its own.
     hosts = {line.rsplit(" host ", 1)[1] for line in logs.splitlines() if " host " in line}
     assert hosts == {f"{name}-node-0-0", f"{name}-node-0-1"}
 
@@ -217,7 +219,7 @@ def test_a_finished_job_past_its_ttl_is_deleted_with_everything_it_made(
 
 def test_an_mpi_job_gets_its_key_secret_hostfile_and_launcher(k8s: TrainJobCluster, namespace: str) -> None:
     """The operator creates what an MPI runtime renders: the SSH key Secret, the hostfile ConfigMap (both owned by
-    the TrainJob) and a JobSet with a launcher and the nodes. Created suspended: no sshd runs on this node agent."""
+    the TrainJob) and a JobSet with a launcher and the nodes. Created suspended: the training image has no sshd."""
     k8s.create_job("mpi-pi", namespace, runtime="mpi-distributed", suspend=True,
                    trainer={"numNodes": 2, "command": ["mpirun", "-n", "2", "python", "pi.py"]})
     wait_for(lambda: k8s.jobset("mpi-pi", namespace), 60, "the JobSet")
@@ -356,7 +358,7 @@ def test_a_forged_runtime_snapshot_is_ignored(k8s: TrainJobCluster, namespace: s
     pod_spec = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert not pod_spec.get("hostPID") and not pod_spec.get("hostNetwork")
     assert pod_spec.get("serviceAccountName") != "trainjob-operator"
-    assert not any("hostPath" in v for v in pod_spec.get("volumes") or [])
+    assert not any((v.get("hostPath") or {}).get("path") == "/" for v in pod_spec.get("volumes") or [])
     annotations = k8s.job("forger", namespace)["metadata"].get("annotations") or {}
     assert json.dumps(forged) != annotations.get(RUNTIME_SNAPSHOT_ANNOTATION)
 

@@ -31,6 +31,7 @@ def test_the_seed_ray_train_script_runs_as_a_trainjob_on_the_cluster(
     storage = tmp_path / "ray_results"
     k8s.create_job("ray-seed", namespace, runtime="ray-distributed", trainer={
         "numNodes": 2,
+        "image": k8s.cp.training_image,  # built with Ray (TRAINING_EXTRAS); rayproject/ray cannot be pulled here
         "command": ["python", str(SEED_SCRIPT), str(storage)],
         "env": [{"name": "EPOCHS", "value": str(EPOCHS)}, {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}],
         "resourcesPerNode": {"requests": {"cpu": "1"}},

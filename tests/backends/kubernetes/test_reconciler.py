@@ -552,9 +552,10 @@ CASES = [
                 pod_runs(1, "Failed", terminated={"exitCode": 137, "finishedAt": "2027-01-15T08:00:50Z",
                                                   "reason": "OOMKilled"})],
         later=60,
-        requests=[LIST_PODS, log_of(1), EVENT, PATCH_JOB, LIST_PODS, PATCH_STATUS],
+        requests=[LIST_PODS, EVENT, PATCH_JOB, LIST_PODS, PATCH_STATUS],  # OOMKilled says it all: no log read
         status={"jobsStatus": trainer_jobs(active=1)["replicatedJobsStatus"]},
-        events=[("Warning", "Restarting", "attempt 2 of 4: node-1: exited with code 137")],
+        events=[("Warning", "Restarting",
+                 "attempt 2 of 4: node-1: OOMKilled: container node ran out of memory (no memory limit) (exit code 137)")],
         again_in=10.0,
         then=lambda world: assert_annotation(world, RESTARTS_ANNOTATION, "1"),
     ),

@@ -61,7 +61,7 @@ def mount_shared_folders(runtime: dict[str, Any], folders: dict[str, bool]) -> d
             volumes.append({"name": name, "hostPath": {"path": path, "type": "Directory"}})
             for container in pod.get("initContainers", []) + pod.get("containers", []):
                 container.setdefault("volumeMounts", []).append(
-                    {"name": name, "mountPath": path, "readOnly": read_only})
+                    {"name": name, "mountPath": path, **({"readOnly": True} if read_only else {})})
     return runtime
 
 
@@ -253,6 +253,9 @@ class TrainJobCluster:
             lines.append(f"pod {pod['metadata']['name']} on {pod['spec'].get('nodeName')}: {status.get('phase')} "
                          f"{[(c['type'], c['status'], c.get('message')) for c in status.get('conditions') or []]} "
                          f"{[c.get('state') for c in status.get('containerStatuses') or []]}")
+            with contextlib.suppress(Exception):  # gone with its node, or never started
+                tail = self.api.read_log(namespace, pod, pod["spec"]["containers"][0]["name"], tail_lines=25)
+                lines.append(f"  its log's end:\n{tail}")
         events = self.api.list_events(namespace, name, include_children=True)
         lines += [f"event {e['involvedObject']['name']}: {e['type']} {e['reason']}: {e['message']}" for e in events[-15:]]
         lines.append(f"operator log:\n{self.operator.tail(2500)}")

@@ -35,7 +35,14 @@ from typing import Any
 import yaml
 
 from kubetest.images import Registry, build_images, cache_dir
-from kubetest.nodes import CLUSTER_CIDR, Nodes, clean_leftovers, host_ip
+from kubetest.nodes import (
+    CLUSTER_CIDR,
+    Nodes,
+    clean_kube_proxy_rules,
+    clean_leftovers,
+    host_ip,
+    kube_proxy_argv,
+)
 from kubetest.pki import CertificateAuthority, service_account_key
 
 REPO = Path(__file__).resolve().parents[3]
@@ -46,6 +53,7 @@ NODE_NAME = "trainjob-node"
 SECOND_NODE = "trainjob-node-b"
 JOBSET_NAMESPACE = "jobset-system"
 JOBSET_ACCOUNT = "jobset-controller-manager"
+JOBSET_WEBHOOK_SERVICE = "jobset-webhook-service"
 KUBEFLOW_NAMESPACE = "kubeflow-system"
 KUBEFLOW_ACCOUNT = "kubeflow-trainer-controller-manager"
 SERVICE_CIDR = "10.96.0.0/24"
@@ -194,6 +202,8 @@ class ControlPlane:
             self.nodes.stop()
         for process in reversed(list(self.processes.values())):
             process.stop(grace=5.0)
+        if "kube-proxy" in self.processes:
+            clean_kube_proxy_rules(self.components["binaries"].get("kube-proxy"))
         self.processes.clear()
         if self.registry is not None:
             self.registry.stop()
@@ -295,6 +305,10 @@ class ControlPlane:
             **{"client-certificate": str(admin_cert[0]), "client-key": str(admin_cert[1])},
         )
         self.wait_ready()
+        # Services' cluster IPs work on this host from the start: the controllers run here serve their webhooks
+        # through Services, as in a cluster, and the API server reaches them through kube-proxy's rules.
+        clean_leftovers()
+        self._spawn("kube-proxy", kube_proxy_argv(self, NODE_NAME))
 
         kcm = self._component_kubeconfig("kube-controller-manager", "system:kube-controller-manager")
         self._spawn(
@@ -474,17 +488,14 @@ class ControlPlane:
         account = self.service_account_kubeconfig(JOBSET_NAMESPACE, JOBSET_ACCOUNT)
 
         cert_dir = self.root / "jobset-certs"
-        cert_dir.mkdir(exist_ok=True)
-        cert, key = self.ca.issue("jobset-webhook", ips=["127.0.0.1"], dns=["localhost"])
-        shutil.copy(cert, cert_dir / "tls.crt")
-        shutil.copy(key, cert_dir / "tls.key")
         webhook_port, probe_port = free_port(), free_port()
+        self.webhook_service(JOBSET_NAMESPACE, JOBSET_WEBHOOK_SERVICE, webhook_port, cert_dir)
         config = {
             "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
             "kind": "Configuration",
             "leaderElection": {"leaderElect": False},
             "internalCertManagement": {"enable": False},
-            "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(cert_dir)},
+            "webhook": {"port": webhook_port, "host": self.host_address, "certDir": str(cert_dir)},
             "metrics": {"bindAddress": "0"},
             "health": {"healthProbeBindAddress": f"127.0.0.1:{probe_port}"},
         }
@@ -499,15 +510,40 @@ class ControlPlane:
                 "--zap-log-level=info",
             ],
         )
-        ca_bundle = base64.b64encode(self.ca.cert_path.read_bytes()).decode()
         webhooks = list(yaml.safe_load_all(self.manifests("jobset", "webhooks.yaml").read_text()))
         for config_obj in webhooks:
             config_obj["metadata"]["name"] = f"jobset-{config_obj['metadata']['name']}"
             for hook in config_obj["webhooks"]:
-                path = hook["clientConfig"]["service"]["path"]
-                hook["clientConfig"] = {"url": f"https://127.0.0.1:{webhook_port}{path}", "caBundle": ca_bundle}
+                hook["clientConfig"] = self.webhook_client_config(JOBSET_NAMESPACE, JOBSET_WEBHOOK_SERVICE,
+                                                                  hook["clientConfig"]["service"]["path"])
         self._wait_http(f"http://127.0.0.1:{probe_port}/readyz", "jobset", timeout=90)
         self.apply(webhooks)
+
+    def webhook_service(self, namespace: str, name: str, port: int, cert_dir: Path) -> None:
+        """Service ``namespace/name`` (port 443) for a controller that serves its webhooks on this host at ``port``:
+        no selector, one EndpointSlice with the host's address, as for a server outside the cluster. Writes the
+        server's certificate for the Service's DNS names into ``cert_dir`` (``tls.crt``, ``tls.key``)."""
+        self.apply([
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace},
+             "spec": {"ports": [{"name": "webhook", "port": 443, "targetPort": port, "protocol": "TCP"}]}},
+            {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+             "metadata": {"name": f"{name}-host", "namespace": namespace,
+                          "labels": {"kubernetes.io/service-name": name,
+                                     "endpointslice.kubernetes.io/managed-by": "trainjob-test-cluster"}},
+             "addressType": "IPv4", "endpoints": [{"addresses": [self.host_address]}],
+             "ports": [{"name": "webhook", "port": port, "protocol": "TCP"}]},
+        ])
+        cert, key = self.ca.issue(f"{namespace}-{name}", dns=[f"{name}.{namespace}.svc",
+                                                            f"{name}.{namespace}.svc.cluster.local"])
+        cert_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy(cert, cert_dir / "tls.crt")
+        shutil.copy(key, cert_dir / "tls.key")
+
+    def webhook_client_config(self, namespace: str, name: str, path: str) -> dict[str, Any]:
+        """A webhook's ``clientConfig``: Service ``namespace/name`` (see :meth:`webhook_service`) at ``path``."""
+        return {"service": {"namespace": namespace, "name": name, "path": path, "port": 443},
+                "caBundle": base64.b64encode(self.ca.cert_path.read_bytes()).decode()}
 
     def install_podgroup_crds(self) -> None:
         """The coscheduling (scheduler-plugins) and Volcano PodGroup CRDs, as their projects publish them."""
@@ -546,14 +582,12 @@ class ControlPlane:
     # -- the nodes ------------------------------------------------------------------------------------------------
 
     def _start_nodes(self, names: list[str]) -> None:
-        """The registry and the images, then each node, kube-proxy and CoreDNS."""
-        clean_leftovers()
+        """The registry and the images, then each node and CoreDNS."""
         self.registry = Registry.start(cache_dir() / "registry", self.root / "logs" / "registry.log")
         self.images = build_images(self.registry, self.components, self.root / "logs" / "images.log")
         self.nodes = Nodes(self, self.registry, self.images, self.host_address)
         for name in names:
             self.nodes.start_node(name, wait=False)
-        self.nodes.start_kube_proxy()
         for name in names:
             self.wait_node_ready(timeout=120.0, name=name)
         self.nodes.start_coredns()

@@ -8,7 +8,7 @@ Nothing can be pulled from outside, so every image is built on this machine, eac
   ``scripts/cluster/build.sh``;
 - ``coredns``: the cluster DNS, CoreDNS's static binary (``scripts/cluster/build.sh``);
 - ``trainjob-train``: ``deploy/training.Dockerfile`` on the repo, as users build it (torch and trainjob at the lock's
-  versions, the examples).
+  versions, the examples), with Ray for the ray-distributed runtime too.
 
 Each image is tagged by a hash of what goes into it, kept in buildah's storage and in the registry's
 (``$TRAINJOB_IMAGE_CACHE``, by default ``~/.cache/trainjob/images``), and built again only when that hash is new::
@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -46,6 +47,9 @@ TRAINING_DOCKERFILE = REPO / "deploy" / "training.Dockerfile"
 #: What debootstrap installs into the base: what ``python:3.11-slim`` has that the Dockerfile uses.
 BASE_PACKAGES = ["python3", "python3-venv", "python-is-python3", "ca-certificates", "netbase", "procps"]
 DEBIAN_MIRROR = os.environ.get("TRAINJOB_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+#: The optional dependencies the test cluster's training image adds: the examples', and Ray for the
+#: ray-distributed runtime's test.
+TRAINING_EXTRAS = "examples,ray"
 #: What the training image's context holds (the rest of the repo is left out by .dockerignore).
 TRAINING_INPUTS = ["deploy/training.Dockerfile", "requirements/dev.lock", "pyproject.toml", "README.md", "src",
                    "examples", ".dockerignore"]
@@ -99,6 +103,7 @@ class Registry:
         self.storage = storage
         self.port = free_port()
         self.log = log
+        self.config = log.parent / "registry.yaml"
         self.popen: subprocess.Popen[bytes] | None = None
 
     @property
@@ -114,6 +119,7 @@ class Registry:
         registry = cls(storage, log)
         storage.mkdir(parents=True, exist_ok=True)
         config = log.parent / "registry.yaml"
+        registry.config = config
         config.write_text(yaml.safe_dump({
             "version": 0.1,
             "log": {"level": "warn", "accesslog": {"disabled": True}},
@@ -121,6 +127,13 @@ class Registry:
             "http": {"addr": registry.address},
         }))
         with log.open("ab") as out:
+            # Blobs of the tags deleted before (older builds) go, unless another registry serves this storage now.
+            collect = storage / ".collect"
+            if collect.exists() and subprocess.run(["pgrep", "-f", "docker-registry serve"],
+                                                   capture_output=True).returncode != 0:
+                subprocess.run([binary, "garbage-collect", "--delete-untagged", str(config)], stdout=out,
+                               stderr=subprocess.STDOUT, timeout=600)
+                collect.unlink()
             registry.popen = subprocess.Popen([binary, "serve", str(config)], stdout=out, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 30
@@ -145,6 +158,24 @@ class Registry:
             if exc.code == 404:
                 return False
             raise
+
+    def forget_other_tags(self, repository: str, keep: str) -> None:
+        """Delete every tag of ``repository`` but ``keep`` (their blobs go at the next start's garbage collection)."""
+        with urllib.request.urlopen(f"http://{self.address}/v2/{repository}/tags/list", timeout=10) as answer:
+            tags = json.loads(answer.read()).get("tags") or []
+        for tag in tags:
+            if tag == keep:
+                continue
+            head = urllib.request.Request(
+                f"http://{self.address}/v2/{repository}/manifests/{tag}", method="HEAD",
+                headers={"Accept": "application/vnd.oci.image.manifest.v1+json, "
+                                   "application/vnd.docker.distribution.manifest.v2+json"})
+            with contextlib.suppress(urllib.error.HTTPError), urllib.request.urlopen(head, timeout=10) as answer:
+                digest = answer.headers["Docker-Content-Digest"]
+                delete = urllib.request.Request(f"http://{self.address}/v2/{repository}/manifests/{digest}",
+                                                method="DELETE")
+                with contextlib.suppress(urllib.error.HTTPError), urllib.request.urlopen(delete, timeout=10):
+                    (self.storage / ".collect").touch()  # the next start collects its blobs
 
     def stop(self) -> None:
         if self.popen is not None and self.popen.poll() is None:
@@ -186,7 +217,7 @@ class Builder:
 
     def push(self, local: str, registry: Registry, remote: str) -> None:
         # Uncompressed layers: gzip of torch's CUDA libraries alone takes minutes of one core, and the registry and
-        # the nodes are on this disk. The nodes' containerd drops a layer's blob once it is unpacked.
+        # the nodes are on this disk.
         self.buildah("push", "--tls-verify=false", "--disable-compression", "--quiet", local,
                      f"docker://{registry.address}/{remote}", what=f"pushing {local}")
 
@@ -230,23 +261,39 @@ class Builder:
         return reference
 
     def training(self, base: str) -> str:
-        tag = _hash_paths([REPO / p for p in TRAINING_INPUTS], extra=base)
+        tag = _hash_paths([REPO / p for p in TRAINING_INPUTS], extra=f"{base} {TRAINING_EXTRAS}")
         reference = f"localhost/trainjob-test/trainjob-train:{tag}"
         if self.exists(reference):
             return reference
+        # A new dependency layer (5 GB) is built when the lock, pyproject.toml or the Dockerfile change: the older
+        # images and their build cache go first, or each such change would keep another copy on this disk.
+        deps = _hash_paths([REPO / "requirements/dev.lock", REPO / "pyproject.toml", TRAINING_DOCKERFILE],
+                           extra=f"{base} {TRAINING_EXTRAS}")
+        stamp = self.cache / "buildah" / "training-deps"
+        if stamp.exists() and stamp.read_text() != deps:
+            self._remove_tags(reference.rsplit(":", 1)[0], keep=None)
+            self.buildah("rmi", "--prune", what="pruning the build cache")
         bundle = "/etc/ssl/certs/ca-certificates.crt"
         pip_cache = Path.home() / ".cache" / "pip"
         pip_cache.mkdir(parents=True, exist_ok=True)
         # --layers: the torch layer is kept and reused while the lock and pyproject.toml stay as they are.
         self.buildah(
             "bud", "--quiet", "--layers", "--pull-never", "--network=host", "-f", str(TRAINING_DOCKERFILE),
-            f"--build-arg=BASE={base}",
+            f"--build-arg=BASE={base}", f"--build-arg=EXTRAS={TRAINING_EXTRAS}",
             *([f"--volume={bundle}:/run/host-ca.crt:ro", "--build-arg=PIP_CERT=/run/host-ca.crt"]
               if Path(bundle).exists() else []),
             f"--volume={pip_cache}:/pip-cache", "--build-arg=PIP_CACHE_DIR=/pip-cache",
             "-t", reference, str(REPO), what="building the training image (deploy/training.Dockerfile)",
         )
+        stamp.write_text(deps)
+        self._remove_tags(reference.rsplit(":", 1)[0], keep=reference)
         return reference
+
+    def _remove_tags(self, repository: str, keep: str | None) -> None:
+        """Untag (and so free) every image of ``repository`` but ``keep``."""
+        for line in self.buildah("images", "--format={{.Name}}:{{.Tag}}").split():
+            if line.startswith(repository + ":") and line != keep:
+                self.buildah("rmi", line, what=f"removing the older {line}")
 
 
 def build_images(registry: Registry, components: dict[str, Any], log: Path) -> dict[str, str]:
@@ -270,6 +317,7 @@ def build_images(registry: Registry, components: dict[str, Any], log: Path) -> d
                 builder.push(local, registry, f"{repository}:{tag}")
                 with log.open("a") as out:
                     out.write(f"pushed {name} in {time.monotonic() - started:.0f} s\n")
+            registry.forget_other_tags(repository, keep=tag)
             references[name] = f"{REGISTRY_HOST}/{repository}:{tag}"
     return references
 
@@ -286,8 +334,8 @@ def main() -> None:
     started = time.monotonic()
     with Registry.start(cache_dir() / "registry", cache_dir() / "registry.log") as registry:
         references = build_images(registry, components, log)
-    sizes = dict(line.rsplit(" ", 2)[0:1] + [" ".join(line.rsplit(" ", 2)[1:])] for line in Builder(
-        cache_dir(), log).buildah("images", "--format={{.Name}}:{{.Tag}} {{.Size}}").splitlines() if line.strip())
+    listed = Builder(cache_dir(), log).buildah("images", "--format={{.Name}}:{{.Tag}} {{.Size}}").splitlines()
+    sizes = dict(line.split(" ", 1) for line in listed if " " in line)
     local = references["trainjob-train"].replace(REGISTRY_HOST + "/trainjob/", "localhost/trainjob-test/")
     print(json.dumps({**references, "trainjob-train size": sizes.get(local, "?"),
                       "seconds": round(time.monotonic() - started)}))

@@ -4,14 +4,14 @@
 - as its ServiceAccount ``kueue-system/kueue-controller-manager``, bound to the ClusterRole of
   ``config/components/rbac/role.yaml`` and to the Role of ``manager_secrets_role.yaml`` in its namespace;
 - with its configuration file (``config.kueue.x-k8s.io/v1beta2``): the ``trainer.kubeflow.org/trainjob``
-  integration, leader election off, its own certificate management off (that rotates a Secret for a Service's DNS
-  name; here the webhooks are reached by URL, as JobSet's are), the webhook server on loopback with a certificate
-  from the test CA;
+  integration, leader election off, its own certificate management off (that rotates a Secret; here the test CA
+  signs the certificate of its webhook Service's DNS name), the webhook server on the host's address behind its
+  Service ``kueue-webhook-service`` (:meth:`ControlPlane.webhook_service`), as JobSet's is;
 - its metrics certificate where Kueue reads one when it does not manage certificates
   (``/etc/kueue/metrics/certs``, mounted from a Secret by its cert-manager install): here a private mount namespace
   overlays ``/etc`` for that one process, with the files in the test's directory (nothing on the host changes);
 - its mutating and validating webhooks (``config/components/webhook/manifests.yaml``) for its own kinds and for
-  TrainJobs, registered by URL while it runs. The webhooks of the integrations not enabled here (pods, batch Jobs)
+  TrainJobs, registered through that Service while it runs. The webhooks of the integrations not enabled here (pods, batch Jobs)
   are left out: they fail closed, and would refuse every pod once Kueue stops.
 
 ``VisibilityOnDemand`` (an aggregated API server of its own) is off: there is no aggregation layer route here.
@@ -22,7 +22,6 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import shutil
 from collections.abc import Iterator
@@ -36,6 +35,8 @@ NAMESPACE = "kueue-system"
 ACCOUNT = "kueue-controller-manager"
 PROCESS = "kueue"
 FRAMEWORKS = ["trainer.kubeflow.org/trainjob"]
+#: The Service its webhooks are reached through (the name its manifests give it).
+WEBHOOK_SERVICE = "kueue-webhook-service"
 #: The webhook configurations registered while Kueue runs.
 WEBHOOK_CONFIGURATIONS = {"MutatingWebhookConfiguration": "kueue-mutating-webhook-configuration",
                           "ValidatingWebhookConfiguration": "kueue-validating-webhook-configuration"}
@@ -43,14 +44,14 @@ WEBHOOK_CONFIGURATIONS = {"MutatingWebhookConfiguration": "kueue-mutating-webhoo
 WEBHOOK_GROUPS = {"kueue.x-k8s.io", "trainer.kubeflow.org"}
 
 
-def configuration(webhook_port: int, probe_port: int, cert_dir: str) -> dict[str, Any]:
+def configuration(webhook_host: str, webhook_port: int, probe_port: int, cert_dir: str) -> dict[str, Any]:
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": NAMESPACE,
         "health": {"healthProbeBindAddress": f"127.0.0.1:{probe_port}"},
         "metrics": {"bindAddress": "0"},
-        "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": cert_dir},
+        "webhook": {"port": webhook_port, "host": webhook_host, "certDir": cert_dir},
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
         "clientConnection": {"qps": 50, "burst": 100},
@@ -58,9 +59,8 @@ def configuration(webhook_port: int, probe_port: int, cert_dir: str) -> dict[str
     }
 
 
-def webhooks(cp: ControlPlane, port: int) -> list[dict[str, Any]]:
-    """Kueue's webhook configurations for :data:`WEBHOOK_GROUPS`, by URL to ``127.0.0.1:port``."""
-    ca_bundle = base64.b64encode(cp.ca.cert_path.read_bytes()).decode()
+def webhooks(cp: ControlPlane) -> list[dict[str, Any]]:
+    """Kueue's webhook configurations for :data:`WEBHOOK_GROUPS`, through its webhook Service."""
     configs = []
     for config in yaml.safe_load_all(cp.manifests("kueue", "webhooks.yaml").read_text()):
         if not config:
@@ -70,8 +70,8 @@ def webhooks(cp: ControlPlane, port: int) -> list[dict[str, Any]]:
             groups = {g for rule in hook.get("rules") or [] for g in rule.get("apiGroups") or []}
             if not groups & WEBHOOK_GROUPS:
                 continue
-            path = hook["clientConfig"]["service"]["path"]
-            hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
+            hook["clientConfig"] = cp.webhook_client_config(NAMESPACE, WEBHOOK_SERVICE,
+                                                            hook["clientConfig"]["service"]["path"])
             kept.append(hook)
         config["metadata"] = {"name": WEBHOOK_CONFIGURATIONS[config["kind"]]}
         config["webhooks"] = kept
@@ -121,13 +121,12 @@ def kueue_controller(cp: ControlPlane, timeout: float = 120.0) -> Iterator[None]
     metrics_dir = root / "etc-upper" / "kueue" / "metrics" / "certs"
     for directory in (cert_dir, metrics_dir, root / "etc-work"):
         directory.mkdir(parents=True, exist_ok=True)
-    cert, key = cp.ca.issue("kueue-webhook", ips=["127.0.0.1"], dns=["localhost"])
-    for target in (cert_dir, metrics_dir):
-        shutil.copy(cert, target / "tls.crt")
-        shutil.copy(key, target / "tls.key")
     webhook_port, probe_port = free_port(), free_port()
+    cp.webhook_service(NAMESPACE, WEBHOOK_SERVICE, webhook_port, cert_dir)
+    for name in ("tls.crt", "tls.key"):
+        shutil.copy(cert_dir / name, metrics_dir / name)
     config_path = root / "config.yaml"
-    config_path.write_text(yaml.safe_dump(configuration(webhook_port, probe_port, str(cert_dir))))
+    config_path.write_text(yaml.safe_dump(configuration(cp.host_address, webhook_port, probe_port, str(cert_dir))))
     overlay = f"lowerdir=/etc,upperdir={root / 'etc-upper'},workdir={root / 'etc-work'}"
     process = cp._spawn(
         PROCESS,
@@ -144,7 +143,7 @@ def kueue_controller(cp: ControlPlane, timeout: float = 120.0) -> Iterator[None]
     registered = False
     try:
         cp._wait_http(f"http://127.0.0.1:{probe_port}/readyz", PROCESS, timeout=timeout)
-        cp.apply(webhooks(cp, webhook_port))
+        cp.apply(webhooks(cp))
         registered = True
         yield
     finally:

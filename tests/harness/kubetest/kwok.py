@@ -15,7 +15,7 @@ imaginary.
 What the simulated nodes are:
 
 - annotated ``kwok.x-k8s.io/node=fake``: kwok runs with ``--manage-nodes-with-annotation-selector`` and touches
-  nothing else (the node agent's ``trainjob-node`` and its pods are not its business);
+  nothing else (the real nodes and their pods are not its business);
 - tainted ``kwok.x-k8s.io/node=fake:NoSchedule`` and labelled ``type=kwok``: only pods that tolerate the taint and
   select the label land there (:func:`on_simulated_nodes` changes a runtime so that its pods do), and no pod of
   another test ever does;

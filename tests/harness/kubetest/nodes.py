@@ -217,7 +217,6 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
   [{cri}.containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
-    discard_unpacked_layers = true
     [{cri}.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [{cri}.containerd.runtimes.runc.options]
@@ -365,7 +364,14 @@ class Nodes:
         node.processes.append(component)
 
     def pull(self, node: Node, image: str) -> None:
-        node.crictl("pull", image, crictl=self.bins["crictl"], timeout=1800)
+        """Pull ``image`` into the node's store, and drop older builds of it (another tag of its repository)."""
+        crictl = self.bins["crictl"]
+        node.crictl("pull", image, crictl=crictl, timeout=1800)
+        repository = image.rsplit(":", 1)[0]
+        for listed in json.loads(node.crictl("images", "-o", "json", crictl=crictl)).get("images") or []:
+            tags = listed.get("repoTags") or []
+            if tags and all(t.startswith(repository + ":") and t != image for t in tags):
+                node.crictl("rmi", listed["id"], crictl=crictl, check=False)
 
     def stop_node(self, name: str, graceful: bool = True) -> None:
         """Stop node ``name``: the kubelet, then (``graceful``) every pod sandbox through the CRI, then containerd,
@@ -393,30 +399,6 @@ class Nodes:
 
     # -- what the nodes share ---------------------------------------------------------------------------------
 
-    def start_kube_proxy(self) -> None:
-        from kubetest.controlplane import free_port  # noqa: PLC0415
-
-        cert, key = self.cp.ca.issue("kube-proxy", common_name="system:kube-proxy", client=True)
-        from kubetest.controlplane import kubeconfig  # noqa: PLC0415
-
-        path = kubeconfig(self.cp.root / "kube-proxy.kubeconfig", self.cp.url, self.cp.ca.cert_path,
-                          **{"client-certificate": str(cert), "client-key": str(key)})
-        config = self.cp.root / "kube-proxy.yaml"
-        config.write_text(yaml.safe_dump({
-            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
-            "kind": "KubeProxyConfiguration",
-            "clientConnection": {"kubeconfig": str(path)},
-            "mode": "iptables",
-            "clusterCIDR": CLUSTER_CIDR,
-            "hostnameOverride": next(iter(self.nodes)),
-            "healthzBindAddress": f"127.0.0.1:{free_port()}",
-            "metricsBindAddress": f"127.0.0.1:{free_port()}",
-            # 0: kube-proxy leaves the host's conntrack sysctls as they are
-            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
-            "iptables": {"localhostNodePorts": False, "syncPeriod": "30s", "minSyncPeriod": "0s"},
-        }))
-        self.cp._spawn("kube-proxy", [self.bins["kube-proxy"], f"--config={config}", "--v=1"])
-
     def start_coredns(self) -> None:
         self.cp.apply(coredns_objects(self.images["coredns"]))
 
@@ -439,10 +421,6 @@ class Nodes:
         for name in reversed(list(self.nodes)):
             with contextlib.suppress(Exception):
                 self.stop_node(name)
-        proxy = self.cp.processes.pop("kube-proxy", None)
-        if proxy is not None:
-            proxy.stop()
-            clean_kube_proxy_rules(self.bins.get("kube-proxy"))
         for node in self.nodes.values():
             if node.store_lock is not None:
                 node.store_lock.close()
@@ -459,9 +437,35 @@ class Nodes:
         mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
                   if line.split()[1].startswith(str(self.cp.root))]
         left += [f"mount {m}" for m in mounts]
+        shims = _run(["pgrep", "-f", f"containerd-shim-runc-v2 .*/{self.tag}-"], check=False).stdout.split()
+        left += [f"shim pid {pid}" for pid in shims]
         if "KUBE-SERVICES" in _run(["iptables-save", "-t", "nat"], check=False).stdout:
             left.append("kube-proxy's KUBE-SERVICES chain")
         return left
+
+
+def kube_proxy_argv(cp: ControlPlane, hostname: str) -> list[str]:
+    """kube-proxy (iptables mode) for this host, as ``system:kube-proxy`` (bound to ``system:node-proxier``)."""
+    from kubetest.controlplane import free_port, kubeconfig  # noqa: PLC0415
+
+    cert, key = cp.ca.issue("kube-proxy", common_name="system:kube-proxy", client=True)
+    path = kubeconfig(cp.root / "kube-proxy.kubeconfig", cp.url, cp.ca.cert_path,
+                      **{"client-certificate": str(cert), "client-key": str(key)})
+    config = cp.root / "kube-proxy.yaml"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(path)},
+        "mode": "iptables",
+        "clusterCIDR": CLUSTER_CIDR,
+        "hostnameOverride": hostname,
+        "healthzBindAddress": f"127.0.0.1:{free_port()}",
+        "metricsBindAddress": f"127.0.0.1:{free_port()}",
+        # 0: kube-proxy leaves the host's conntrack sysctls as they are
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+        "iptables": {"localhostNodePorts": False, "syncPeriod": "30s", "minSyncPeriod": "0s"},
+    }))
+    return [cp.components["binaries"]["kube-proxy"], f"--config={config}", "--v=1"]
 
 
 def _remove_device_plugin_dir() -> None:
@@ -574,7 +578,8 @@ def coredns_objects(image: str) -> list[dict[str, Any]]:
                  "containers": [{
                      "name": "coredns", "image": image, "imagePullPolicy": "IfNotPresent",
                      "args": ["-conf", "/etc/coredns/Corefile"],
-                     "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
+                     # no CPU request: each 2-CPU node keeps room for two 1-CPU training pods
+                     "resources": {"requests": {"memory": "32Mi"}, "limits": {"memory": "128Mi"}},
                      "volumeMounts": [{"name": "config", "mountPath": "/etc/coredns", "readOnly": True}],
                      "ports": [{"containerPort": 53, "name": "dns", "protocol": "UDP"},
                                {"containerPort": 53, "name": "dns-tcp", "protocol": "TCP"}],

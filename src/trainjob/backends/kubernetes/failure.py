@@ -53,8 +53,8 @@ def _oom_killed(pod: dict[str, Any], state: dict[str, Any]) -> str | None:
     spec = next((c for c in pod["spec"].get("containers") or [] if c.get("name") == container), {})
     limit = ((spec.get("resources") or {}).get("limits") or {}).get("memory")
     over = f"went over its memory limit of {limit}" if limit else "ran out of memory (no memory limit)"
-    return (f"OOMKilled: container {container} on node {pod['spec'].get('nodeName') or '?'} {over} "
-            f"(exit code {state.get('exitCode')})")
+    node = pod["spec"].get("nodeName")
+    return f"OOMKilled: container {container}{f' on node {node}' if node else ''} {over} (exit code {state.get('exitCode')})"
 
 
 def root_cause(pods: list[dict[str, Any]], read_log: Callable[[dict[str, Any], str], str]) -> str | None:
