@@ -191,11 +191,14 @@ def test_install_applies_to_a_real_cluster_and_is_repeatable(
     k8s: TrainJobCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The API server accepts every manifest (CRDs, RBAC, the Deployment, the runtimes), twice."""
-    args = ["install", "--kubeconfig", str(k8s.kubeconfig), "--operator-replicas", "0"]
-    assert main(args) == 0
-    first = capsys.readouterr().out
-    assert main(args) == 0
-    second = capsys.readouterr().out
+    args = k8s.install_args  # as the cluster was installed: the runtimes keep the training image
+    try:
+        assert main(args) == 0
+        first = capsys.readouterr().out
+        assert main(args) == 0
+        second = capsys.readouterr().out
+    finally:
+        k8s.mount_shared_folders_in_runtimes()  # what the install just replaced, for the tests after this one
     assert "configured CustomResourceDefinition trainjobs.trainer.kubeflow.org" in first  # the fixture installed it
     assert "configured Deployment trainjob-operator" in first
     create_only = [o for o in install_manifests() if (o["metadata"].get("annotations") or {}).get(CREATE_ONLY_ANNOTATION)]

@@ -13,11 +13,12 @@ from kubetest.cluster import TrainJobCluster, wait_for
 
 from trainjob.backends.kubernetes.resources import PYTORCHJOBS
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parent
 
 #: Seed 004's ``pytorch-job.yaml`` made runnable here: the cluster's training image (``{image}``) instead of
 #: ``my-training:latest``, a CPU request instead of GPUs, the DDP script (gloo) run by ``python`` as v1 runs it
-#: (MASTER_ADDR, RANK, WORLD_SIZE from the operator), 1 master + 2 workers.
+#: (MASTER_ADDR, RANK, WORLD_SIZE from the operator), 1 master + 2 workers. The script comes from this folder,
+#: mounted read-only (hostPath: the nodes are this host) where the seed's image would have it baked in.
 SEED_MANIFEST = f"""
 apiVersion: kubeflow.org/v1
 kind: PyTorchJob
@@ -37,6 +38,8 @@ spec:
             resources:
               requests:
                 cpu: 100m
+            volumeMounts: [{{{{name: tests, mountPath: {HERE}, readOnly: true}}}}]
+          volumes: [{{{{name: tests, hostPath: {{{{path: {HERE}, type: Directory}}}}}}}}]
     Worker:
       replicas: 2
       restartPolicy: OnFailure
@@ -52,6 +55,8 @@ spec:
             resources:
               requests:
                 cpu: 100m
+            volumeMounts: [{{{{name: tests, mountPath: {HERE}, readOnly: true}}}}]
+          volumes: [{{{{name: tests, hostPath: {{{{path: {HERE}, type: Directory}}}}}}}}]
 """
 
 
@@ -141,8 +146,11 @@ def test_a_failing_worker_is_recreated_then_fails_the_job_and_everything_is_clea
     """restartPolicy ExitCode, backoffLimit 1: exit 137 is retried once, then the job fails naming the pod;
     cleanPodPolicy All removes the pods and services; ttlSecondsAfterFinished removes the job."""
     image = k8s.cp.training_image
-    template = {"spec": {"containers": [{"name": "pytorch", "image": image, "command": ["sh", "-c", "sleep 60"]}]}}
-    failing = {"spec": {"containers": [{"name": "pytorch", "image": image, "command": ["sh", "-c", "exit 137"]}]}}
+    # A container's PID 1 (sh here) ignores SIGTERM: a short grace period, or deleting the pods takes 30 s.
+    template = {"spec": {"terminationGracePeriodSeconds": 1,
+                         "containers": [{"name": "pytorch", "image": image, "command": ["sh", "-c", "sleep 60"]}]}}
+    failing = {"spec": {"terminationGracePeriodSeconds": 1,
+                        "containers": [{"name": "pytorch", "image": image, "command": ["sh", "-c", "exit 137"]}]}}
     k8s.api.create({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
                     "metadata": {"name": "failing", "namespace": namespace},
                     "spec": {"runPolicy": {"backoffLimit": 1, "cleanPodPolicy": "All", "ttlSecondsAfterFinished": 3},

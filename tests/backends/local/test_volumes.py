@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,9 @@ READER = """
 #: Where these tests mount things (their mountPaths, and their temp dirs); other tests running beside these may
 #: add mounts elsewhere (network namespaces under /run/netns), which are not this file's to judge.
 WATCHED = ("/output", "/input", "/scratch", "/dev/shm", "/cache", "/weights", "/etc/train", "/v", "/tmp")
+#: The test cluster's nodes, which may run beside these tests (the cluster tier), mount their pods' sandboxes and
+#: volumes under their own folders in the cluster session's temp dir: not this file's to judge either.
+CLUSTER_NODE_FOLDER = re.compile(r"/nodes/tj\d+-")
 
 
 def mounts() -> list[str]:
@@ -61,7 +65,8 @@ def mounts() -> list[str]:
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
         lines = [line.split() for line in f]
     return sorted(" ".join(fields[3:]) for fields in lines
-                  if any(fields[4] == path or fields[4].startswith(path + "/") for path in WATCHED))
+                  if any(fields[4] == path or fields[4].startswith(path + "/") for path in WATCHED)
+                  and not CLUSTER_NODE_FOLDER.search(fields[4]))
 
 
 @pytest.fixture

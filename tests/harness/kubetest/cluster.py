@@ -159,13 +159,23 @@ class TrainJobCluster:
         return done
 
     def install(self) -> None:
-        self.trainjob("install", f"--kubeconfig={self.kubeconfig}", "--operator-replicas=0",
-                      f"--torch-image={self.cp.training_image}")
+        self.trainjob(*self.install_args)
+        self.mount_shared_folders_in_runtimes()
+        self.cp.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_NAME, self.operator_kubeconfig)
+        self.operator.status_host = self.cp.host_address
+
+    @property
+    def install_args(self) -> list[str]:
+        """``trainjob install`` as this cluster is installed: the operator runs outside it, the torch runtimes run
+        the training image."""
+        return ["install", f"--kubeconfig={self.kubeconfig}", "--operator-replicas=0",
+                f"--torch-image={self.cp.training_image}"]
+
+    def mount_shared_folders_in_runtimes(self) -> None:
+        """Every ClusterTrainingRuntime's pods mount :attr:`shared_folders` (again, after an install)."""
         for runtime in self.api.list(CLUSTER_TRAINING_RUNTIMES, None):
             spec = mount_shared_folders(runtime, self.shared_folders)["spec"]
             self.api.patch(CLUSTER_TRAINING_RUNTIMES, None, runtime["metadata"]["name"], {"spec": spec})
-        self.cp.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_NAME, self.operator_kubeconfig)
-        self.operator.status_host = self.cp.host_address
 
     @property
     def shared_folders(self) -> dict[str, bool]:

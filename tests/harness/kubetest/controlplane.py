@@ -521,19 +521,26 @@ class ControlPlane:
 
     def webhook_service(self, namespace: str, name: str, port: int, cert_dir: Path) -> None:
         """Service ``namespace/name`` (port 443) for a controller that serves its webhooks on this host at ``port``:
-        no selector, one EndpointSlice with the host's address, as for a server outside the cluster. Writes the
-        server's certificate for the Service's DNS names into ``cert_dir`` (``tls.crt``, ``tls.key``)."""
-        self.apply([
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
-            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace},
-             "spec": {"ports": [{"name": "webhook", "port": 443, "targetPort": port, "protocol": "TCP"}]}},
-            {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-             "metadata": {"name": f"{name}-host", "namespace": namespace,
-                          "labels": {"kubernetes.io/service-name": name,
-                                     "endpointslice.kubernetes.io/managed-by": "trainjob-test-cluster"}},
-             "addressType": "IPv4", "endpoints": [{"addresses": [self.host_address]}],
-             "ports": [{"name": "webhook", "port": port, "protocol": "TCP"}]},
-        ])
+        no selector, one EndpointSlice with the host's address, as for a server outside the cluster (both updated
+        when the controller starts again on another port). Writes the server's certificate for the Service's DNS
+        names into ``cert_dir`` (``tls.crt``, ``tls.key``)."""
+        import kubernetes.client
+
+        service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace},
+                   "spec": {"ports": [{"name": "webhook", "port": 443, "targetPort": port, "protocol": "TCP"}]}}
+        endpoints = {
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": f"{name}-host", "namespace": namespace,
+                         "labels": {"kubernetes.io/service-name": name,
+                                    "endpointslice.kubernetes.io/managed-by": "trainjob-test-cluster"}},
+            "addressType": "IPv4", "endpoints": [{"addresses": [self.host_address]}],
+            "ports": [{"name": "webhook", "port": port, "protocol": "TCP"}],
+        }
+        self.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}, service, endpoints])
+        with self.client() as api:  # there from an earlier start: the port moves with the controller
+            kubernetes.client.CoreV1Api(api).patch_namespaced_service(name, namespace, {"spec": service["spec"]})
+            kubernetes.client.DiscoveryV1Api(api).patch_namespaced_endpoint_slice(
+                f"{name}-host", namespace, {"ports": endpoints["ports"], "endpoints": endpoints["endpoints"]})
         cert, key = self.ca.issue(f"{namespace}-{name}", dns=[f"{name}.{namespace}.svc",
                                                             f"{name}.{namespace}.svc.cluster.local"])
         cert_dir.mkdir(parents=True, exist_ok=True)
