@@ -209,7 +209,7 @@ def backlog(args: argparse.Namespace) -> dict[str, Any]:
     operator_user, kubeflow_user = AUDITED_ACCOUNTS
     figures: dict[str, Any] = {"jobs": args.jobs, "workers": args.workers}
 
-    with tempfile.TemporaryDirectory() as tmp, ControlPlane.start(Path(tmp) / "cluster") as cp:
+    with tempfile.TemporaryDirectory() as tmp, ControlPlane.start(Path(tmp) / "cluster", nodes=0) as cp:
         cluster = TrainJobCluster(cp, Path(tmp))
         cluster.install()
         api: KubeApi = cluster.api

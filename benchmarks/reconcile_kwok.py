@@ -362,7 +362,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     chosen = [scenarios[name] for name in args.scenarios.split(",")]
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, \
-            ControlPlane.start(Path(tmp) / "cluster", client_qps=args.client_qps) as cp:
+            ControlPlane.start(Path(tmp) / "cluster", client_qps=args.client_qps, nodes=0) as cp:
         cluster = TrainJobCluster(cp, Path(tmp))
         cluster.install()
         controllers: dict[str, Controller] = {"trainjob": TrainJobOperator(cluster, args.workers),

@@ -116,14 +116,13 @@ def trial(backend: Any, workdir: Path, index: int, kind: str, step_seconds: floa
 def trial_kubernetes(cluster: Any, workdir: Path, index: int, kind: str, step_seconds: float,
                      timeout: str | None) -> dict[str, Any]:
     import datetime
-    import sys
 
     name, namespace = f"stall-{index}-{kind}", "stall"
     script = workdir / "stall_train.py"
     script.write_text(textwrap.dedent(SCRIPT))
     annotations = {"trainjob/stall-action": "fail", **({"trainjob/stall-timeout": timeout} if timeout else {})}
     cluster.create_job(name, namespace, annotations=annotations, trainer={
-        "numNodes": 2, "command": [str(Path(sys.executable).parent / "torchrun"), str(script), kind, str(step_seconds)],
+        "numNodes": 2, "command": ["torchrun", str(script), kind, str(step_seconds)],  # the training image's
         "resourcesPerNode": {"requests": {"cpu": "100m"}}})
     deadline = time.monotonic() + 300
     while True:

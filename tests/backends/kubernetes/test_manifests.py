@@ -205,3 +205,16 @@ def test_install_applies_to_a_real_cluster_and_is_repeatable(
     assert "created ConfigMap kubeflow-trainer-public" in first or "kept ConfigMap kubeflow-trainer-public" in first
     assert second.count("configured") == len(install_manifests()) - len(create_only)
     assert second.count("kept") == len(create_only) == 4  # kubeflow-system, its version ConfigMap, Role, binding
+
+
+def test_torch_image_replaces_the_torch_runtimes_image_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["install", "--dry-run", "--torch-image", "registry.example/trainjob-train:0.1.0"]) == 0
+    runtimes = {o["metadata"]["name"]: o for o in yaml.safe_load_all(capsys.readouterr().out)
+                if o and o["kind"] == "ClusterTrainingRuntime"}
+
+    def images(name: str) -> set[str]:
+        jobs = runtimes[name]["spec"]["template"]["spec"]["replicatedJobs"]
+        return {c["image"] for rj in jobs for c in rj["template"]["spec"]["template"]["spec"]["containers"]}
+
+    assert images("torch-distributed") == images("torch-distributed-volcano") == {"registry.example/trainjob-train:0.1.0"}
+    assert "registry.example/trainjob-train:0.1.0" not in images("mpi-distributed") | images("ray-distributed")
