@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import os
 import socket
 import sys
@@ -74,6 +75,10 @@ def main() -> None:
         print(f"final loss {total.item() / world:.4f}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
+    # DDP's hooks keep the destroyed gloo group alive in reference cycles; freed only in the interpreter's teardown,
+    # its worker threads cannot take the GIL and the process aborts (SIGABRT) after a successful run. Free them now.
+    del model, optimizer
+    gc.collect()
 
 
 if __name__ == "__main__":
