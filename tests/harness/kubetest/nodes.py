@@ -154,7 +154,6 @@ class Node:
     store_lock: Any = None
     kubelet_port: int = 0
     healthz_port: int = 0
-    processes: list[str] = field(default_factory=list)
 
     @property
     def socket(self) -> Path:
@@ -336,7 +335,6 @@ class Nodes:
             node.socket.unlink()
         component = f"containerd-{node.name}"
         self.cp._spawn(component, ["containerd", f"--config={config}"])
-        node.processes.append(component)
         deadline = time.monotonic() + 60
         while not node.socket.exists():
             self.cp.check_alive()
@@ -361,7 +359,6 @@ class Nodes:
             f"--root-dir={node.dir / 'kubelet'}", f"--cert-dir={node.dir / 'kubelet-pki'}",
             f"--hostname-override={node.name}", f"--node-ip={self.address}", "--v=1",
         ])
-        node.processes.append(component)
 
     def pull(self, node: Node, image: str) -> None:
         """Pull ``image`` into the node's store, and drop older builds of it (another tag of its repository)."""
@@ -386,7 +383,6 @@ class Nodes:
         if containerd is not None:
             containerd.stop(grace=10.0 if graceful else 0.0)
             del self.cp.processes[f"containerd-{name}"]
-        node.processes.clear()
         kill_matching(str(node.socket))  # the shims: `containerd-shim-runc-v2 ... -address <socket>`
         remove_cgroup_root(node.cgroup_root)  # kills whatever container processes are left in it
         unmount_under(node.dir, node.store)
@@ -496,7 +492,7 @@ def clean_kube_proxy_rules(binary: str | None) -> None:
             _run(["nft", "delete", "table", family, "kube-proxy"], check=False)
 
 
-def clean_leftovers(crictl: str | None = None) -> None:
+def clean_leftovers() -> None:
     """What a killed test session left on this host: its nodes' shims and containers (by their sockets under a
     cluster folder), cgroup roots and bridges named ``tj<pid>`` of a pid that no longer runs, and kube-proxy's rules
     when no kube-proxy runs."""
