@@ -21,10 +21,11 @@ import pytest
 from kubetest.memory_api import MemoryApi, Request, SyncedWatchCache
 
 from trainjob.backends.kubernetes.cache import ObjectCache
+from trainjob.backends.kubernetes.job_events import RESTARTS_ANNOTATION
 from trainjob.backends.kubernetes.kubeapi import ApiError, KubeApi
 from trainjob.backends.kubernetes.manifests import builtin_runtimes
 from trainjob.backends.kubernetes.progress import RESIZE_ANNOTATION
-from trainjob.backends.kubernetes.reconcile import RESTARTS_ANNOTATION, Reconciler
+from trainjob.backends.kubernetes.reconcile import Reconciler
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
     COMPLETION_INDEX_LABEL,

@@ -25,15 +25,19 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
     JOBSETS,
+    RUNTIME_KINDS,
     TRAINING_RUNTIMES,
     TRAINJOBS,
     ResourceRef,
 )
+
+if TYPE_CHECKING:
+    from trainjob.backends.kubernetes.kubeapi import KubeApi
 
 Key = tuple[str, str, str]  # (plural.group, namespace or "", name)
 #: The kinds the operator watches and reads from its cache.
@@ -121,3 +125,33 @@ class ObjectCache:
         plural = f"{ref.plural}.{ref.group}"
         with self._lock:
             return sum(1 for kind, _, _ in self._objects if kind == plural)
+
+
+class CachedReads:
+    """Reads through the watch cache: an object of a kind the cache serves comes from it, any other from the API
+    server; what a write returned is stored in it, so the next pass sees the write before its watch event. Without
+    a cache every read asks the API server."""
+
+    def __init__(self, api: KubeApi, cache: ObjectCache | None = None) -> None:
+        self.api = api
+        self.cache = cache
+
+    def read(self, ref: ResourceRef, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The object, or ``None``. A runtime the cache has not seen (created a moment ago) is asked for; a
+        TrainJob or JobSet it has not seen is taken as absent (the TrainJob's own watch event queues it again; a
+        JobSet create that meets one answers 409)."""
+        if self.cache is not None and self.cache.serves(ref):
+            found = self.cache.get(ref, namespace, name)
+            if found is not None or ref.kind not in RUNTIME_KINDS:
+                return found
+        return self.api.get(ref, namespace, name)
+
+    def read_deleted(self, ref: ResourceRef, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The object as it was when the cache saw it deleted (:meth:`ObjectCache.last_deleted`)."""
+        return self.cache.last_deleted(ref, namespace, name) if self.cache is not None else None
+
+    def stored(self, ref: ResourceRef, obj: dict[str, Any] | None) -> dict[str, Any] | None:
+        """``obj``, what a write returned, kept in the cache."""
+        if self.cache is not None:
+            self.cache.store(ref, obj)
+        return obj

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from trainjob.backends.kubernetes.views import trainer_container
 from trainjob.progress import (
     progress_of_records,
     records_from_log,
@@ -35,6 +36,9 @@ from trainjob.progress import (
     stamped_lines,
     trainer_status,
 )
+
+if TYPE_CHECKING:
+    from trainjob.backends.kubernetes.kubeapi import KubeApi
 
 #: How much of node-0's log is read: enough for the last report and a step rate, little enough to read often.
 LOG_TAIL_LINES = 500
@@ -47,6 +51,12 @@ def trainer_status_from_log(text: str) -> dict[str, Any] | None:
     are the last line's, text values included (Kubeflow's metrics are strings)."""
     records = records_from_log(text)
     return trainer_status(progress_of_records(records), records[-1]["metrics"] if records else None)
+
+
+def read_log_tail(api: KubeApi, namespace: str, pod: dict[str, Any]) -> str:
+    """The last :data:`LOG_TAIL_LINES` lines of a trainer pod's log, with the times they were written."""
+    return api.read_pod_log(namespace, pod["metadata"]["name"], container=trainer_container(pod),
+                            timestamps=True, tail_lines=LOG_TAIL_LINES)
 
 
 def should_read_progress(job: dict[str, Any], pod: dict[str, Any] | None) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 from trainjob.backends.base import runtime_view
 from trainjob.backends.kubernetes.status import find_condition, trainer_running
 from trainjob.constants import (
+    ANCESTOR_STEP_LABEL,
     COMPLETE,
     COMPLETION_INDEX_LABEL,
     FAILED,
@@ -25,6 +26,7 @@ from trainjob.constants import (
     REPLICATED_JOB_LABEL,
     RUNTIME_SNAPSHOT_ANNOTATION,
     SUSPENDED,
+    TRAINER_CONTAINER,
     TRAINER_JOB,
 )
 from trainjob.progress import progress_of_trainer_status
@@ -82,6 +84,21 @@ def trainer_pods(pods: list[dict[str, Any]], trainer: str = TRAINER_JOB) -> dict
         if (pod["metadata"].get("labels") or {}).get(REPLICATED_JOB_LABEL, trainer) == trainer:
             out[node_index(pod)] = pod
     return out
+
+
+def trainer_name(jobset: dict[str, Any]) -> str:
+    """The replicated job that runs the trainer: labelled ``trainjob-ancestor-step: trainer``, else ``node``."""
+    for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        labels = ((rj.get("template") or {}).get("metadata") or {}).get("labels") or {}
+        if labels.get(ANCESTOR_STEP_LABEL) == "trainer":
+            return str(rj["name"])
+    return TRAINER_JOB
+
+
+def trainer_container(pod: dict[str, Any]) -> str:
+    """The trainer container of a node pod: ``node``, else the pod's first container."""
+    names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
+    return TRAINER_CONTAINER if TRAINER_CONTAINER in names or not names else str(names[0])
 
 
 def _recorded(job: dict[str, Any], jobset: dict[str, Any] | None) -> dict[str, str]:

@@ -1,0 +1,83 @@
+"""Writes a TrainJob's status: merge patches of what changed, pod-count bursts settled into one write.
+
+The reconciler derives the status (:mod:`.status`); this module writes it::
+
+    writer = StatusWriter(api, CachedReads(api, cache), clock=time.time)
+    wait = writer.settling("ml", "mnist", old, new, now)   # seconds to hold a pod-count-only change back, or None
+    if wait is None:
+        writer.write("ml", "mnist", old, new)              # one PATCH of trainjobs/status, nothing when equal
+    writer.fail(job, status, "InvalidTrainJob", message, now)   # Failed with a reason, and a Warning Event
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from trainjob.backends.kubernetes import status as st
+from trainjob.backends.kubernetes.cache import CachedReads
+from trainjob.backends.kubernetes.kubeapi import KubeApi
+from trainjob.backends.kubernetes.resources import TRAINJOBS
+
+log = logging.getLogger("trainjob.operator")
+
+#: Pod counts (``jobsStatus``) of one job are written at most this often: a burst of JobSet updates while its
+#: pods start becomes one write. Conditions are written at once.
+STATUS_SETTLE_SECONDS = 1.0
+_REMEMBERED = 50_000  # jobs whose last write time is kept; past it the oldest half is forgotten
+
+
+def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns status ``old`` into ``new``: changed fields, ``null`` for a gone
+    one, and within an object that changed (``trainerStatus``) ``null`` for the fields it no longer has.
+
+    >>> merge_patch({"a": 1, "t": {"p": 5, "m": []}}, {"t": {"p": 6}})
+    {'t': {'m': None, 'p': 6}, 'a': None}
+    """
+    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+    for k, v in patch.items():
+        if isinstance(v, dict) and isinstance(old.get(k), dict):
+            patch[k] = {**{gone: None for gone in old[k] if gone not in v}, **v}
+    patch.update({k: None for k in old if k not in new})
+    return patch
+
+
+class StatusWriter:
+    """Patches TrainJob statuses through ``api``; remembers when it last wrote each job's (by ``clock``)."""
+
+    def __init__(self, api: KubeApi, reads: CachedReads, clock: Callable[[], float]) -> None:
+        self.api = api
+        self.reads = reads
+        self.clock = clock
+        self._written: dict[tuple[str, str], float] = {}
+
+    def settling(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any],
+                 now: float) -> float | None:
+        """Seconds to wait before writing ``new`` when it differs from ``old`` only in ``jobsStatus`` (pods
+        starting or ending one by one, which JobSet reports in bursts) and the job's status was written less than
+        :data:`STATUS_SETTLE_SECONDS` ago; ``None``: write now. Conditions are never held back."""
+        if new == old or {k: v for k, v in new.items() if k != "jobsStatus"} != \
+                {k: v for k, v in old.items() if k != "jobsStatus"}:
+            return None
+        last = self._written.get((namespace, name))
+        if last is None or now - last >= STATUS_SETTLE_SECONDS:
+            return None
+        return STATUS_SETTLE_SECONDS - (now - last)
+
+    def write(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+        """Patch the job's status from ``old`` to ``new`` (:func:`merge_patch`); nothing when they are equal."""
+        if new == old:
+            return
+        self._written[(namespace, name)] = self.clock()
+        if len(self._written) > _REMEMBERED:
+            for key in sorted(self._written, key=self._written.__getitem__)[:_REMEMBERED // 2]:
+                del self._written[key]
+        self.reads.stored(TRAINJOBS, self.api.patch_status(TRAINJOBS, namespace, name, merge_patch(old, new)))
+
+    def fail(self, job: dict[str, Any], status: dict[str, Any], reason: str, message: str, now: float) -> None:
+        """Write ``Failed`` with ``reason`` and ``message`` and post them as a ``Warning`` Event."""
+        meta = job["metadata"]
+        self.write(meta["namespace"], meta["name"], status, st.failed(status, reason, message, now))
+        self.api.post_event(job, "Warning", reason, message)
+        log.info("TrainJob %s/%s failed: %s: %s", meta["namespace"], meta["name"], reason, message)
