@@ -26,9 +26,12 @@ SAMPLE_EVERY = 0.3
 TOLERATION = {"key": "trainjob.dev/training", "operator": "Exists", "effect": "NoSchedule"}
 PRIORITIES = {"low": 100, "mid": 500, "high": 1000}
 
-#: A node pod: counts steps, node 0 keeps the step reached in a checkpoint file on a hostPath volume.
+#: A node pod: counts steps, node 0 keeps the step reached in a checkpoint file on a hostPath volume. It stops on
+#: SIGTERM, as a training script under torchrun does (as a container's PID 1, Python would otherwise ignore it and
+#: run on through the pod's grace period).
 STEPS_SCRIPT = """
-import os, pathlib, sys, time
+import os, pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 steps, every = int(sys.argv[1]), float(sys.argv[2])
 checkpoint = pathlib.Path("/ckpt/step")
 start = int(checkpoint.read_text()) if checkpoint.exists() else 0
@@ -91,10 +94,13 @@ def _job_yaml(name: str, namespace: str, priority: str, steps: int, every: float
 
 
 def _holding(k8s: TrainJobCluster, namespace: str) -> dict[str, int]:
-    """Per job, its pods bound to the node and not finished."""
+    """Per job, its pods bound to the node, not finished and not being deleted (a preempted job's pods are told to
+    stop, and the scheduler counts their CPUs until they are gone)."""
     held: dict[str, int] = {}
     for pod in k8s.api.list_pods(namespace, "jobset.sigs.k8s.io/jobset-name"):
         job = pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"]
+        if pod["metadata"].get("deletionTimestamp"):
+            continue
         if pod["spec"].get("nodeName") and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
             held[job] = held.get(job, 0) + 1
     return held

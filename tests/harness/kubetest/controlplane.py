@@ -517,6 +517,7 @@ class ControlPlane:
                 hook["clientConfig"] = self.webhook_client_config(JOBSET_NAMESPACE, JOBSET_WEBHOOK_SERVICE,
                                                                   hook["clientConfig"]["service"]["path"])
         self._wait_http(f"http://127.0.0.1:{probe_port}/readyz", "jobset", timeout=90)
+        self.wait_for_service_route(JOBSET_NAMESPACE, JOBSET_WEBHOOK_SERVICE)
         self.apply(webhooks)
 
     def webhook_service(self, namespace: str, name: str, port: int, cert_dir: Path) -> None:
@@ -546,6 +547,28 @@ class ControlPlane:
         cert_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy(cert, cert_dir / "tls.crt")
         shutil.copy(key, cert_dir / "tls.key")
+
+    def wait_for_service_route(self, namespace: str, name: str, port: int = 443, timeout: float = 60.0) -> None:
+        """Until a TCP connection from this host to Service ``namespace/name`` at ``port`` is accepted: kube-proxy has
+        programmed the Service's endpoints and something listens there. The API server dials webhooks the same way
+        (their ClusterIP, through the host's nat OUTPUT chain), so a webhook registered before this holds is refused
+        until kube-proxy's next sync."""
+        import kubernetes.client
+
+        with self.client() as api:
+            address = kubernetes.client.CoreV1Api(api).read_namespaced_service(name, namespace).spec.cluster_ip
+        deadline = time.monotonic() + timeout
+        error: OSError | None = None
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                with socket.create_connection((address, port), timeout=2):
+                    return
+            except OSError as e:
+                error = e
+                time.sleep(0.2)
+        raise TimeoutError(f"Service {namespace}/{name} ({address}:{port}) not reachable from the host after "
+                           f"{timeout:g} s ({error}):\n{self.logs()}")
 
     def webhook_client_config(self, namespace: str, name: str, path: str) -> dict[str, Any]:
         """A webhook's ``clientConfig``: Service ``namespace/name`` (see :meth:`webhook_service`) at ``path``."""
@@ -598,8 +621,8 @@ class ControlPlane:
         for name in names:
             self.wait_node_ready(timeout=120.0, name=name)
         self.nodes.start_coredns()
-        pulls = [threading.Thread(target=self.nodes.pull, args=(node, self.images["trainjob-train"]))
-                 for node in self.nodes.nodes.values()]
+        pulls = [threading.Thread(target=self.nodes.pull, args=(node, self.images[image]))
+                 for node in self.nodes.nodes.values() for image in ("trainjob-train", "trainjob-operator")]
         for thread in pulls:
             thread.start()
         for thread in pulls:
@@ -610,6 +633,11 @@ class ControlPlane:
     def training_image(self) -> str:
         """The image the tests' training pods run: ``deploy/training.Dockerfile`` (torch, trainjob, examples/)."""
         return self.images["trainjob-train"]
+
+    @property
+    def operator_image(self) -> str:
+        """The operator image (``deploy/Dockerfile``) that ``trainjob install --image`` deploys."""
+        return self.images["trainjob-operator"]
 
     def lose_node(self, name: str = SECOND_NODE) -> None:
         """Node ``name``'s machine is gone: its kubelet, containerd and every container SIGKILLed at once. The Node

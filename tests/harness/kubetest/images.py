@@ -53,6 +53,9 @@ TRAINING_EXTRAS = "examples,ray"
 #: What the training image's context holds (the rest of the repo is left out by .dockerignore).
 TRAINING_INPUTS = ["deploy/training.Dockerfile", "requirements/dev.lock", "pyproject.toml", "README.md", "src",
                    "examples", ".dockerignore"]
+OPERATOR_DOCKERFILE = REPO / "deploy" / "Dockerfile"
+#: What the operator image's context holds.
+OPERATOR_INPUTS = ["deploy/Dockerfile", "requirements/dev.lock", "pyproject.toml", "README.md", "src", ".dockerignore"]
 
 
 def cache_dir() -> Path:
@@ -261,29 +264,40 @@ class Builder:
         return reference
 
     def training(self, base: str) -> str:
-        tag = _hash_paths([REPO / p for p in TRAINING_INPUTS], extra=f"{base} {TRAINING_EXTRAS}")
-        reference = f"localhost/trainjob-test/trainjob-train:{tag}"
+        """The training image (``deploy/training.Dockerfile`` with :data:`TRAINING_EXTRAS`) on ``base``."""
+        return self._dockerfile("trainjob-train", TRAINING_DOCKERFILE, TRAINING_INPUTS, base,
+                                {"EXTRAS": TRAINING_EXTRAS})
+
+    def operator(self, base: str) -> str:
+        """The operator image (``deploy/Dockerfile``) on ``base``."""
+        return self._dockerfile("trainjob-operator", OPERATOR_DOCKERFILE, OPERATOR_INPUTS, base, {})
+
+    def _dockerfile(self, name: str, dockerfile: Path, inputs: list[str], base: str, args: dict[str, str]) -> str:
+        """``dockerfile`` built on ``base`` with the repository as its context, tagged by a hash of ``inputs``."""
+        extra = " ".join([base, *(f"{k}={v}" for k, v in sorted(args.items()))])
+        tag = _hash_paths([REPO / p for p in inputs], extra=extra)
+        reference = f"localhost/trainjob-test/{name}:{tag}"
         if self.exists(reference):
             return reference
-        # A new dependency layer (5 GB) is built when the lock, pyproject.toml or the Dockerfile change: the older
-        # images and their build cache go first, or each such change would keep another copy on this disk.
-        deps = _hash_paths([REPO / "requirements/dev.lock", REPO / "pyproject.toml", TRAINING_DOCKERFILE],
-                           extra=f"{base} {TRAINING_EXTRAS}")
-        stamp = self.cache / "buildah" / "training-deps"
+        # A new dependency layer (GBs for the training image) is built when the lock, pyproject.toml or the
+        # Dockerfile change: the older images and their build cache go first, or each such change would keep another
+        # copy on this disk.
+        deps = _hash_paths([REPO / "requirements/dev.lock", REPO / "pyproject.toml", dockerfile], extra=extra)
+        stamp = self.cache / "buildah" / f"{name}-deps"
         if stamp.exists() and stamp.read_text() != deps:
             self._remove_tags(reference.rsplit(":", 1)[0], keep=None)
             self.buildah("rmi", "--prune", what="pruning the build cache")
         bundle = "/etc/ssl/certs/ca-certificates.crt"
         pip_cache = Path.home() / ".cache" / "pip"
         pip_cache.mkdir(parents=True, exist_ok=True)
-        # --layers: the torch layer is kept and reused while the lock and pyproject.toml stay as they are.
+        # --layers: the dependency layer is kept and reused while the lock and pyproject.toml stay as they are.
         self.buildah(
-            "bud", "--quiet", "--layers", "--pull-never", "--network=host", "-f", str(TRAINING_DOCKERFILE),
-            f"--build-arg=BASE={base}", f"--build-arg=EXTRAS={TRAINING_EXTRAS}",
+            "bud", "--quiet", "--layers", "--pull-never", "--network=host", "-f", str(dockerfile),
+            f"--build-arg=BASE={base}", *(f"--build-arg={k}={v}" for k, v in args.items()),
             *([f"--volume={bundle}:/run/host-ca.crt:ro", "--build-arg=PIP_CERT=/run/host-ca.crt"]
               if Path(bundle).exists() else []),
             f"--volume={pip_cache}:/pip-cache", "--build-arg=PIP_CACHE_DIR=/pip-cache",
-            "-t", reference, str(REPO), what="building the training image (deploy/training.Dockerfile)",
+            "-t", reference, str(REPO), what=f"building the {name} image ({dockerfile.relative_to(REPO)})",
         )
         stamp.write_text(deps)
         self._remove_tags(reference.rsplit(":", 1)[0], keep=reference)
@@ -307,6 +321,7 @@ def build_images(registry: Registry, components: dict[str, Any], log: Path) -> d
             "pause": lambda: builder.from_binary("pause", Path(bins["pause"]), user="65535:65535"),
             "coredns": lambda: builder.from_binary("coredns", Path(bins["coredns"])),
             "trainjob-train": lambda: builder.training(builder.base()),
+            "trainjob-operator": lambda: builder.operator(builder.base()),
         }
         for name, build in wanted.items():
             local = build()

@@ -6,11 +6,13 @@ It runs as it does in a cluster, with what its project publishes:
 - as its ServiceAccount ``kubeflow-system/kubeflow-trainer-controller-manager``, bound to the ClusterRole of
   ``manifests/base/rbac/role.yaml``;
 - with its configuration file (``config.trainer.kubeflow.org/v1alpha1``): leader election off, its own certificate
-  management off (that rotates a Secret for a Service's DNS name; here the webhook is reached by URL), the webhook
-  server on loopback with a certificate from the test CA (controller-runtime reads it from
+  management off (that rotates a Secret for a Service's DNS name; here the test CA issues it), the webhook server
+  on the host's address with that certificate (controller-runtime reads it from
   ``$TMPDIR/k8s-webhook-server/serving-certs``), metrics off;
-- with its validating webhooks (``manifests/base/webhook/manifests.yaml``) registered by URL while it runs, so
-  every TrainJob and runtime created meanwhile passes Kubeflow's own validation.
+- with its validating webhooks (``manifests/base/webhook/manifests.yaml``) registered while it runs, reached as in
+  a cluster through its Service ``kubeflow-system/kubeflow-trainer-controller-manager``
+  (:meth:`ControlPlane.webhook_service`), so every TrainJob and runtime created meanwhile passes Kubeflow's own
+  validation.
 
 Both controllers claim TrainJobs without ``spec.managedBy``, so they must not run at the same time: stop
 trainjob's operator before :meth:`KubeflowController.start` and start it again after :meth:`stop`.
@@ -18,9 +20,7 @@ trainjob's operator before :meth:`KubeflowController.start` and start it again a
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import shutil
 from typing import Any
 
 import yaml
@@ -28,6 +28,8 @@ import yaml
 from kubetest.controlplane import KUBEFLOW_ACCOUNT, KUBEFLOW_NAMESPACE, ControlPlane, Process, free_port
 
 WEBHOOK_CONFIGURATION = "kubeflow-trainer-validator"
+#: The Service Kubeflow's manifests put in front of its controller manager (webhooks on port 443).
+WEBHOOK_SERVICE = "kubeflow-trainer-controller-manager"
 
 
 class KubeflowController:
@@ -57,17 +59,14 @@ class KubeflowController:
 
         tmp = cp.root / "kubeflow-tmp"
         cert_dir = tmp / "k8s-webhook-server" / "serving-certs"
-        cert_dir.mkdir(parents=True, exist_ok=True)
-        cert, key = cp.ca.issue("kubeflow-webhook", ips=["127.0.0.1"], dns=["localhost"])
-        shutil.copy(cert, cert_dir / "tls.crt")
-        shutil.copy(key, cert_dir / "tls.key")
         webhook_port, probe_port = free_port(), free_port()
+        cp.webhook_service(KUBEFLOW_NAMESPACE, WEBHOOK_SERVICE, webhook_port, cert_dir)
         config = {
             "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
             "kind": "Configuration",
             "leaderElection": {"leaderElect": False},
             "certManagement": {"enable": False},
-            "webhook": {"port": webhook_port, "host": "127.0.0.1"},
+            "webhook": {"port": webhook_port, "host": cp.host_address},
             "metrics": {"bindAddress": "0"},
             "health": {"healthProbeBindAddress": f"127.0.0.1:{probe_port}"},
         }
@@ -80,18 +79,18 @@ class KubeflowController:
         )
         try:
             cp._wait_http(f"http://127.0.0.1:{probe_port}/readyz", "kubeflow-trainer", timeout=timeout)
-            cp.apply([self._webhooks(webhook_port)])
+            cp.wait_for_service_route(KUBEFLOW_NAMESPACE, WEBHOOK_SERVICE)
+            cp.apply([self._webhooks()])
         except BaseException:
             self.stop()
             raise
 
-    def _webhooks(self, port: int) -> dict[str, Any]:
-        ca_bundle = base64.b64encode(self.cp.ca.cert_path.read_bytes()).decode()
+    def _webhooks(self) -> dict[str, Any]:
         (config,) = [d for d in yaml.safe_load_all(self.cp.manifests("kubeflow", "webhooks.yaml").read_text()) if d]
         config["metadata"] = {"name": WEBHOOK_CONFIGURATION}
         for hook in config["webhooks"]:
             path = hook["clientConfig"]["service"]["path"]
-            hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
+            hook["clientConfig"] = self.cp.webhook_client_config(KUBEFLOW_NAMESPACE, WEBHOOK_SERVICE, path)
         return config
 
     def stop(self) -> None:

@@ -143,6 +143,7 @@ def kueue_controller(cp: ControlPlane, timeout: float = 120.0) -> Iterator[None]
     registered = False
     try:
         cp._wait_http(f"http://127.0.0.1:{probe_port}/readyz", PROCESS, timeout=timeout)
+        cp.wait_for_service_route(NAMESPACE, WEBHOOK_SERVICE)
         cp.apply(webhooks(cp))
         registered = True
         yield
