@@ -247,11 +247,11 @@ def test_apply_takes_hostile_text(workdir, no_processes, text):
     check_apply(workdir, text)
 
 
-# -- the findings of issue 17, one by one -------------------------------------------------------------------
+# -- each input that once crashed a command, one by one -----------------------------------------------------
 
 
 @pytest.mark.parametrize("name", sorted(REGRESSIONS))
-def test_each_former_crash_is_now_exit_2_with_a_clear_line(workdir, name):
+def test_each_regression_input_exits_2_with_a_clear_line(workdir, name):
     text, expected = REGRESSIONS[name]
     with within(PER_EXAMPLE_SECONDS):
         code, out, err = run_cli("render", "-f", str(input_file(workdir, text)))

@@ -227,7 +227,7 @@ def legacy_plugin_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Itera
 
 
 @pytest.mark.usefixtures("legacy_plugin_site")
-def test_an_entry_point_plugin_written_for_the_old_base_class_still_runs_its_phases(make_job):
+def test_an_entry_point_plugin_of_the_single_base_class_runs_the_phases_it_defines(make_job):
     framework = Framework()
     (owner,) = [p for p in framework.plugins if p.name == "owner"]
     assert owner in framework.validators and owner in framework.builders

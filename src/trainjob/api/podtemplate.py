@@ -129,7 +129,7 @@ class JobTemplate(_Open):
 
 
 def check_job_template(template: dict[str, Any]) -> dict[str, Any]:
-    """``template`` without its ``null`` fields, once it fits the shapes above; else :class:`ValidationError`
+    """``template`` without its ``null`` fields, once it fits the shapes above; else :class:`~trainjob.errors.ValidationError`
     with paths inside the template (``spec.template.spec.containers[0].name``)."""
     validate_model(JobTemplate, template)
     return _without_nulls(template)

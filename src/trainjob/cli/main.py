@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """The ``trainjob`` command as installed: :func:`main`, then exit. What the command built is left out of the
-    interpreter's last garbage collection (``gc.freeze``): at exit its memory goes back as a whole anyway, and
-    walking every object of the API models and the store took a finished ``trainjob run`` ~20 ms more to return."""
+    interpreter's last garbage collection (``gc.freeze``): at exit its memory goes back as a whole anyway, so
+    walking every object of the API models and the store would only delay the command's return."""
     code = main()
     gc.freeze()
     sys.exit(code)

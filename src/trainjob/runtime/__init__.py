@@ -3,16 +3,22 @@
 ==========================================  =========================================================================
 module                                      holds
 ==========================================  =========================================================================
+:mod:`~trainjob.runtime.catalog`            the runtimes shipped in ``runtime/builtin/`` and lookup of a ``runtimeRef``
 :mod:`~trainjob.runtime.trainer_spec`       ``spec.trainer`` / ``spec.initializer`` applied to the runtime's pod sets
+:mod:`~trainjob.runtime.patches`            a job's changes to its runtime's template, from either API generation
+:mod:`~trainjob.runtime.template`           between the runtime's JobSet template and the plan's typed pod sets
 :mod:`~trainjob.runtime.plugin`             the plugin base, :class:`Context` and the phase protocols
-:mod:`~trainjob.runtime.plugins`            the built-in plugins (``torch``, ``mpi``, ``plainml``, ``coscheduling``,
-                                            ``volcano``, ``jobset``)
+:mod:`~trainjob.runtime.plugins`            the built-in plugins (``torch``, ``mpi``, ``plainml``, ``ray``,
+                                            ``coscheduling``, ``volcano``, ``jobset``)
 :mod:`~trainjob.runtime.registry`           which plugins run, in which order (entry points included)
 :mod:`~trainjob.runtime.framework`          the phases: validate, ML policy, pod-group policy, build; and rendering
+:mod:`~trainjob.runtime.gang`               what a gang needs, and the PodGroup the gang plugins render
 :mod:`~trainjob.runtime.plan`               the backend-neutral :class:`Plan`
 :mod:`~trainjob.runtime.launch`             the torch launch contract: :class:`~trainjob.runtime.launch.LaunchValues`,
-                                            addressing, ``PET_*`` env
+                                            addressing, and the ``PET_*`` table
+:mod:`~trainjob.runtime.nccl`               NCCL profiles and the NCCL set-up mistakes worth a warning
 :mod:`~trainjob.runtime.render`             the plan's Kubernetes objects (JobSet, PodGroup, MPI Secret/ConfigMap)
+:mod:`~trainjob.runtime.submit_events`      the events a backend records when a job is submitted
 ==========================================  =========================================================================
 
 >>> from trainjob.api import load_resources

@@ -1,18 +1,20 @@
 """The torch launch contract: the launch values a resolved job runs with (:class:`LaunchValues`, the same for every
 backend), where a backend's nodes meet (:class:`Addressing`), and the one function that turns both into torchrun's
-``PET_*`` environment (:func:`torchrun_env`).
+``PET_*`` environment (:func:`torchrun_env`). This module holds the ``PET_*`` table; the torch plugin, the local
+backend and the docs link here.
 
 A :class:`~trainjob.runtime.plan.Plan` holds everything a backend needs; of it, :func:`resolve_launch_values` keeps the
 numbers that decide how many processes start where: nodes, processes per node, the rendezvous port and, for an
-elastic torch job, the node range and the restart budget. A backend stores them once and every reader (``logs
---rank``, ``describe``, the supervisor) reads the resolved numbers back instead of resolving the spec again:
+elastic torch job, the node range and the restart budget. A backend records them once and every reader (``logs
+--rank``, ``describe``, the stall watch) reads the resolved numbers back instead of resolving the spec again:
 
 =================  =====================================================================================
 backend            where the launch values are kept
 =================  =====================================================================================
-local              the job's row in the store, as :meth:`LaunchValues.to_dict`
-Kubernetes         the TrainJob's annotation ``trainjob/launch``
-                   (:data:`~trainjob.constants.LAUNCH_ANNOTATION`), as JSON of :meth:`LaunchValues.to_dict`
+local              the job's row in the store holds the :class:`~trainjob.backends.local.process_specs.ProcessSpec`
+                   its nodes start from, which carries them in its nodes' ``PET_*`` environment
+Kubernetes         the annotation ``trainjob/launch`` (:data:`~trainjob.constants.LAUNCH_ANNOTATION`, JSON of
+                   :meth:`LaunchValues.to_dict`) on the JobSet, and on the TrainJob when trainjob's client created it
 =================  =====================================================================================
 
 >>> plan = LaunchValues(num_nodes=2, num_proc_per_node=4)
@@ -26,25 +28,42 @@ True
 >>> elastic.nnodes_arg()
 '1:4'
 
-Each backend supplies only the addressing; the launch values are the plan's:
+The launch values come from the job (the torch plugin, :mod:`trainjob.runtime.plugins.torch`); each backend supplies
+only the addressing. ``torchrun`` reads ``PET_<OPTION>`` as ``--<option>``:
 
-=====================  ====================================================  =====================================
-variable               Kubernetes (:func:`kubernetes_addressing`)            local node process
-=====================  ====================================================  =====================================
-``PET_NNODES``         :meth:`LaunchValues.nnodes_arg`                         (the same)
-``PET_NPROC_PER_NODE`` :attr:`LaunchValues.num_proc_per_node`                  (the same)
-``PET_NODE_RANK``      the pod's completion index (``fieldRef``)             the node's index
-``PET_MASTER_ADDR``    ``{job}-node-0-0.{job}``                              ``127.0.0.1``
-``PET_MASTER_PORT``    :attr:`LaunchValues.master_port` (29500)                a free port
-``PET_MAX_RESTARTS``   elastic: :attr:`LaunchValues.max_restarts`              ``0`` (the supervisor restarts), or
-                                                                             the plan's for shrinkable jobs
-``PET_RDZV_BACKEND``   elastic: ``c10d``                                     (the same)
-``PET_RDZV_ENDPOINT``  elastic: ``{master addr}:{master port}``              ``127.0.0.1:{port}``; shrinkable:
-                                                                             the supervisor's store
-``PET_RDZV_ID``        elastic: the job name                                 (the same); shrinkable:
-                                                                             ``{job}-{restart}``
-``PET_RDZV_CONF``      elastic: ``last_call_timeout=5``                      shrinkable: the supervisor's
-=====================  ====================================================  =====================================
+=========================  ===========================================  ==========================================
+variable                   Kubernetes (:func:`kubernetes_addressing`)   local node process
+                                                                        (:mod:`trainjob.backends.local.process_specs`)
+=========================  ===========================================  ==========================================
+``PET_NNODES``             ``spec.trainer.numNodes``, else the          (the same)
+                           runtime's ``mlPolicy.numNodes``, else 1;
+                           elastic: ``minNodes:maxNodes``
+                           (:meth:`LaunchValues.nnodes_arg`)
+``PET_NPROC_PER_NODE``     ``numProcPerNode`` resolved (``auto``,       (the same)
+                           ``cpu``, ``gpu``: the torch plugin's
+                           ``resolve_num_proc_per_node``)
+``PET_NODE_RANK``          the pod's completion index (``fieldRef``)    the node's index
+``PET_MASTER_ADDR``        ``{job}-node-0-0.{job}``, the first          ``127.0.0.1``
+                           trainer pod's DNS name
+``PET_MASTER_PORT``        :attr:`LaunchValues.master_port` (29500,     a free port picked when the nodes start
+                           also opened as a container port)
+``PET_MAX_RESTARTS``       elastic: ``elasticPolicy.maxRestarts``       elastic: ``0``, the supervisor restarts the
+                           (:attr:`LaunchValues.max_restarts`)          node group; shrinkable: ``maxRestarts``,
+                                                                        how many lost nodes the ranks outlive
+``PET_RDZV_BACKEND``       elastic: ``c10d``                            (the same)
+``PET_RDZV_ENDPOINT``      elastic: ``{master addr}:{master port}``     ``127.0.0.1:{port}``; shrinkable: the
+                                                                        rendezvous store the supervisor runs
+``PET_RDZV_ID``            elastic: the job name                        (the same); shrinkable: ``{job}-{restart}``
+``PET_RDZV_CONF``          elastic: ``last_call_timeout=5`` (torchrun   shrinkable: the supervisor's ``RDZV_CONF``
+                           waits 30 s by default for late nodes)
+``TORCH_DISABLE_SHARE_``   elastic: ``1``, so each rendezvous round's   (the same)
+``RDZV_TCP_STORE``         ranks get a store of their own (a smaller
+                           round would read the last one's addresses)
+=========================  ===========================================  ==========================================
+
+An elastic local job is *shrinkable* when ``minNodes < maxNodes`` and its command is ``torchrun``
+(:mod:`trainjob.backends.local.process_specs`); its rendezvous is the supervisor's
+(:mod:`trainjob.backends.local.supervisor.rendezvous`).
 
 >>> env = torchrun_env(LaunchValues(2, 4), Addressing("127.0.0.1", node_rank=1, master_port=40123))
 >>> {var.name: var.value for var in env}  # doctest: +NORMALIZE_WHITESPACE

@@ -5,9 +5,10 @@ one JSON object per line, which ``trainjob get`` and ``trainjob list`` read for 
 
     {"time": 1763712000.5, "step": 120, "total_steps": 1000, "metrics": {"loss": 0.4312, "lr": 0.001}}
 
-:func:`update_trainjob_status` is the Kubeflow SDK's in-job progress call (percent done, seconds left, metrics);
-both print a line that the Kubernetes operator reads from node-0's log for the TrainJob's
-``status.trainerStatus`` (the lines and records: :mod:`trainjob.progress`).
+:func:`update_trainjob_status` is the Kubeflow SDK's in-job progress call (percent done, seconds left, metrics).
+Both print a progress line (the lines and records: :mod:`trainjob.progress`) and, on Kubernetes with the operator's
+status endpoint set (``KUBEFLOW_TRAINER_SERVER_URL``), POST the TrainJob's ``status.trainerStatus`` to it; without
+the endpoint the operator reads the line from node 0's log (:mod:`trainjob.backends.kubernetes.progress`).
 
 Without the variable, metrics only go to stdout. With ``TRAINJOB_TENSORBOARD=1`` they also go to TensorBoard
 event files, one run per job (:mod:`trainjob.torch.tensorboard`). Other ranks do nothing, so call it unconditionally::
@@ -110,10 +111,10 @@ def update_trainjob_status(
     """Report training progress for the job's status, as the Kubeflow SDK's ``update_trainjob_status`` does.
 
     On global rank 0 (other ranks return ``False``): prints ``progress 42% eta 120s loss=0.43``, which
-    ``trainjob get`` / ``list`` show and, on Kubernetes, the operator turns into the TrainJob's
-    ``status.trainerStatus`` (Kubeflow v2.2 shape); in a local job the record goes to the job's metrics file. Under
-    Kubeflow Trainer's own controller (``KUBEFLOW_TRAINER_SERVER_URL`` set) it is also sent there, at most once
-    every 5 s, as the Kubeflow SDK sends it. Like the Kubeflow SDK's, it never raises: bad values are logged and
+    ``trainjob get`` / ``list`` show; in a local job the record goes to the job's metrics file. Where
+    ``KUBEFLOW_TRAINER_SERVER_URL`` is set (this operator's status endpoint, or Kubeflow Trainer's) it is sent there
+    as the TrainJob's ``status.trainerStatus`` (Kubeflow v2.2 shape), at most once every 5 s, as the Kubeflow SDK
+    sends it (:mod:`trainjob.torch.kubeflow_status`); without it the operator reads the printed line. Like the Kubeflow SDK's, it never raises: bad values are logged and
     ``False`` returned. Returns ``True`` on rank 0 once the update is reported::
 
         update_trainjob_status(progress_percent=42, estimated_remaining_seconds=120, metrics={"loss": 0.43})

@@ -410,10 +410,8 @@ def test_the_operator_role_grants_exactly_what_the_operator_used(k8s: TrainJobCl
         if r.get("objectRef") and r["responseStatus"]["code"] != 403
     }
     # Refusals by RBAC only: a namespace a test deletes also answers 403 to new objects (an event posted a moment
-    # late, "being terminated") after RBAC allowed the request. A kube-apiserver that test_cluster_faults.py
-    # restarted refuses the operator until its RBAC caches have loaded, with no reason or with roles that exist
-    # named "not found" (seen: 'RBAC: [clusterrole.rbac.authorization.k8s.io "trainjob-operator" not found, ...]'
-    # 4 s after the restart, each kind of RBAC object loading on its own); the operator retries those.
+    # late, "being terminated") after RBAC allowed the request. A restarted kube-apiserver refuses the operator
+    # until its RBAC caches have loaded, naming roles that exist "not found"; the operator retries those.
     restarts = [when for name, when in k8s.cp.restarts if name == "kube-apiserver"]
     forbidden = [
         (r["verb"], r["requestURI"]) for r in requests if r["responseStatus"]["code"] == 403

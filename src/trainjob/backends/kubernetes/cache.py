@@ -1,9 +1,10 @@
 """The operator's watch cache: the last state of every TrainJob, JobSet and runtime its watches delivered.
 
-The reconciler reads from here instead of asking the API server, as controllers built on informers do; the only
-requests a pass makes are its writes. The watches (kopf's event handlers, :mod:`.operator`) feed it with
-:meth:`ObjectCache.observe`; the reconciler stores what its own writes returned with :meth:`ObjectCache.store`, so
-the next pass sees them even before their watch event arrives::
+The reconciler reads TrainJobs, JobSets and runtimes from here instead of asking the API server, as controllers
+built on informers do (it still lists pods and reads their logs where it needs them: :mod:`.reconcile`). The
+watches (kopf's event handlers, :mod:`.operator`) feed it with :meth:`ObjectCache.observe`; the reconciler reads
+through :class:`CachedReads`, which also stores what its own writes returned (:meth:`ObjectCache.store`), so the
+next pass sees them even before their watch event arrives::
 
     cache = ObjectCache()                                      # TrainJobs, JobSets and runtimes (WATCHED)
     cache.observe(TRAINJOBS, event["object"])                 # ADDED / MODIFIED / the initial listing

@@ -111,7 +111,7 @@ class Children:
         one signed on the job itself), else a fresh copy of the referenced runtime. An unsigned snapshot
         annotation on the job is replaced by the signed fresh one, with a Warning."""
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-        snapshot = self.signer.verified(job)
+        snapshot = self.signer.verified(job)  # compat: a snapshot signed on the job; can go once no TrainJob has one
         if snapshot is not None:
             return snapshot
         gone = self.reads.read_deleted(JOBSETS, namespace, name)

@@ -1,25 +1,24 @@
-"""A TrainJob's ``status.trainerStatus`` on Kubernetes (Kubeflow Trainer v2.2 shape), from its node-0 log.
+"""A TrainJob's ``status.trainerStatus`` on Kubernetes (Kubeflow Trainer v2.2 shape) when it is read from a
+log, and an elastic job's resizes.
 
-Global rank 0 runs on node 0 and prints one line for every ``report`` or ``update_trainjob_status`` call
-(``step 120/1000 loss=0.43``, ``progress 42% eta 120s loss=0.43``: :mod:`trainjob.progress`). The operator reads
-the end of that pod's log with timestamps and patches the status when what it says changed; nothing in the pods
-needs credentials or a route to the operator. Pure functions: the operator fetches, these decide::
+Global rank 0 prints one line for every ``report`` or ``update_trainjob_status`` call (``step 120/1000
+loss=0.43``, ``progress 42% eta 120s loss=0.43``: :mod:`trainjob.progress`). With the operator's status endpoint
+(:mod:`.status_server`, as ``trainjob install`` deploys it) the ranks push their progress there and nothing here
+is used for progress; without it the operator reads the end of node 0's log with timestamps and patches the
+status when what it says changed::
 
     pod = trainer_pods(pods).get(0)                        # views.trainer_pods: node-0's pod
     if should_read_progress(job, pod):
-        text = core.read_namespaced_pod_log(pod_name, namespace, container="node", timestamps=True,
-                                            tail_lines=LOG_TAIL_LINES)
-        patch = trainer_status_patch(job, text)            # None: nothing new
-        if patch is not None:
-            patch the TrainJob's status subresource with it (a merge patch)
+        status = trainer_status_from_log(read_log_tail(api, namespace, pod))   # None: no progress line
 
 ``lastUpdatedTime`` is the time the line was written (from the log's timestamps), so reading the same log twice
 gives the same status and no patch: the reconcile stays idempotent.
 
 An elastic job's rank 0 (:mod:`trainjob.torch.elastic`) also prints ``[trainjob] resized 3 -> 2 nodes (world size
 3 -> 2), resuming at step 40`` whenever it resumes at another size. Rank 0 need not run on node 0 after a resize, so
-the operator reads every running trainer pod of an elastic job; :func:`new_resizes` turns the lines written after
-the job's :data:`RESIZE_ANNOTATION` into ``Resized`` events, oldest first, and the annotation moves to the newest.
+the operator reads every running trainer pod's log of an elastic job every :data:`RESYNC_SECONDS`, endpoint or not;
+:func:`new_resizes` turns the lines written after the job's :data:`RESIZE_ANNOTATION` into ``Resized`` events,
+oldest first (:mod:`.job_events`), and the annotation moves to the newest.
 """
 
 from __future__ import annotations

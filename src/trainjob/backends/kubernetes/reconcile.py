@@ -62,10 +62,11 @@ def is_managed_here(job: dict[str, Any]) -> bool:
 class Reconciler:
     """Converges TrainJobs through a :class:`KubeApi`; ``clock`` is injectable for deadline tests.
 
-    ``cache``: the watches' objects (TrainJobs, JobSets, runtimes), read instead of the API server. ``status_endpoint``:
-    where the pods push their progress (:mod:`.status_server`); ``None``: it is read from node 0's log.
-    ``pending_progress``: a job's pushed report still waiting to be written (:meth:`.StatusServer.pending_report`),
-    as a job's last report may arrive within the endpoint's write interval, just before the job finishes."""
+    ``cache``: the watches' objects (TrainJobs, JobSets, runtimes), read instead of the API server.
+    ``status_endpoint``: where the pods push their progress (:mod:`.status_server`); ``None``: it is read from node
+    0's log. ``pending_progress``: a job's pushed report still waiting to be written
+    (:meth:`.status_server.StatusServer.pending_report`), as a job's last report may arrive within the endpoint's
+    write interval, just before the job finishes."""
 
     def __init__(self, api: KubeApi, signer: SnapshotSigner, clock: Callable[[], float] = time.time,
                  cache: ObjectCache | None = None, status_endpoint: StatusEndpoint | None = None,

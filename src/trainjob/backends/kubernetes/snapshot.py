@@ -12,7 +12,7 @@ snapshot with HMAC-SHA256 over the TrainJob's namespace, name and uid and the sn
 - a snapshot without a valid signature (user-written on the TrainJob, copied from another job, edited,
   unreadable) is ignored: the operator takes a fresh one from the referenced runtime; one written on the TrainJob
   is overwritten by the signed snapshot, with a ``Warning`` Event (``RuntimeSnapshotReplaced``);
-- a signed snapshot on the TrainJob itself (written there by earlier versions of the operator) is still honoured;
+- a signed snapshot on the TrainJob itself is honoured too (:meth:`.children.Children.snapshot`);
 - the key lives in the Secret ``trainjob-operator-snapshot-key`` of the operator's namespace, created by the
   operator with 32 random bytes the first time it starts, so snapshots stay valid across restarts::
 

@@ -10,7 +10,7 @@ TrainJob condition               set when
 
 A job that runs (neither finished nor suspended) has no conditions at all, as under Kubeflow Trainer: the Kubeflow
 SDK reports ``Running`` only for a TrainJob without conditions whose ``node`` pods all run, so a ``Running``
-condition (which older versions of this operator wrote, and which is removed when seen) or a ``Suspended`` False
+condition (removed when seen) or a ``Suspended`` False
 left after a resume would keep it at ``Created`` for good. Whether the trainer runs is read from ``jobsStatus``
 instead (:func:`trainer_running`), which mirrors the JobSet's ``replicatedJobsStatus``.
 
@@ -88,7 +88,7 @@ def remove_condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
 
 
 def failed(status: dict[str, Any], reason: str, message: str, now: float) -> dict[str, Any]:
-    """``status`` with ``Failed`` True (and no ``Running`` condition an older operator left)."""
+    """``status`` with ``Failed`` True (and no ``Running`` condition)."""
     return set_condition(remove_condition(status, RUNNING), FAILED, True, reason, message, now)
 
 
@@ -103,7 +103,7 @@ def derive_status(status: dict[str, Any], suspend: bool, jobset: dict[str, Any],
     if jobs:
         out["jobsStatus"] = jobs
 
-    out = remove_condition(out, RUNNING)  # written by older versions of this operator
+    out = remove_condition(out, RUNNING)  # compat: a stored Running condition; can go once no TrainJob has one
     if suspend:
         out = set_condition(out, SUSPENDED, True, "Suspended", SUSPENDED_MESSAGE, now)
     else:

@@ -102,8 +102,8 @@ def trainer_container(pod: dict[str, Any]) -> str:
 
 
 def _recorded(job: dict[str, Any], jobset: dict[str, Any] | None) -> dict[str, str]:
-    """What the operator recorded about the job (runtime snapshot, launch values): on its JobSet, where the
-    JobSet's create wrote them, or on the job itself (earlier operators, and the client's own launch values)."""
+    """What was recorded about the job (runtime snapshot, launch values): on its JobSet, where the JobSet's
+    create wrote them, or on the job itself (the launch values trainjob's client writes at submit)."""
     keys = (RUNTIME_SNAPSHOT_ANNOTATION, LAUNCH_ANNOTATION)
     out = {k: v for k, v in (((jobset or {}).get("metadata") or {}).get("annotations") or {}).items() if k in keys}
     out.update({k: v for k, v in ((job.get("metadata") or {}).get("annotations") or {}).items() if k in keys})

@@ -22,8 +22,10 @@ Modules at this level are shared by several of these processes:
 =======================  ===========================================================================================
 :mod:`.store`            the jobs' state in SQLite, read and written by the CLI, the SDK and every supervisor
 :mod:`.processes`        finding and stopping a job's processes; the supervisor lock
-:mod:`.launcher`         how each node becomes a process (command, environment, CPUs, GPUs, ports): worked out
+:mod:`.process_specs`    how each node becomes a process (command, environment, CPUs, GPUs, ports): worked out
                          at submit, stored with the job, carried out by the supervisor
+:mod:`.node_env`         what a node process gets of the environment the job is created from (light enough for
+                         the processes that start ahead of a job)
 :mod:`.volumes`          the pod template's volumes as host paths: worked out at submit, mounted by the keepers
 :mod:`.log_writer`       node logs as the keepers write them
 :mod:`.log_reader`       node logs as the CLI, the SDK, the UI and the supervisor's failure report read them

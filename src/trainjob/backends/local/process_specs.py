@@ -3,19 +3,10 @@
 A node process gets its pod's command, args and environment. The torch launch values in it (``PET_NNODES``,
 ``PET_NPROC_PER_NODE``) are the plan's, as on a cluster; where the nodes meet is this machine's
 :class:`~trainjob.runtime.launch.Addressing` (:func:`local_addressing`), turned into ``PET_*`` variables by the
-same function that addresses a JobSet's pods (:func:`trainjob.runtime.launch.addressing_env`). With the local
-settings:
+same function that addresses a JobSet's pods (:func:`trainjob.runtime.launch.addressing_env`); the ``PET_*`` values
+of both are tabled in :mod:`trainjob.runtime.launch`. Besides them a node gets:
 
 =================================  ====================================================================
-``PET_NODE_RANK``                  the node's index (a pod reads its completion index)
-``PET_MASTER_ADDR``                ``127.0.0.1`` (a pod gets ``{job}-node-0-0.{job}``)
-``PET_MASTER_PORT``                a free port picked when the nodes start, so jobs can run side by side
-``PET_RDZV_ENDPOINT``              ``127.0.0.1:{that port}`` for elastic jobs; for shrinkable ones (below) the port of
-                                   a rendezvous store the supervisor runs, not one inside a node
-``PET_RDZV_CONF``, ``PET_RDZV_ID`` shrinkable jobs: :data:`~trainjob.backends.local.supervisor.rendezvous.RDZV_CONF` and
-                                   ``{job}-{restart count}``, a fresh rendezvous per round
-``PET_MAX_RESTARTS``               ``0`` for elastic jobs: the supervisor restarts the whole node group;
-                                   ``maxRestarts`` for shrinkable ones: how many lost nodes the ranks outlive
 ``OMP_NUM_THREADS``                the node's CPUs divided by its processes, unless the job sets it
 ``CUDA_VISIBLE_DEVICES``           the node's GPUs, disjoint between nodes, when GPUs are requested
 ``TRAINJOB_JOB_NAME/_JOB_DIR``     the job's name and directory
@@ -255,7 +246,7 @@ def build_mpi_process_spec(
     pip_index_urls: list[str] | None = None,
     inherit_env: bool = False,
 ) -> ProcessSpec:
-    """The process spec of an MPI plan (:mod:`trainjob.backends.mpi`): node 0 the launcher (and host 0), node
+    """The process spec of an MPI plan (:mod:`trainjob.backends.local.mpi`): node 0 the launcher (and host 0), node
     ``i`` host ``i``; the launcher's ``OMPI_MCA_*`` env is the plugin's with the hostfile in the job's directory."""
     from trainjob.runtime.plugins.mpi import LAUNCHER, openmpi_env
 

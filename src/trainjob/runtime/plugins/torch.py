@@ -3,29 +3,9 @@
 The plugin resolves the launch values (node count, processes per node, port, elastic range) onto the plan; the
 one function :func:`trainjob.runtime.launch.torchrun_env` turns them, with the JobSet's addressing
 (:func:`~trainjob.runtime.launch.kubernetes_addressing`), into the environment of the trainer (``node``)
-container (``torchrun`` reads ``PET_<OPTION>`` as ``--<option>``); the local backend calls the same function's
-addressing part with its own addressing:
+container. The ``PET_*`` variables and their values are tabled in :mod:`trainjob.runtime.launch`.
 
-=======================  =====================================================================
-variable                 value
-=======================  =====================================================================
-``PET_NNODES``           ``spec.trainer.numNodes``, else the runtime's ``mlPolicy.numNodes``, else 1;
-                         elastic: ``minNodes:maxNodes``
-``PET_NPROC_PER_NODE``   :func:`resolve_num_proc_per_node`
-``PET_NODE_RANK``        the pod's completion index (``valueFrom`` the Indexed Job annotation)
-``PET_MASTER_ADDR``      ``{job}-node-0-0.{job}``, the first trainer pod's DNS name
-``PET_MASTER_PORT``      29500 (also opened as container port)
-``PET_MAX_RESTARTS``     elastic only: ``elasticPolicy.maxRestarts`` (default 0)
-``PET_RDZV_BACKEND``     elastic only: ``c10d``
-``PET_RDZV_ENDPOINT``    elastic only: ``{master addr}:29500``
-``PET_RDZV_ID``          elastic only: the job name
-``PET_RDZV_CONF``        elastic only: ``last_call_timeout=5`` (torchrun waits 30 s by default for late nodes)
-``TORCH_DISABLE_SHARE_`` elastic only: ``1``, so the ranks of each rendezvous round get a store of their own (the
-``RDZV_TCP_STORE``       shared one outlives its round, and a smaller round's ranks would read the last round's
-                         addresses and time out)
-=======================  =====================================================================
-
-``PET_*`` names in ``spec.trainer.env`` are rejected: they would silently fight the values above.
+``PET_*`` names in ``spec.trainer.env`` are rejected: they would silently fight those values.
 Elastic jobs start ``maxNodes`` pods; gang scheduling requires ``minNodes`` of them. The containers a v2.3
 runtime names in ``mlPolicy.torch.envInjection`` (sidecars, init containers) get the same ``PET_*`` variables.
 """

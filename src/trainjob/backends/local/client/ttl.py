@@ -1,7 +1,7 @@
 """Finished local jobs past their ``trainjob/ttl-seconds-after-finished`` (:mod:`trainjob.backends.ttl`).
 
 There is no controller running between commands on this machine, so expired jobs are removed (with their logs
-and metrics) by whoever looks next: every listing and every submit (:meth:`LocalBackend.list_jobs`,
+and metrics) by whoever looks next: every listing and every submit (:meth:`.backend.LocalBackend.list_jobs`,
 ``trainjob list``, ``trainjob run``), ``trainjob ui`` every few seconds while it runs, and ``trainjob gc``.
 Reading one job by name does not remove it, so waiting for a job with a short TTL still sees it finish::
 

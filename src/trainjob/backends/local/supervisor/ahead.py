@@ -26,7 +26,7 @@ _released: list[subprocess.Popen[bytes]] = []
 
 
 def start_keepers_ahead(count: int) -> None:
-    """Start ``count`` keepers that wait for a node (:meth:`NodeHandle.start` takes them in turn). They stay in
+    """Start ``count`` keepers that wait for a node (:meth:`.nodes.NodeHandle.start` takes them in turn). They stay in
     this process's group until given a node (then each starts a session of its own, as keepers do), so a standby
     stopped with its group takes them with it."""
     if count < 1:
