@@ -7,7 +7,14 @@ import doctest
 import pytest
 
 import trainjob.backends.stall as stall
-from trainjob.backends.stall import ProgressClock, StallPolicy, parse_stall_timeout, stall_policy
+from trainjob.backends.stall import (
+    ProgressClock,
+    RankCollectives,
+    StallPolicy,
+    collectives_overdue,
+    parse_stall_timeout,
+    stall_policy,
+)
 from trainjob.errors import ValidationError
 
 TIMEOUT = "trainjob/stall-timeout"
@@ -48,10 +55,10 @@ def test_a_bad_stall_timeout_names_the_annotation_and_what_is_accepted(text: str
     ({}, {}, 2, StallPolicy(None, True, "restart")),
     ({TIMEOUT: "5m"}, {}, 0, StallPolicy(300.0, True, "fail")),
     ({TIMEOUT: "off"}, {}, 0, StallPolicy(None, False, "fail")),
-    ({ACTION: "fail"}, {}, 3, StallPolicy(None, True, "fail")),
-    ({ACTION: "Restart"}, {}, 1, StallPolicy(None, True, "restart")),
+    ({ACTION: "fail"}, {}, 3, StallPolicy(None, True, "fail", action_chosen=True)),
+    ({ACTION: "Restart"}, {}, 1, StallPolicy(None, True, "restart", action_chosen=True)),
     # the runtime's annotations apply to its jobs; the job's own win
-    ({}, {TIMEOUT: "20m", ACTION: "fail"}, 1, StallPolicy(1200.0, True, "fail")),
+    ({}, {TIMEOUT: "20m", ACTION: "fail"}, 1, StallPolicy(1200.0, True, "fail", action_chosen=True)),
     ({TIMEOUT: "1m"}, {TIMEOUT: "20m"}, 0, StallPolicy(60.0, True, "fail")),
     ({TIMEOUT: "off"}, {TIMEOUT: "20m"}, 0, StallPolicy(None, False, "fail")),
 ])
@@ -102,3 +109,44 @@ def test_a_reset_clock_waits_for_the_next_report() -> None:
     assert clock.overdue(StallPolicy(timeout=1.0), now=100.0) is None
     clock.saw([99.0])
     assert clock.overdue(StallPolicy(timeout=1.0), now=100.5) == (1.5, 1.0)
+
+
+def _ranks(*states: tuple[float | None, float | None]) -> list[RankCollectives]:
+    return [RankCollectives(rank, completed, waiting) for rank, (completed, waiting) in enumerate(states)]
+
+
+@pytest.mark.parametrize(("ranks", "policy", "now", "overdue"), [
+    # no rank started a collective, or none waits in one (every rank computing, however long): not stalled
+    ([], StallPolicy(), 1e9, None),
+    (_ranks((100.0, None), (100.0, None)), StallPolicy(), 1e9, None),
+    # the default limit: rank 0 waits in a barrier since 100 while rank 1 evaluates
+    (_ranks((99.0, 100.0), (99.0, None)), StallPolicy(), 390.0, None),
+    (_ranks((99.0, 100.0), (99.0, None)), StallPolicy(), 401.0, (301.0, 300.0)),
+    # the wait counts from the later of its start and the last collective completed on any rank
+    (_ranks((10.0, 20.0), (50.0, None)), StallPolicy(timeout=5.0), 54.0, None),
+    (_ranks((10.0, 20.0), (50.0, None)), StallPolicy(timeout=5.0), 56.0, (6.0, 5.0)),
+    # the first collective of the job never completed
+    (_ranks((None, 7.0), (None, None)), StallPolicy(timeout=5.0), 13.0, (6.0, 5.0)),
+    # explicit limit, and off
+    (_ranks((0.0, 0.0)), StallPolicy(timeout=90.0), 91.0, (91.0, 90.0)),
+    (_ranks((0.0, 0.0)), StallPolicy(watched=False), 1e9, None),
+])
+def test_when_a_job_that_does_not_report_is_overdue(ranks, policy, now, overdue) -> None:
+    assert collectives_overdue(ranks, policy, now) == overdue
+
+
+@pytest.mark.parametrize(("annotations", "max_restarts", "action"), [
+    ({}, 0, "warn"),
+    ({}, 2, "warn"),  # a job's restart budget does not make a stall of a silent job a restart
+    ({ACTION: "fail"}, 0, "fail"),
+    ({ACTION: "restart"}, 1, "restart"),
+])
+def test_a_stall_of_a_job_that_does_not_report_warns_unless_the_action_is_chosen(annotations, max_restarts,
+                                                                                 action) -> None:
+    assert stall_policy(annotations, max_restarts=max_restarts).collective_action == action
+
+
+def test_a_policy_round_trips_through_its_dict() -> None:
+    policy = stall_policy({TIMEOUT: "5s", ACTION: "fail"})
+    assert StallPolicy.from_dict(policy.to_dict()) == policy
+    assert StallPolicy.from_dict({"timeout": None, "watched": True, "action": "fail"}) == StallPolicy()

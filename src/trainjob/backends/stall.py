@@ -1,20 +1,35 @@
 """The stall watchdog's rules, for both backends: when a running job that makes no progress has stalled, and what
 follows.
 
-Progress is a report from rank 0 (``trainjob.torch.report`` or ``update_trainjob_status``: :mod:`trainjob.progress`).
-The watchdog is armed by the first report of each run of the node group: before it, nothing says how fast the job
-goes (start-up, data loading and compilation take what they take), and a job that never reports is not watched.
-Once armed, the job has stalled when no report came for longer than its limit (:meth:`ProgressClock.overdue`):
+Two signals say a job makes progress:
 
-=====================================  ==========================================================================
-``trainjob/stall-timeout``             the limit
-=====================================  ==========================================================================
-not set                                10 x the longest interval between two reports so far, at least 60 s
-                                       (:data:`INTERVAL_FACTOR`, :data:`FLOOR_SECONDS`): checkpoints and
+- **Reports** from rank 0 (``trainjob.torch.report`` or ``update_trainjob_status``: :mod:`trainjob.progress`). The
+  first report of each run of the node group arms the watchdog on them: before it, nothing says how fast the job
+  goes (start-up, data loading and compilation take what they take). Once armed, the job has stalled when no report
+  came for longer than its limit (:meth:`ProgressClock.overdue`). Where reports come, they are the only signal.
+- **Collectives**, for a job that does not report: each rank says when a collective it took part in last completed
+  and since when one it entered has been waiting (:class:`RankCollectives`; on the local backend every rank's
+  ``sitecustomize`` reads it from torch's flight recorder, which sees the collectives DDP issues from C++ too:
+  :mod:`trainjob.backends.local.worker_site.sitecustomize`). The job has stalled when a rank has waited in a
+  collective longer than the limit while no collective completed on any rank (:func:`collectives_overdue`). A job
+  whose ranks started no collective yet, or in which no rank waits (every rank computing, however long), is not
+  stalled: rank 0 evaluating while the others wait at a barrier is a stall only once it lasts past the limit.
+
+=====================================  ==============================================  =============================
+``trainjob/stall-timeout``             limit, a job that reports                       limit, a job that does not
+=====================================  ==============================================  =============================
+not set                                10 x the longest interval between two reports   5 minutes
+                                       so far, at least 60 s (:data:`INTERVAL_FACTOR`,  (:data:`COLLECTIVE_LIMIT`)
+                                       :data:`FLOOR_SECONDS`): checkpoints and
                                        evaluations that ran between reports raise it
-``600``, ``90s``, ``10m``, ``1h30m``   exactly that, whatever the step times
-``off``                                none: the job is not watched
-=====================================  ==========================================================================
+``600``, ``90s``, ``10m``, ``1h30m``   exactly that, whatever the step times           exactly that
+``off``                                none: the job is not watched                    none
+=====================================  ==============================================  =============================
+
+Five minutes, for a job that does not report, because nothing says how long its ranks may wait for one another by
+design (rank 0 evaluating, saving a checkpoint or preparing data while the others wait at a barrier often takes
+minutes), yet it is half NCCL's own timeout (10 minutes; gloo's is 30), so the stuck rank is named before the
+collective times out and blames a rank that only waited.
 
 What follows a stall is ``trainjob/stall-action``:
 
@@ -25,8 +40,11 @@ What follows a stall is ``trainjob/stall-action``:
              controller replaces them, and the budget is the JobSet's ``failurePolicy.maxRestarts``, shared with
              its own restarts
 ``fail``     stop the nodes; the job fails with reason ``Stalled``
-not set      ``restart`` for a job with restarts (``elasticPolicy.maxRestarts >= 1``; on Kubernetes
-             ``failurePolicy.maxRestarts >= 1``, as the built-in runtimes have), else ``fail``: what a failed node does
+not set      a job that reports: ``restart`` for a job with restarts (``elasticPolicy.maxRestarts >= 1``; on
+             Kubernetes ``failurePolicy.maxRestarts >= 1``, as the built-in runtimes have), else ``fail``, what a
+             failed node does. A job that does not report: a ``Stalled`` Warning event (and the job's message),
+             repeated every limit while the stall lasts; the job runs on, and a ``StallEnded`` event follows when
+             collectives complete again (:attr:`StallPolicy.collective_action`)
 ===========  ===================================================================================================
 
 Both annotations are read from the TrainJob, else from its runtime (so a runtime can set them for all its jobs)::
@@ -41,12 +59,15 @@ their peers wait in, and the frame they are in (:mod:`trainjob.backends.stacks`)
 job's message.
 
 >>> policy = stall_policy({"trainjob/stall-timeout": "90s"})
->>> policy.timeout, policy.action
-(90.0, 'fail')
+>>> policy.timeout, policy.action, policy.collective_action
+(90.0, 'fail', 'warn')
 >>> clock = ProgressClock()
 >>> clock.saw([100.0, 102.0, 103.0])
 >>> clock.overdue(StallPolicy(), now=160.0) is None, clock.overdue(StallPolicy(), now=164.0)
 (True, (61.0, 60.0))
+>>> ranks = [RankCollectives(0, completed_at=100.0, waiting_since=101.0), RankCollectives(1, 100.0, None)]
+>>> collectives_overdue(ranks, policy, now=150.0), collectives_overdue(ranks, policy, now=192.0)
+(None, (91.0, 90.0))
 """
 
 from __future__ import annotations
@@ -68,12 +89,15 @@ if TYPE_CHECKING:
     from trainjob.backends.base import CheckedJob
 
 __all__ = [
+    "COLLECTIVE_LIMIT",
     "FLOOR_SECONDS",
     "INTERVAL_FACTOR",
     "STALL_ACTIONS",
     "ProgressClock",
+    "RankCollectives",
     "StallPolicy",
     "checked_stall_policy",
+    "collectives_overdue",
     "dump_setting",
     "parse_stall_timeout",
     "stall_policy",
@@ -83,6 +107,8 @@ __all__ = [
 FLOOR_SECONDS = STALL_FLOOR_SECONDS
 #: A derived limit is this many times the longest interval seen between two reports.
 INTERVAL_FACTOR = STALL_INTERVAL_FACTOR
+#: The limit for a job that does not report: how long a rank may wait in a collective while none completes.
+COLLECTIVE_LIMIT = 300.0
 STALL_ACTIONS = ("restart", "fail")
 _DURATION = re.compile(r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?$")
 _ACCEPTED_TIMEOUTS = 'a duration ("600" seconds, "90s", "10m", "1h30m") greater than 0, or "off"'
@@ -91,11 +117,28 @@ _ACCEPTED_TIMEOUTS = 'a duration ("600" seconds, "90s", "10m", "1h30m") greater 
 @dataclass(frozen=True)
 class StallPolicy:
     """A job's stall settings: ``timeout`` set explicitly (``None``: derived from the job's pace), ``watched``
-    (``False``: ``stall-timeout: off``), ``action`` ``fail`` or ``restart``."""
+    (``False``: ``stall-timeout: off``), ``action`` ``fail`` or ``restart``, ``action_chosen``: by
+    ``trainjob/stall-action`` (else the default)."""
 
     timeout: float | None = None
     watched: bool = True
     action: str = "fail"
+    action_chosen: bool = False
+
+    @property
+    def collective_action(self) -> str:
+        """What follows a stall of a job that does not report: ``warn`` unless ``trainjob/stall-action`` chose."""
+        return self.action if self.action_chosen else "warn"
+
+    def collective_limit(self) -> float | None:
+        """Seconds a rank may wait in a collective while none completes, in a job that does not report."""
+        if not self.watched:
+            return None
+        return self.timeout if self.timeout is not None else COLLECTIVE_LIMIT
+
+    def explain_collective(self) -> str:
+        """Where the limit of a job that does not report comes from, for messages."""
+        return STALL_TIMEOUT_ANNOTATION if self.timeout is not None else "the default for a job that does not report"
 
     def limit(self, longest_interval: float | None) -> float | None:
         """Seconds without a report that make a stall, given the longest interval between reports seen so far."""
@@ -115,7 +158,8 @@ class StallPolicy:
         return f"{INTERVAL_FACTOR:g} x the longest interval between reports, {longest_interval:.3g} s"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"timeout": self.timeout, "watched": self.watched, "action": self.action}
+        return {"timeout": self.timeout, "watched": self.watched, "action": self.action,
+                "action_chosen": self.action_chosen}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> StallPolicy:
@@ -186,7 +230,7 @@ def stall_policy(
                 "restart needs restarts to spend: set the runtime's elasticPolicy.maxRestarts to 1 or more, "
                 "or use fail",
             )
-    return StallPolicy(timeout=timeout, watched=watched, action=action)
+    return StallPolicy(timeout=timeout, watched=watched, action=action, action_chosen=action_text is not None)
 
 
 def checked_stall_policy(checked: CheckedJob) -> StallPolicy:
@@ -231,3 +275,36 @@ class ProgressClock:
         if limit is None or silent <= limit:
             return None
         return silent, limit
+
+
+@dataclass(frozen=True)
+class RankCollectives:
+    """What one rank's collectives did, by the clock of the machine that runs it (Unix seconds): when it last saw
+    one complete (``None``: none yet) and since when one it entered has been waiting (``None``: it waits in none)."""
+
+    rank: int
+    completed_at: float | None
+    waiting_since: float | None
+
+
+def collectives_overdue(
+    ranks: Iterable[RankCollectives], policy: StallPolicy, now: float
+) -> tuple[float, float] | None:
+    """``(seconds a rank has waited in a collective while none completed anywhere, the limit)`` once that passes
+    the limit, else ``None`` (no rank waits, none started a collective, not watched, or in time).
+
+    >>> waits = [RankCollectives(0, 100.0, 130.0), RankCollectives(1, 125.0, None)]
+    >>> collectives_overdue(waits, StallPolicy(timeout=60.0), now=191.0)  # rank 0 waits since 130
+    (61.0, 60.0)
+    >>> collectives_overdue([RankCollectives(0, 100.0, None)], StallPolicy(timeout=60.0), now=1e9) is None
+    True
+    """
+    ranks = list(ranks)
+    limit = policy.collective_limit()
+    waiting = [r.waiting_since for r in ranks if r.waiting_since is not None]
+    if limit is None or not waiting:
+        return None
+    completed = [r.completed_at for r in ranks if r.completed_at is not None]
+    since = max([min(waiting), *completed])
+    silent = now - since
+    return (silent, limit) if silent > limit else None

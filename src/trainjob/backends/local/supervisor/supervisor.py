@@ -10,9 +10,11 @@ group of an elastic job up to ``maxRestarts`` and writes every transition to the
 (killed, not failed by its own ranks) while ``minNodes`` remain: the others go on at the smaller size
 (``NodeLost``), the node is started again after the job's back-off (``GrowRequested``, ``NodeReturned``), and every
 change of size the ranks report becomes a ``Resized`` event ("Resized 3 -> 2 nodes (node-1 was lost)") and the job's
-message (:mod:`~trainjob.backends.local.supervisor.rendezvous`). A job that stops reporting progress is caught by
-the stall watchdog (:mod:`~trainjob.backends.local.supervisor.watchdog`): a ``Stalled`` event names the rank the
-others wait for and its frame, then the job fails or its node group restarts. A job's status only moves ``Created ->
+message (:mod:`~trainjob.backends.local.supervisor.rendezvous`). A job that stops making progress (its reports, or
+for a job that does not report, its collectives) is caught by the stall watchdog
+(:mod:`~trainjob.backends.local.supervisor.watchdog`): a ``Stalled`` event names the rank the others wait for and its
+frame, then the job fails, its node group restarts, or (a job that does not report, by default) the warning is
+repeated while the stall lasts. A job's status only moves ``Created ->
 Running -> Complete | Failed`` (or ``Suspended``).
 
 A supervisor holds the job's supervisor lock (:func:`~trainjob.backends.local.processes.hold_supervisor_lock`)
@@ -57,7 +59,7 @@ from trainjob.backends.local.supervisor.environment import (
 )
 from trainjob.backends.local.supervisor.failures import node_failures, pick_root_cause
 from trainjob.backends.local.supervisor.nodes import NodeHandle
-from trainjob.backends.local.supervisor.watchdog import Stall, StallWatchdog
+from trainjob.backends.local.supervisor.watchdog import Stall, StallEnded, StallWatchdog
 from trainjob.constants import COMPLETE, CREATED, FAILED, QUEUED, RUNNING, SUSPENDED
 from trainjob.errors import NotFoundError, is_disk_full
 
@@ -302,7 +304,12 @@ class Supervisor:
                 self._follow_rounds()
                 codes = self._bring_back(codes)
             if (stall := self.watchdog.check(time.time())) is not None:
-                return self._stalled(stall)
+                if isinstance(stall, StallEnded):
+                    self._stall_ended(stall)
+                elif stall.action == "warn":
+                    self._warn_of_stall(stall)
+                else:
+                    return self._stalled(stall)
             kept = [code for i, code in enumerate(codes) if i not in self.lost]
             if kept and all(code == 0 for code in kept):
                 self._ingest_metrics()
@@ -492,7 +499,7 @@ class Supervisor:
     def _stalled(self, stall: Stall) -> str | None:
         """Record a stall (event and message), stop the nodes, then fail the job (``None``) or return the outcome
         that restarts the node group (``trainjob/stall-action: restart`` with restarts left)."""
-        restart = self.spec.stall.action == "restart" and self.restarts < self.spec.max_restarts
+        restart = stall.action == "restart" and self.restarts < self.spec.max_restarts
         then = (f"restarting the node group from its checkpoint (restart {self.restarts + 1} of "
                 f"{self.spec.max_restarts})" if restart else "failing the job")
         self.store.update_job(self.name, message=f"stalled, {then}: {stall.message}")
@@ -500,9 +507,20 @@ class Supervisor:
         if restart:
             self.store.add_event(self.name, "Stalled", stall.message, type="Warning")
             return f"stalled: {stall.message}"
-        spent = f"; no restarts left (maxRestarts {self.spec.max_restarts})" if self.spec.stall.action == "restart" else ""
+        spent = f"; no restarts left (maxRestarts {self.spec.max_restarts})" if stall.action == "restart" else ""
         self._finish(FAILED, "Stalled", stall.message + spent)  # its event is the Stalled event
         return None
+
+    def _warn_of_stall(self, stall: Stall) -> None:
+        """A stall of a job that does not report, with no ``trainjob/stall-action``: said, and the job runs on."""
+        with self.store.transaction():
+            self.store.add_event(self.name, "Stalled", stall.message, type="Warning")
+            self.store.update_job(self.name, message=f"stalled: {stall.message}")
+
+    def _stall_ended(self, ended: StallEnded) -> None:
+        with self.store.transaction():
+            self.store.add_event(self.name, "StallEnded", ended.message)
+            self.store.update_job(self.name, message=f"{len(self.nodes)} node(s) running; {ended.message}")
 
     def _settle_failure(self, failed: list[int]) -> str:
         until = time.monotonic() + FAILURE_SETTLE_SECONDS

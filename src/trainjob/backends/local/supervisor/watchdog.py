@@ -1,48 +1,87 @@
-"""The supervisor's stall watchdog: a running job that stops reporting progress is caught and the rank it waits for
+"""The supervisor's stall watchdog: a running job that stops making progress is caught and the rank it waits for
 named, by the rules of :mod:`trainjob.backends.stall`.
 
 The supervisor feeds it the times of the progress records it ingests and asks :meth:`StallWatchdog.check` on every
-round of its watch. Once the job is silent past its limit, the watchdog dumps every rank's stacks
-(:mod:`~trainjob.backends.local.stacks`), writes them all to ``stall-stacks.txt`` in the job's directory, and
-returns the :class:`Stall`, whose message names the ranks not in the collective their peers wait in and the
-frame they are in::
+round of its watch. A job that reports is held to its reports; one that does not, to its collectives: every
+rank's ``sitecustomize`` writes when its collectives last completed and since when one waits
+(``stacks/collectives-rank-<RANK>-<pid>.json``, read by :func:`rank_collectives`). Once the job is past its limit,
+the watchdog dumps every rank's stacks (:mod:`~trainjob.backends.local.stacks`), writes them all to
+``stall-stacks.txt`` in the job's directory, and returns the :class:`Stall`, whose message names the ranks not in
+the collective their peers wait in and the frame they are in::
 
     no progress for 4.3 s (limit 4.0 s: trainjob/stall-timeout): rank 1 is not in the all_reduce that rank 0 waits
     in: rank 1 is in __getitem__ (train.py:21); every rank's stacks: .../stall-stacks.txt
 
-The supervisor records it as a ``Stalled`` event and the job's message, then fails the job or restarts its node
-group (``trainjob/stall-action``). The watchdog is disarmed until the next report whenever the node group starts
-again or changes size (:meth:`StallWatchdog.reset`).
+The supervisor acts on :attr:`Stall.action`: ``fail`` or ``restart`` (a ``Stalled`` event and the job's message,
+then the job fails or its node group restarts), or ``warn`` (a stall of a job that does not report, with no
+``trainjob/stall-action``: a ``Stalled`` Warning event and the job's message, again every limit while the stall
+lasts, then a :class:`StallEnded` once collectives complete again). The watchdog is disarmed until the next report
+or collective whenever the node group starts again or changes size (:meth:`StallWatchdog.reset`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainjob.backends.local.stacks import dump_stacks
-from trainjob.backends.stacks import StuckRanks, find_stuck_ranks, format_stacks
-from trainjob.backends.stall import ProgressClock, StallPolicy
+import psutil
 
-__all__ = ["STACKS_FILE", "Stall", "StallWatchdog"]
+from trainjob.backends.local.stacks import STACKS_DIR, dump_stacks
+from trainjob.backends.stacks import StuckRanks, find_stuck_ranks, format_stacks
+from trainjob.backends.stall import ProgressClock, RankCollectives, StallPolicy, collectives_overdue
+
+__all__ = ["STACKS_FILE", "Stall", "StallEnded", "StallWatchdog", "rank_collectives"]
 
 #: Where, in the job's directory, the stacks of a stall are kept.
 STACKS_FILE = "stall-stacks.txt"
+#: How often the ranks' collectives files are read (the ranks rewrite them at most every half second).
+COLLECTIVES_READ_SECONDS = 0.5
 
 
 @dataclass
 class Stall:
-    """A stall: how long the job was silent, its limit, what the stacks showed, and the message that says it."""
+    """A stall: how long the job was silent, its limit, what the stacks showed, the message that says it, and what
+    follows (``fail``, ``restart`` or ``warn``)."""
 
     silent: float
     limit: float
     stuck: StuckRanks
     message: str
+    action: str = "fail"
+
+
+@dataclass
+class StallEnded:
+    """Collectives complete again after a stall that was only warned of: how long it lasted, and the sentence."""
+
+    lasted: float
+    message: str
 
 
 def _seconds(value: float) -> str:
     return f"{value:.1f} s" if value < 100 else f"{value:.0f} s"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def rank_collectives(job_dir: Path) -> list[RankCollectives]:
+    """What the live ranks of the job wrote about their collectives, in rank order (a rank of an earlier run of
+    the node group is gone, and left out)."""
+    found: dict[int, RankCollectives] = {}
+    directory = job_dir / STACKS_DIR
+    for path in sorted(directory.glob("collectives-rank-*.json")) if directory.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not psutil.pid_exists(int(data["pid"])):
+                continue
+            rank = int(data["rank"])
+            found[rank] = RankCollectives(rank, data["completed_at"], data["waiting_since"])
+    return [found[rank] for rank in sorted(found)]
 
 
 class StallWatchdog:
@@ -52,6 +91,10 @@ class StallWatchdog:
         self.job_dir = job_dir
         self.policy = policy
         self.clock = ProgressClock()
+        self.next_read = 0.0
+        #: The stall of a job that does not report that is being warned of: when it began, and warnings so far.
+        self.warned_since: float | None = None
+        self.warnings = 0
 
     def saw(self, times: Iterable[float]) -> None:
         """Progress was reported at ``times`` (Unix seconds)."""
@@ -60,22 +103,61 @@ class StallWatchdog:
     def reset(self) -> None:
         """Disarm until the next report: the node group started again or changed size."""
         self.clock.reset()
+        self.warned_since, self.warnings = None, 0
 
-    def check(self, now: float) -> Stall | None:
-        """The stall, once the job has been silent past its limit (stacks collected); else ``None``."""
+    def check(self, now: float) -> Stall | StallEnded | None:
+        """The stall, once the job is past its limit (stacks collected); a warned stall's end; else ``None``."""
+        if self.clock.last is not None:
+            return self._check_reports(now)
+        if now < self.next_read:
+            return None
+        self.next_read = now + COLLECTIVES_READ_SECONDS
+        return self._check_collectives(now)
+
+    def _check_reports(self, now: float) -> Stall | None:
         overdue = self.clock.overdue(self.policy, now)
         if overdue is None:
             return None
         silent, limit = overdue
         why = self.policy.explain(self.clock.longest)
         self.clock.reset()  # one stall is handled once
+        stuck, kept = self._stacks()
+        message = f"no progress for {_seconds(silent)} (limit {_seconds(limit)}: {why}): {stuck.summary}{kept}"
+        return Stall(silent=silent, limit=limit, stuck=stuck, message=message, action=self.policy.action)
+
+    def _check_collectives(self, now: float) -> Stall | StallEnded | None:
+        ranks = rank_collectives(self.job_dir)
+        overdue = collectives_overdue(ranks, self.policy, now)
+        if overdue is None:
+            if self.warned_since is None:
+                return None
+            lasted = now - self.warned_since
+            self.warned_since, self.warnings = None, 0
+            return StallEnded(lasted, f"collectives complete again, after a stall of {_seconds(lasted)}")
+        silent, limit = overdue
+        if self.warnings and silent <= limit * (self.warnings + 1):
+            return None  # warned of already: again once it has lasted another limit
+        action = self.policy.collective_action
+        waiting = [r.rank for r in ranks if r.waiting_since is not None]
+        stuck, kept = self._stacks()
+        message = (f"no collective completed for {_seconds(silent)} while {_ranks(waiting)} "
+                   f"{'waits' if len(waiting) == 1 else 'wait'} in one (limit {_seconds(limit)}: "
+                   f"{self.policy.explain_collective()}): {stuck.summary}{kept}")
+        if action == "warn":
+            self.warned_since = self.warned_since or now - silent
+            self.warnings += 1
+            message += "; the job runs on (trainjob/stall-action: fail or restart acts on a stall)"
+        else:
+            self.reset()  # one stall is handled once
+        return Stall(silent=silent, limit=limit, stuck=stuck, message=message, action=action)
+
+    def _stacks(self) -> tuple[StuckRanks, str]:
+        """Every rank's stacks, kept in :data:`STACKS_FILE`: what they show, and where they are kept."""
         stacks = dump_stacks(self.job_dir)
-        stuck = find_stuck_ranks(stacks)
         saved = self.job_dir / STACKS_FILE
         try:
             saved.write_text(format_stacks(stacks), encoding="utf-8")
             kept = f"; every rank's stacks: {saved}"
         except OSError:
             kept = ""
-        message = f"no progress for {_seconds(silent)} (limit {_seconds(limit)}: {why}): {stuck.summary}{kept}"
-        return Stall(silent=silent, limit=limit, stuck=stuck, message=message)
+        return find_stuck_ranks(stacks), kept

@@ -12,6 +12,16 @@
   ``TRAINJOB_STACKS_DIR/rank-<RANK>-<pid>.txt`` when it gets ``TRAINJOB_STACKS_SIGNAL`` (:mod:`faulthandler`,
   which writes from the signal handler itself, so a rank blocked in a C call answers too): what ``trainjob
   stacks`` and the stall watchdog read (:mod:`trainjob.backends.local.stacks`).
+- **A training process** that imports ``torch.distributed`` says whether its collectives complete, for the stall
+  watchdog of a job that does not report progress (:func:`trainjob.backends.stall.collectives_overdue`): torch's
+  flight recorder counts, per process group, the collectives enqueued and completed, whoever issued them (the
+  script, or DDP's bucketed all-reduces from C++), once its buffer has room for an entry (``TORCH_FR_BUFFER_SIZE``,
+  set to 1 unless the job sets it or ``TORCH_NCCL_TRACE_BUFFER_SIZE``; its dumps on an NCCL timeout go to the
+  stacks folder unless ``TORCH_FR_DUMP_TEMP_FILE`` is set). A thread (:func:`_watch_collectives`) reads the counts
+  every :data:`_COLLECTIVES_POLL_SECONDS` and, when they change, rewrites
+  ``TRAINJOB_STACKS_DIR/collectives-rank-<RANK>-<pid>.json``: ``{"rank", "pid", "completed_at", "waiting_since"}``,
+  Unix seconds or ``null`` (:class:`trainjob.backends.stall.RankCollectives`). Nothing is written before the first
+  collective; a torch without the flight recorder, or a buffer of 0, writes nothing, and the job is not watched.
 
 - **The node's torchrun** ends as soon as its ranks' output is copied: torchrun tees each rank's output
   (``PET_TEE``, so the node log has it line by line, prefixed with its rank) through tailer threads that sleep
@@ -31,7 +41,9 @@
 
 Processes the training process starts (data loader workers, subprocesses) are left alone. Costs next to nothing
 at start-up: ``os`` and ``sys``, for a training process ``faulthandler`` and ``signal`` and for both ``atexit``
-and ``gc`` (all built in), and one open file.
+and ``gc`` (all built in), and one open file; the thread starts once ``torch.distributed`` is imported. Each
+collective costs the flight recorder's entry (benchmarks/stall_any_script.py measures it), each read of the counts
+a few microseconds.
 """
 
 import os
@@ -91,6 +103,88 @@ def _register_stack_dumps(directory, signum):
         return  # no dumps for this rank; training is not affected
     global _STACK_DUMP_FILE
     _STACK_DUMP_FILE = dump  # kept open for the process's life: faulthandler writes to its descriptor
+
+
+_COLLECTIVES_POLL_SECONDS = 0.5
+_C10D_MODULE = "torch.distributed.distributed_c10d"
+
+
+def _prepare_flight_recorder(directory):
+    """Room for one flight recorder entry, which is what makes torch count each process group's collectives; an
+    NCCL timeout's dump into the stacks folder. A job's own settings win."""
+    env = os.environ
+    if "TORCH_FR_BUFFER_SIZE" not in env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
+        env["TORCH_FR_BUFFER_SIZE"] = "1"
+    env.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(directory, "flight-recorder-rank-"))
+
+
+def _collective_counts(dump):
+    """``{process group: (enqueued, completed)}`` from the flight recorder (``dump``: torch's
+    ``_dump_fr_trace_json``)."""
+    import json
+
+    status = json.loads(dump(False, False)).get("pg_status") or {}
+    return {group: (int(seen.get("last_enqueued_collective", -1)), int(seen.get("last_completed_collective", -1)))
+            for group, seen in status.items()}
+
+
+def _watch_collectives(directory, rank, stop, poll=_COLLECTIVES_POLL_SECONDS):
+    """Rewrite this rank's collectives file whenever its collectives move (the module's docstring says what it
+    holds), until ``stop`` is set."""
+    import json
+    import time
+
+    c10d = getattr(sys.modules.get("torch._C"), "_distributed_c10d", None)
+    dump = getattr(c10d, "_dump_fr_trace_json", None)
+    if dump is None:
+        return  # a torch without the flight recorder: the job is not watched
+    path = os.path.join(directory, f"collectives-rank-{rank}-{os.getpid()}.json")
+    completed, state = {}, {"rank": rank, "pid": os.getpid(), "completed_at": None, "waiting_since": None}
+    while not stop.wait(poll):
+        try:
+            counts = _collective_counts(dump)
+        except Exception:
+            return  # torch changed what it dumps: not watched, training goes on
+        if not counts:
+            continue  # no collective yet
+        now, was = time.time(), dict(state)
+        done = {group: pair[1] for group, pair in counts.items()}
+        waiting = any(enqueued > finished for enqueued, finished in counts.values())
+        if done != completed and any(seq >= 1 for seq in done.values()):
+            state["completed_at"] = now
+            state["waiting_since"] = now if waiting else None
+        elif not waiting:
+            state["waiting_since"] = None
+        elif state["waiting_since"] is None:
+            state["waiting_since"] = now
+        completed = done
+        if state != was:
+            try:
+                with open(path + ".tmp", "w") as f:
+                    json.dump(state, f)
+                os.replace(path + ".tmp", path)
+            except OSError:
+                pass  # a full disk: tried again at the next change
+
+
+def _start_collectives_watch(directory):
+    """Start :func:`_watch_collectives` on a thread of its own, stopped at exit before torch is torn down."""
+    import atexit
+    import json  # noqa: F401 (imported here, not first on the thread while the script's imports run)
+    import threading
+    import time  # noqa: F401
+
+    stop = threading.Event()
+    rank = int(os.environ.get("RANK", "0") or 0)
+    thread = threading.Thread(target=_watch_collectives, args=(directory, rank, stop),
+                              name="trainjob-collectives", daemon=True)
+    thread.start()
+
+    def stop_watching():
+        stop.set()
+        thread.join(1.0)
+
+    atexit.register(stop_watching)
 
 
 def _short_tracebacks(report):
@@ -292,6 +386,9 @@ def _main():
             _freeze_at_exit()
             if env.get("TRAINJOB_STACKS_DIR") and env.get("TRAINJOB_STACKS_SIGNAL"):
                 _register_stack_dumps(env["TRAINJOB_STACKS_DIR"], env["TRAINJOB_STACKS_SIGNAL"])
+                directory = env["TRAINJOB_STACKS_DIR"]
+                _prepare_flight_recorder(directory)
+                sys.meta_path.insert(0, _AfterImport(_C10D_MODULE, lambda _: _start_collectives_watch(directory)))
             if sys.stdout is not None and sys.stderr is not None:
                 sys.stdout, sys.stderr = _DropWhenFull(sys.stdout), _DropWhenFull(sys.stderr)
     else:
