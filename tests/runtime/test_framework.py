@@ -87,7 +87,7 @@ def plugin_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
 @pytest.mark.usefixtures("plugin_site")
 def test_a_third_party_plugin_registers_through_the_entry_point_group(make_job):
     framework = Framework()
-    assert framework.plugin_names() == [
+    assert [p.name for p in framework.plugins] == [
         "torch",
         "mpi",
         "ray",

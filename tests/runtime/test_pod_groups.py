@@ -5,9 +5,14 @@ from __future__ import annotations
 import pytest
 
 from trainjob.runtime import builtin_runtimes, resolve
-from trainjob.runtime.render import render_podgroup
+from trainjob.runtime.render import render_objects
 
 RESOURCES = {"requests": {"cpu": "2500m", "memory": "8Gi"}, "limits": {"cpu": "4", "nvidia.com/gpu": 1}}
+
+
+def render_podgroup(plan):
+    """The PodGroup among the plan's rendered objects, or ``None``."""
+    return next((obj for obj in render_objects(plan) if obj["kind"] == "PodGroup"), None)
 
 
 def _pod_meta(pod_set):

@@ -34,7 +34,6 @@ __all__ = [
     "Quantity",
     "QuantityError",
     "cpu_count",
-    "effective_resources",
     "format_quantity",
     "gpu_count",
     "is_gpu_resource",
@@ -143,15 +142,6 @@ def is_gpu_resource(name: str) -> bool:
     Any extended resource whose name mentions ``gpu`` (case-insensitive) counts; ``cpu``/``memory`` never do.
     """
     return "gpu" in name.lower()
-
-
-def effective_resources(
-    requests: Mapping[str, Quantity] | None, limits: Mapping[str, Quantity] | None
-) -> dict:
-    """Per resource, the request when there is one, else the limit (Kubernetes defaults requests to limits)."""
-    merged: dict[str, Quantity] = dict(limits or {})
-    merged.update(requests or {})
-    return merged
 
 
 def cpu_count(value: Quantity | None) -> int:

@@ -82,7 +82,7 @@ __all__ = [
 class Framework:
     """Runs plugins over a job and its runtime, and renders the plans they make.
 
-    >>> Framework().plugin_names()[:2]
+    >>> [p.name for p in Framework().plugins][:2]
     ['torch', 'mpi']
     >>> [p.name for p in Framework().builders]
     ['jobset']
@@ -95,9 +95,6 @@ class Framework:
         self.pod_group_enforcers = [p for p in self.plugins if isinstance(p, PodGroupEnforcer)]
         self.builders = [p for p in self.plugins if isinstance(p, Builder)]
         self.renderers = sorted((p for p in self.plugins if isinstance(p, Renderer)), key=_render_stage)
-
-    def plugin_names(self) -> list[str]:
-        return [p.name for p in self.plugins]
 
     def resolve(self, trainjob: TrainJob, runtime: Runtime) -> Plan:
         """The plan for ``trainjob`` on ``runtime``; raises :class:`ValidationError` listing every problem."""
@@ -126,17 +123,6 @@ class Framework:
         JobSet, then the PodGroup when the plan asks for gang scheduling, then an MPI plan's Secret and ConfigMap."""
         ran = set(plan.plugins)
         return [obj for renderer in self.renderers if renderer.name in ran for obj in renderer.render(plan)]
-
-    def render_pod_group(self, plan: Plan) -> dict[str, Any] | None:
-        """The PodGroup for the plan's gang-scheduling policy (from the gang plugin of that name), or ``None``."""
-        if plan.pod_group is None:
-            return None
-        gangs = [r for r in self.renderers if isinstance(r, PodGroupEnforcer)]
-        for gang in gangs:
-            if gang.name == plan.pod_group.scheduler:
-                return next(iter(gang.render(plan)), None)
-        known = ", ".join(g.name for g in gangs)
-        raise ValueError(f"no PodGroup kind for scheduler {plan.pod_group.scheduler!r}; known: {known}")
 
 
 def require_ml_policy(ctx: Context, active: Sequence[Plugin]) -> None:

@@ -27,15 +27,10 @@ from trainjob.runtime.framework import default_framework
 from trainjob.runtime.plan import Plan
 from trainjob.runtime.plugins.jobset import render_jobset
 
-__all__ = ["render_jobset", "render_objects", "render_podgroup"]
+__all__ = ["render_jobset", "render_objects"]
 
 
 def render_objects(plan: Plan) -> list[dict[str, Any]]:
     """The JobSet, followed by the PodGroup when the plan asks for gang scheduling, then an MPI plan's Secret and
     ConfigMap (labelled like the PodGroup)."""
     return default_framework().render(plan)
-
-
-def render_podgroup(plan: Plan) -> dict[str, Any] | None:
-    """The PodGroup for the plan's gang-scheduling policy, or ``None`` without one."""
-    return default_framework().render_pod_group(plan)

@@ -125,10 +125,6 @@ class MegatronArgs:
     #: Flags whose value the shell fills in at run time (``$TP`` with no ``TP`` in the env): not checked.
     unresolved: tuple[str, ...] = ()
 
-    def data_parallel(self, world_size: int) -> int | None:
-        """``world / (tp × pp)``, or None when that is no whole number."""
-        return None if world_size % (self.tp * self.pp) else world_size // (self.tp * self.pp)
-
 
 @dataclass(frozen=True)
 class LayoutProblem:

@@ -124,10 +124,6 @@ class DeepSpeedSettings:
     unknown: list[str] = field(default_factory=list)
     auto: list[str] = field(default_factory=list)
 
-    def prepare_options(self) -> dict[str, Any]:
-        """The ``prepare_model`` keywords this config amounts to (stage 1/2 also need ``fsdp_zero_stage``)."""
-        return {"strategy": self.strategy, "mixed_precision": self.mixed_precision, "cpu_offload": self.cpu_offload}
-
 
 def load_deepspeed_config(config: DeepSpeedConfig) -> tuple[dict[str, Any], str]:
     """The config as a dict and a name for messages (the file's path, or ``"deepspeed_config"`` for a dict).

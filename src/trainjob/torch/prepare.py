@@ -27,9 +27,9 @@ FSDP with ``reshard_after_forward=False``, stage 3 full sharding, stage 0 DDP::
 
     model = prepare_model(Net(), deepspeed_config="ds_config.json")
 
-``prepare_model`` is a short list of steps, each a function here: :func:`read_deepspeed_config`,
-:func:`check_prepare_options`, then :func:`apply_parallel` (with ``parallel=``) or :func:`check_strategy`,
-:func:`apply_ac`, and :func:`apply_fsdp_strategy` or :func:`apply_autocast` + :func:`apply_ddp_strategy`.
+``prepare_model`` is a short list of steps, each a function here: :func:`_read_deepspeed_config`,
+:func:`_check_prepare_options`, then :func:`_apply_parallel` (with ``parallel=``) or :func:`_check_strategy`,
+:func:`_apply_ac`, and :func:`_apply_fsdp_strategy` or :func:`_apply_autocast` + :func:`_apply_ddp_strategy`.
 """
 
 from __future__ import annotations
@@ -51,18 +51,7 @@ from trainjob.torch.wrap import Wrap, apply_activation_checkpointing, apply_ddp,
 if TYPE_CHECKING:
     from trainjob.torch.parallel import ParallelDims
 
-__all__ = [
-    "Strategy",
-    "apply_ac",
-    "apply_autocast",
-    "apply_ddp_strategy",
-    "apply_fsdp_strategy",
-    "apply_parallel",
-    "check_prepare_options",
-    "check_strategy",
-    "prepare_model",
-    "read_deepspeed_config",
-]
+__all__ = ["Strategy", "prepare_model"]
 
 Strategy = Literal["ddp", "fsdp", "none"]
 
@@ -108,37 +97,37 @@ def prepare_model(
     """
     fsdp_zero_stage = 3
     if deepspeed_config is not None:
-        settings = read_deepspeed_config(
+        settings = _read_deepspeed_config(
             deepspeed_config, strategy=strategy, mixed_precision=mixed_precision, cpu_offload=cpu_offload,
             parallel=parallel,
         )  # fmt: skip
         strategy, mixed_precision, cpu_offload = settings.strategy, settings.mixed_precision, settings.cpu_offload
         fsdp_zero_stage = settings.fsdp_zero_stage or 3
-    hook_options = check_prepare_options(
+    hook_options = _check_prepare_options(
         mixed_precision, comm_hook, comm_hook_options, strategy, parallel, parallel_options
     )
     if parallel is not None:
-        return apply_parallel(
+        return _apply_parallel(
             model, parallel, strategy=strategy, wrap=wrap, mixed_precision=mixed_precision,
             activation_checkpointing=activation_checkpointing, cpu_offload=cpu_offload, comm_hook=comm_hook,
             hook_options=hook_options, parallel_options=parallel_options,
         )  # fmt: skip
     set_current_layout(None)  # data parallel over every rank: loaders shard by global rank again
-    strategy = check_strategy(strategy or "ddp", cpu_offload)
+    strategy = _check_strategy(strategy or "ddp", cpu_offload)
     ctx = init()
     blocks = select_blocks(model, wrap)
     if activation_checkpointing:
-        blocks = apply_ac(model, blocks)
+        blocks = _apply_ac(model, blocks)
     if strategy == "fsdp":
-        return apply_fsdp_strategy(model, blocks, ctx.device, fsdp_zero_stage, mixed_precision, cpu_offload)
+        return _apply_fsdp_strategy(model, blocks, ctx.device, fsdp_zero_stage, mixed_precision, cpu_offload)
     model.to(ctx.device)
-    apply_autocast(model, mixed_precision, ctx.device)
+    _apply_autocast(model, mixed_precision, ctx.device)
     if strategy == "none" or ctx.world_size == 1:
         return model  # nothing is all-reduced: a comm hook would have nothing to compress
-    return apply_ddp_strategy(model, comm_hook, hook_options)
+    return _apply_ddp_strategy(model, comm_hook, hook_options)
 
 
-def read_deepspeed_config(
+def _read_deepspeed_config(
     config: DeepSpeedConfig | DeepSpeedSettings,
     *,
     strategy: Strategy | None,
@@ -158,7 +147,7 @@ def read_deepspeed_config(
     return map_deepspeed_config(config, world_size=init().world_size)
 
 
-def check_prepare_options(
+def _check_prepare_options(
     mixed_precision: Precision | None,
     comm_hook: CommHook | None,
     comm_hook_options: dict[str, Any] | None,
@@ -174,7 +163,7 @@ def check_prepare_options(
     return _check_hook(comm_hook, comm_hook_options, strategy, parallel, parallel_options)
 
 
-def apply_parallel(
+def _apply_parallel(
     model: nn.Module,
     parallel: ParallelDims,
     *,
@@ -211,7 +200,7 @@ def apply_parallel(
     return parallel_model
 
 
-def check_strategy(strategy: str, cpu_offload: bool) -> Strategy:
+def _check_strategy(strategy: str, cpu_offload: bool) -> Strategy:
     """``strategy`` if it is one of ``ddp``, ``fsdp``, ``none`` and can take ``cpu_offload``."""
     if strategy not in _STRATEGIES:
         raise ValidationError(
@@ -222,7 +211,7 @@ def check_strategy(strategy: str, cpu_offload: bool) -> Strategy:
     return strategy  # type: ignore[return-value]
 
 
-def apply_ac(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+def _apply_ac(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
     """Wrap ``blocks`` in activation checkpointing; returns the wrapped blocks (FSDP's units then)."""
     if not blocks:
         raise ValidationError(
@@ -232,7 +221,7 @@ def apply_ac(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
     return apply_activation_checkpointing(model, blocks)
 
 
-def apply_fsdp_strategy(
+def _apply_fsdp_strategy(
     model: nn.Module,
     blocks: list[nn.Module],
     device: torch.device,
@@ -256,13 +245,13 @@ def apply_fsdp_strategy(
     return model
 
 
-def apply_autocast(model: nn.Module, mixed_precision: Precision | None, device: torch.device) -> None:
+def _apply_autocast(model: nn.Module, mixed_precision: Precision | None, device: torch.device) -> None:
     """Run ``model``'s forward under autocast in ``mixed_precision`` (nothing for ``None``), float32 outputs."""
     if mixed_precision is not None:
         autocast_forward(model, mixed_precision, device)
 
 
-def apply_ddp_strategy(model: nn.Module, comm_hook: CommHook | None, hook_options: dict[str, Any]) -> nn.Module:
+def _apply_ddp_strategy(model: nn.Module, comm_hook: CommHook | None, hook_options: dict[str, Any]) -> nn.Module:
     """DDP over all ranks, its gradient all-reduce compressed by ``comm_hook`` when one is given."""
     ddp = apply_ddp(model)
     if comm_hook is not None:

@@ -9,7 +9,7 @@ import pytest
 from kubetest.cluster import TrainJobCluster, no_retries, wait_for
 
 from trainjob.api import TrainJob
-from trainjob.backends.kubernetes import KubernetesBackendConfig, create_backend
+from trainjob.backends.kubernetes import KubernetesBackendConfig
 from trainjob.backends.kubernetes.backend import KubernetesBackend
 from trainjob.backends.kubernetes.resources import TRAINJOBS
 from trainjob.errors import AlreadyExistsError, JobFailedError, NotFoundError, ValidationError
@@ -38,7 +38,7 @@ def manifest(name: str = "mnist", *args: str, runtime: dict | None = None, **tra
 
 @pytest.fixture
 def backend(k8s: TrainJobCluster, namespace: str) -> KubernetesBackend:
-    return create_backend(namespace=namespace, config_file=str(k8s.kubeconfig))
+    return KubernetesBackend(KubernetesBackendConfig(namespace=namespace, config_file=str(k8s.kubeconfig)))
 
 
 def test_apply_then_follow_the_job_to_completion(backend: KubernetesBackend) -> None:

@@ -9,7 +9,6 @@ from trainjob.backends.kubernetes.progress import (
     resizes_from_logs,
     should_read_progress,
     trainer_status_from_log,
-    trainer_status_patch,
 )
 
 LOG = """\
@@ -29,11 +28,8 @@ def test_the_last_progress_line_becomes_the_trainer_status():
     assert trainer_status_from_log("2026-11-23T09:00:00Z hello\n") is None
 
 
-def test_a_patch_only_when_the_status_changes():
-    job = {"status": {"conditions": []}}
-    assert trainer_status_patch(job, LOG) == {"status": {"trainerStatus": STATUS}}
-    assert trainer_status_patch({"status": {"trainerStatus": STATUS}}, LOG) is None  # read twice: no patch
-    assert trainer_status_patch(job, "no progress here") is None
+def test_reading_the_same_log_twice_gives_the_same_status():
+    assert trainer_status_from_log(LOG) == trainer_status_from_log(LOG) == STATUS  # so a second read patches nothing
 
 
 def test_the_log_is_read_while_the_job_runs():

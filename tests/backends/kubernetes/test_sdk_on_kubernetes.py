@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from kubetest.cluster import TrainJobCluster, no_retries
 
-from trainjob.backends.kubernetes import create_backend
+from trainjob.backends.kubernetes import KubernetesBackendConfig
 from trainjob.backends.kubernetes.backend import KubernetesBackend
 from trainjob.backends.kubernetes.resources import TRAINJOBS
 from trainjob.errors import JobFailedError
@@ -16,7 +16,7 @@ from trainjob.sdk.options import Annotations, Labels, Name, RuntimePatch, Traine
 
 @pytest.fixture
 def backend(k8s: TrainJobCluster, namespace: str) -> KubernetesBackend:
-    return create_backend(namespace=namespace, config_file=str(k8s.kubeconfig))
+    return KubernetesBackend(KubernetesBackendConfig(namespace=namespace, config_file=str(k8s.kubeconfig)))
 
 
 def raises_after_init() -> None:

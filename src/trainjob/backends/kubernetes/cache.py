@@ -118,10 +118,6 @@ class ObjectCache:
         with self._lock:
             return self._deleted.get(_key(ref, namespace, name))
 
-    def forget_deleted(self, ref: ResourceRef, namespace: str | None, name: str) -> None:
-        with self._lock:
-            self._deleted.pop(_key(ref, namespace, name), None)
-
     def count(self, ref: ResourceRef) -> int:
         plural = f"{ref.plural}.{ref.group}"
         with self._lock:

@@ -255,11 +255,6 @@ class ApiError(BackendError):
         super().__init__(message)
         self.status = status
 
-    @property
-    def retriable(self) -> bool:
-        """Whether trying again later can help (no answer, throttled, or a server-side error)."""
-        return self.status is None or self.status == 429 or self.status >= 500
-
 
 def _status(exc: Exception) -> int | None:
     status = getattr(exc, "status", None)

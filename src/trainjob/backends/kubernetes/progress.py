@@ -68,15 +68,6 @@ def should_read_progress(job: dict[str, Any], pod: dict[str, Any] | None) -> boo
     return phase in ("Running", "Succeeded", "Failed")
 
 
-def trainer_status_patch(job: dict[str, Any], text: str) -> dict[str, Any] | None:
-    """The status merge patch that sets ``trainerStatus`` from node-0's log, or ``None`` when it would change
-    nothing (no progress line, or the same status as now)."""
-    status = trainer_status_from_log(text)
-    if status is None or status == (job.get("status") or {}).get("trainerStatus"):
-        return None
-    return {"status": {"trainerStatus": status}}
-
-
 #: The time of the newest resize the operator has reported as an event (RFC 3339, from the pod log).
 RESIZE_ANNOTATION = "trainjob/last-resize"
 _RESIZED = re.compile(r"^\[trainjob\] resized (\d+) -> (\d+) nodes\b(.*)$")
