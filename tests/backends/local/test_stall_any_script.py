@@ -193,7 +193,7 @@ def test_slow_by_design_phases_are_not_stalls_and_the_watchdog_was_armed_all_alo
     assert "rank 1 is in stuck_for_good (slow.py:20)" in stalled.message, stalled.message
 
 
-def test_ranks_of_an_earlier_run_are_left_out(tmp_path):
+def test_ranks_of_an_earlier_run_are_left_out_and_their_files_removed(tmp_path):
     stacks = tmp_path / "stacks"
     stacks.mkdir()
     live = {"rank": 0, "pid": 1, "completed_at": 10.0, "waiting_since": 11.0}  # pid 1 always runs
@@ -202,3 +202,5 @@ def test_ranks_of_an_earlier_run_are_left_out(tmp_path):
     (stacks / "collectives-rank-1-999999999.json").write_text(json.dumps(gone))
     (stacks / "collectives-rank-2-7.json.tmp").write_text("{")  # a rank's write under way
     assert [(r.rank, r.completed_at, r.waiting_since) for r in rank_collectives(tmp_path)] == [(0, 10.0, 11.0)]
+    assert sorted(path.name for path in stacks.iterdir()) == ["collectives-rank-0-1.json",
+                                                              "collectives-rank-2-7.json.tmp"]

@@ -32,7 +32,8 @@ from trainjob.backends.stacks import RankStacks
 
 __all__ = ["STACKS_DIR", "dump_stacks"]
 
-#: The directory, in a job's directory, that ranks dump their stacks into.
+#: The directory, in a job's directory, that ranks dump their stacks into (and write their collectives' progress
+#: into, for the stall watchdog: :func:`trainjob.backends.local.supervisor.watchdog.rank_collectives`).
 STACKS_DIR = "stacks"
 #: How long ranks get to write their dumps.
 DUMP_TIMEOUT_SECONDS = 3.0

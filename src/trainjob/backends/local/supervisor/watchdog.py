@@ -71,13 +71,14 @@ def _ranks(ranks: list[int]) -> str:
 
 def rank_collectives(job_dir: Path) -> list[RankCollectives]:
     """What the live ranks of the job wrote about their collectives, in rank order (a rank of an earlier run of
-    the node group is gone, and left out)."""
+    the node group is gone: its file is removed)."""
     found: dict[int, RankCollectives] = {}
     directory = job_dir / STACKS_DIR
     for path in sorted(directory.glob("collectives-rank-*.json")) if directory.is_dir() else []:
         with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
             data = json.loads(path.read_text(encoding="utf-8"))
             if not psutil.pid_exists(int(data["pid"])):
+                path.unlink()
                 continue
             rank = int(data["rank"])
             found[rank] = RankCollectives(rank, data["completed_at"], data["waiting_since"])
