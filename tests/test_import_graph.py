@@ -12,6 +12,8 @@ The layers, as :data:`LAYER_RULES` checks them (what a module reaches through an
 ``trainjob.runtime``                       no backend, no CLI, no ``TrainerClient``
 ``trainjob.backends``                      no CLI, no ``TrainerClient``: they speak the SDK's types, below it
 ``trainjob.sdk`` but ``trainjob.sdk.client``  no backend, no CLI (``TrainerClient`` is the one that picks a backend)
+``trainjob.backends.kubernetes``           not the local backend: what both need lives in ``trainjob.backends``
+``trainjob.progress`` (in every rank)      no SDK, no backend, no CLI: the SDK's ``Progress`` is defined here
 =========================================  ===================================================================
 """
 
@@ -133,6 +135,8 @@ LAYER_RULES: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     ("trainjob.runtime", ("trainjob.backends", "trainjob.cli", "trainjob.sdk.client"), ()),
     ("trainjob.backends", ("trainjob.cli", "trainjob.sdk.client"), ()),
     ("trainjob.sdk", ("trainjob.backends", "trainjob.cli"), ("trainjob.sdk.client",)),
+    ("trainjob.backends.kubernetes", ("trainjob.backends.local",), ()),
+    ("trainjob.progress", ("trainjob.sdk", "trainjob.backends", "trainjob.cli"), ()),
 ]
 
 

@@ -32,11 +32,35 @@ import json
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from trainjob.rootcause import strip_rank_prefixes
-from trainjob.sdk.types import Progress
+
+
+@dataclass
+class Progress:
+    """Training progress from what rank 0 reports (``trainjob.torch.report``, ``update_trainjob_status``)."""
+
+    step: int | None = None
+    total_steps: int | None = None
+    metrics: dict[str, float | None] = field(default_factory=dict)
+    updated: datetime | None = None
+    #: Seconds left: as reported (``update_trainjob_status``), else at the step rate observed so far.
+    eta_seconds: float | None = None
+    #: Percent done as reported (``update_trainjob_status(progress_percent=...)``); else from the steps.
+    percent: float | None = None
+
+    @property
+    def fraction(self) -> float | None:
+        """How much is done, 0 to 1: the reported percentage, else step / total steps; ``None`` when unknown."""
+        if self.percent is not None:
+            return max(0.0, min(1.0, self.percent / 100))
+        if self.step is None or not self.total_steps:
+            return None
+        return min(1.0, self.step / self.total_steps)
+
 
 #: Kubeflow Trainer's limits on ``trainerStatus.metrics``: entries, and characters of a name or a value.
 MAX_METRICS = 256
@@ -207,7 +231,7 @@ def trainer_status(progress: Progress | None, metrics: Mapping[str, object] | No
 
 
 def progress_of_trainer_status(status: Mapping[str, Any] | None) -> Progress | None:
-    """``status.trainerStatus`` (Kubeflow v2.2 shape) as the SDK's :class:`~trainjob.sdk.types.Progress`."""
+    """``status.trainerStatus`` (Kubeflow v2.2 shape) as a :class:`Progress` (the SDK's, :mod:`trainjob.sdk.types`)."""
     if not status or not status.get("lastUpdatedTime"):
         return None
     updated = datetime.fromisoformat(str(status["lastUpdatedTime"]).replace("Z", "+00:00"))

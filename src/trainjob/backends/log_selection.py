@@ -1,15 +1,31 @@
-"""Which nodes' logs a ``--node`` / ``--rank`` selection reads, the same on every backend.
+"""Which nodes' logs a ``--node`` / ``--rank`` selection reads, and which rank wrote a line, the same on every
+backend.
 
 Ranks are laid out node by node, as torchrun numbers them: node ``n`` runs global ranks
 ``n * procs .. n * procs + procs - 1``. A selection that can match nothing is an error that says why::
 
     select_nodes("mnist", num_nodes=2, num_proc_per_node=4, node=None, rank=5)   # [1]
     select_nodes("mnist", 2, 4, node=0, rank=5)   # ValidationError: rank 5 runs on node-1, not node-0 ...
+    parse_line(1, "[rank3]: loss 0.4")            # LogLine(node=1, rank=3, text="loss 0.4")
 """
 
 from __future__ import annotations
 
+import re
+
 from trainjob.errors import ValidationError
+from trainjob.sdk.types import LogLine
+
+_RANK_PREFIX = re.compile(r"^\[rank(\d+)\]: ?")
+
+
+def parse_line(node: int, raw: str) -> LogLine:
+    """A raw node-log line as a :class:`~trainjob.sdk.types.LogLine`, its rank taken from torchrun's ``[rank3]:``
+    prefix when there is one."""
+    match = _RANK_PREFIX.match(raw)
+    if match:
+        return LogLine(node=node, rank=int(match.group(1)), text=raw[match.end() :])
+    return LogLine(node=node, rank=None, text=raw)
 
 
 def node_of_rank(rank: int, num_proc_per_node: int) -> int:

@@ -24,6 +24,7 @@ from trainjob.constants import FINISHED_STATUSES, JOB_STATUSES
 from trainjob.constants import QUEUED as QUEUED
 from trainjob.constants import RUNNING as RUNNING
 from trainjob.constants import SUSPENDED as SUSPENDED
+from trainjob.progress import Progress as Progress
 
 #: Job statuses, as in the Kubeflow SDK, plus ``Suspended`` and ``Queued`` (waiting in the local queue for resources).
 STATUSES = JOB_STATUSES
@@ -112,29 +113,6 @@ class Step:
     pod_name: str
     device: str = UNKNOWN
     device_count: str = UNKNOWN
-
-
-@dataclass
-class Progress:
-    """Training progress from what rank 0 reports (``trainjob.torch.report``, ``update_trainjob_status``)."""
-
-    step: int | None = None
-    total_steps: int | None = None
-    metrics: dict[str, float | None] = field(default_factory=dict)
-    updated: datetime | None = None
-    #: Seconds left: as reported (``update_trainjob_status``), else at the step rate observed so far.
-    eta_seconds: float | None = None
-    #: Percent done as reported (``update_trainjob_status(progress_percent=...)``); else from the steps.
-    percent: float | None = None
-
-    @property
-    def fraction(self) -> float | None:
-        """How much is done, 0 to 1: the reported percentage, else step / total steps; ``None`` when unknown."""
-        if self.percent is not None:
-            return max(0.0, min(1.0, self.percent / 100))
-        if self.step is None or not self.total_steps:
-            return None
-        return min(1.0, self.step / self.total_steps)
 
 
 @dataclass

@@ -476,7 +476,7 @@ def trainer_spec(function: TrainerFunction) -> dict[str, Any]:
 def _stamped_lines(node: int, lines: Iterable[str]) -> Iterator[types.LogLine]:
     """Log lines the API server prefixed with their RFC 3339 time (``timestamps=true``), as ``LogLine`` objects
     with the time and, when torchrun prefixed the line (``[rank3]: ``), the rank."""
-    from trainjob.backends.local.log_reader import parse_line
+    from trainjob.backends.log_selection import parse_line
 
     for raw in lines:
         stamp, _, text = raw.partition(" ")

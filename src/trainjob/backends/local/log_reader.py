@@ -34,12 +34,12 @@ from trainjob.backends.local.log_writer import (
     rotated_log_path,
     times_path,
 )
+from trainjob.backends.log_selection import parse_line
 from trainjob.sdk.types import LogLine
 
 _CHUNK_BYTES = 1024 * 1024
 #: A longer line is shown in pieces, so one line without a break cannot take unbounded memory.
 MAX_LINE_BYTES = 1024 * 1024
-_RANK_PREFIX = re.compile(r"^\[rank(\d+)\]: ?")
 _TIMES_RETRY_SECONDS = 0.2
 # The writer's STOP_MARKER and ATTEMPT_MARKER lines.
 _STOP_MARKER = re.compile(r"^\[trainjob\] node-\d+ stopping: ")
@@ -48,14 +48,6 @@ _ATTEMPT_MARKER = re.compile(r"^\[trainjob\] node-\d+: attempt started")
 
 def dropped_line(count: int) -> str:
     return f"[trainjob: {count} bytes of earlier output dropped]"
-
-
-def parse_line(node: int, raw: str) -> LogLine:
-    """A raw node-log line as a :class:`LogLine`, its rank taken from torchrun's prefix when there is one."""
-    match = _RANK_PREFIX.match(raw)
-    if match:
-        return LogLine(node=node, rank=int(match.group(1)), text=raw[match.end() :])
-    return LogLine(node=node, rank=None, text=raw)
 
 
 class _Times:
