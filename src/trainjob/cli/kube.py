@@ -43,6 +43,8 @@ _context = click.option("--context", help="kubeconfig context (default: the curr
     help="Operator replicas (they elect a leader); 0 installs everything but runs no operator in the cluster "
     "(run `trainjob operator` yourself).",
 )
+@click.option("--operator-cpu", default="100m", show_default=True, metavar="QUANTITY",
+              help="Each operator replica's CPU request (0: none, e.g. on small nodes the training pods fill).")
 @click.option("--kueue", is_flag=True,
               help="Instead: a Kueue ResourceFlavor, ClusterQueue and LocalQueue to start from (Kueue must be "
                    "installed, with its trainer.kubeflow.org/trainjob integration enabled).")
@@ -69,6 +71,7 @@ def install(
     torch_image: str | None,
     write_dir: Path | None,
     operator_replicas: int,
+    operator_cpu: str,
     kueue: bool,
     namespace: str,
     local_queue: str,
@@ -102,7 +105,8 @@ def install(
             click.echo(f"wrote {target}")
         return
     else:
-        objects = manifests.install_manifests(image, operator_replicas, torch_image)
+        objects = manifests.install_manifests(image, operator_replicas, torch_image,
+                                              operator_cpu=_cpu_quantity(operator_cpu))
     if dry_run:
         click.echo(manifests.manifests_yaml(objects), nl=False)
         return
@@ -115,6 +119,19 @@ def install(
             click.echo(line)
     except TrainJobError as exc:
         fail(str(exc), EXIT_FAILED)
+
+
+def _cpu_quantity(value: str) -> str:
+    """``--operator-cpu`` as given, once it reads as a non-negative CPU quantity (``100m``, ``0.5``, ``1``)."""
+    from trainjob.api.quantity import parse_quantity
+
+    try:
+        amount = parse_quantity(value)
+    except ValueError as exc:
+        fail(f"--operator-cpu: {exc}; a CPU quantity such as 100m, 0.5 or 0 is accepted", EXIT_BAD_INPUT)
+    if amount < 0:
+        fail(f"--operator-cpu: must not be negative, got {value!r}", EXIT_BAD_INPUT)
+    return value
 
 
 def _kueue_objects(namespace: str, local_queue: str, cluster_queue: str, flavor: str, quotas: dict[str, str],

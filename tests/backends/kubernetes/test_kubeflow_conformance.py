@@ -38,10 +38,14 @@ from trainjob.backends.kubernetes.resources import (
     TRAINJOBS,
     VOLCANO_PODGROUPS,
 )
-from trainjob.backends.kubernetes.status import is_true
+from trainjob.backends.kubernetes.status import find_condition, is_true
 from trainjob.errors import BackendError
 
 CONTROLLERS = ("kubeflow", "trainjob")
+#: An image the test registry does not have (a typo in a tag, as users make them).
+BAD_IMAGE = "registry.trainjob.test/trainjob/trainjob-trian:v1"
+#: How long Kubeflow's bad-image job is watched (trainjob's fails well within it).
+BAD_IMAGE_WAIT = 75.0
 #: Created objects compared for each TrainJob, all named after it.
 COMPARED = {"JobSet": JOBSETS, "PodGroup (coscheduling)": COSCHEDULING_PODGROUPS, "PodGroup (volcano)": VOLCANO_PODGROUPS}
 
@@ -243,7 +247,10 @@ def _trainer(nodes: int, *args: str) -> dict[str, Any]:
 
 def _life(k8s: TrainJobCluster, controller: str) -> dict[str, dict[str, Any]]:
     """Three jobs in one namespace: one completes, one fails (rank 1 raises), one runs, is suspended and resumed.
-    The status of each is recorded at each milestone, once the controller's writes have settled."""
+    The status of each is recorded at each milestone, once the controller's writes have settled. A fourth names an
+    image the registry does not have: its status is recorded under ``bad-image`` once it failed, or (as Kubeflow's
+    controller never fails it) once it has waited :data:`BAD_IMAGE_WAIT` seconds, with its age and its pod's
+    waiting reason."""
     namespace = f"{controller[:2]}-lifecycle"
     k8s.cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}])
     runtime = k8s.namespaced_runtime(namespace, "no-retries", no_retries)
@@ -251,6 +258,8 @@ def _life(k8s: TrainJobCluster, controller: str) -> dict[str, dict[str, Any]]:
         "done": _trainer(2, "--steps", "5"),
         "broken": _trainer(2, "--fail-rank", "1"),
         "pausing": _trainer(1, "--steps", "600", "--step-seconds", "0.5"),
+        "bad-image": {"numNodes": 1, "image": BAD_IMAGE, "command": ["python", "-c", "pass"],
+                      "resourcesPerNode": {"requests": {"cpu": "100m"}}},
     }
     for name, trainer in jobs.items():
 
@@ -294,10 +303,34 @@ def _life(k8s: TrainJobCluster, controller: str) -> dict[str, dict[str, Any]]:
         record("complete", "done")
         k8s.wait_for_condition("broken", "Failed", namespace=namespace, timeout=180)
         record("failed", "broken")
+        seen["bad-image"] = _bad_image(k8s, namespace)
     finally:
         for name in jobs:
             k8s.api.delete(TRAINJOBS, namespace, name)
     return seen
+
+
+def _bad_image(k8s: TrainJobCluster, namespace: str) -> dict[str, Any]:
+    """The bad-image job once Failed, or once :data:`BAD_IMAGE_WAIT` seconds old: its status, age, pod states."""
+    import datetime
+
+    def age() -> float:
+        created = k8s.job("bad-image", namespace)["metadata"]["creationTimestamp"]
+        return (datetime.datetime.now(datetime.UTC) - datetime.datetime.fromisoformat(created)).total_seconds()
+
+    def done() -> bool:
+        return is_true(k8s.job("bad-image", namespace).get("status") or {}, "Failed") or age() > BAD_IMAGE_WAIT
+
+    wait_for(done, BAD_IMAGE_WAIT + 30, "the bad-image job to fail or to wait long enough")
+    failed_at = find_condition(k8s.job("bad-image", namespace).get("status") or {}, "Failed")
+    waiting = [((c.get("state") or {}).get("waiting") or {}).get("reason")
+               for pod in k8s.pods("bad-image", namespace) for c in (pod.get("status") or {}).get("containerStatuses") or []]
+    created = datetime.datetime.fromisoformat(k8s.job("bad-image", namespace)["metadata"]["creationTimestamp"])
+    seconds = (datetime.datetime.fromisoformat(failed_at["lastTransitionTime"]) - created).total_seconds() \
+        if failed_at else age()
+    events = [(e["type"], e["reason"]) for e in k8s.api.list_events(namespace, "bad-image")]
+    return {"status": k8s.job("bad-image", namespace).get("status") or {}, "seconds": seconds, "waiting": waiting,
+            "events": events}
 
 
 @pytest.fixture(scope="module")
@@ -315,6 +348,25 @@ def lifecycle(k8s: TrainJobCluster) -> dict[str, dict[str, dict[str, Any]]]:
         kubeflow.stop()
         k8s.operator.start()
     return {"kubeflow": theirs, "trainjob": ours}
+
+
+def test_a_job_whose_image_cannot_be_pulled_fails_naming_it_where_kubeflows_waits(
+    lifecycle: dict[str, dict[str, dict[str, Any]]],
+) -> None:
+    """trainjob fails it within a minute, naming the image, the node and the registry's answer; Kubeflow's
+    controller leaves it without a condition while its pod waits in ImagePullBackOff."""
+    ours, theirs = lifecycle["trainjob"]["bad-image"], lifecycle["kubeflow"]["bad-image"]
+    failed = find_condition(ours["status"], "Failed")
+    assert failed is not None and failed["reason"] == "PodCannotStart", ours
+    assert f"(image {BAD_IMAGE})" in failed["message"] and " on node trainjob-node" in failed["message"], failed
+    assert "not found" in failed["message"], failed  # the registry's answer, as the kubelet was told it
+    assert ("Warning", "PodCannotStart") in ours["events"], ours["events"]
+    assert ours["seconds"] <= 60, ours
+    assert find_condition(theirs["status"], "Failed") is None, theirs
+    assert set(theirs["waiting"]) <= {"ErrImagePull", "ImagePullBackOff"} and theirs["waiting"], theirs
+    print(f"bad image: trainjob Failed after {ours['seconds']:.0f} s: {failed['message']}\n"
+          f"Kubeflow after {theirs['seconds']:.0f} s: conditions {theirs['status'].get('conditions')}, "
+          f"pods waiting {theirs['waiting']}, events {theirs['events']}")
 
 
 def test_status_through_a_jobs_life_matches_kubeflow(lifecycle: dict[str, dict[str, dict[str, Any]]]) -> None:

@@ -28,7 +28,8 @@ from kubetest.cluster import OperatorProcess, TrainJobCluster, wait_for
 from kubetest.controlplane import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainjob.backends.kubernetes.manifests import LEASE_NAME
+from trainjob.backends.kubernetes.manifests import LEASE_NAME, METRICS_PORT
+from trainjob.backends.kubernetes.manifests import NAME as OPERATOR_NAME
 from trainjob.backends.kubernetes.manifests import NAMESPACE as OPERATOR_NAMESPACE
 from trainjob.backends.kubernetes.resources import JOBSETS, TRAINJOBS
 from trainjob.backends.kubernetes.status import find_condition
@@ -49,8 +50,8 @@ CREATED = re.compile(r"created JobSet (?P<namespace>[^/\s]+)/(?P<name>\S+)$", re
 # -- helpers -------------------------------------------------------------------------------------------------
 
 
-def scrape(port: int) -> Samples:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+def scrape(port: int, host: str = "127.0.0.1") -> Samples:
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value
@@ -73,9 +74,7 @@ def total(samples: Samples, name: str, **labels: str) -> float:
 
 
 def replica(k8s: TrainJobCluster, log: Path, metrics_port: int, *args: str) -> OperatorProcess:
-    proc = OperatorProcess(k8s.operator_kubeconfig, log, extra_args=(f"--metrics-port={metrics_port}", *args))
-    proc.status_host = k8s.operator.status_host
-    return proc
+    return k8s.operator_process(log, f"--metrics-port={metrics_port}", *args)
 
 
 def read_lease(k8s: TrainJobCluster) -> dict[str, Any] | None:
@@ -140,6 +139,36 @@ def conditions(job: dict[str, Any]) -> dict[str, tuple[str, str | None]]:
 def delete_namespace(k8s: TrainJobCluster, namespace: str) -> None:
     """The jobs go with it (their JobSets by owner reference), so later tests' operator has less to list."""
     k8s.api.core.delete_namespace(namespace)
+
+
+# -- the Deployment --------------------------------------------------------------------------------------------
+
+
+def test_the_operator_deployment_runs_two_replicas_of_its_image_and_one_leads(k8s: TrainJobCluster) -> None:
+    """As ``trainjob install --image`` deploys it: both pods run the image built from deploy/Dockerfile on the
+    cluster's nodes and are ready; the one holding the Lease has pointed the operator Service at itself (the pods'
+    reports reach it); each serves Prometheus metrics on its pod's address, saying which one leads."""
+    import kubernetes.client
+
+    k8s.operator.start()
+    listing = k8s.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "wide").stdout
+    pods = k8s.operator.pods()
+    assert len(pods) == 2, listing
+    assert {p["spec"]["containers"][0]["image"] for p in pods} == {k8s.cp.operator_image}, listing
+    assert all(p["status"]["phase"] == "Running" and p["spec"].get("nodeName") for p in pods), listing
+    ready = {p["metadata"]["name"] for p in pods
+             if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])}
+    assert len(ready) == 2, listing
+    leader = k8s.operator.leader()
+    leader_ip = next(p["status"]["podIP"] for p in pods if p["metadata"]["name"] == leader)
+    slices = kubernetes.client.DiscoveryV1Api(k8s.api.client).list_namespaced_endpoint_slice(
+        OPERATOR_NAMESPACE, label_selector=f"kubernetes.io/service-name={OPERATOR_NAME}").items
+    serving = [(e.target_ref.name, e.addresses) for s in slices for e in s.endpoints or []]
+    assert serving == [(leader, [leader_ip])], "the operator Service must send the pods' reports to the leader alone"
+    leading = {p["metadata"]["name"]: total(scrape(METRICS_PORT, p["status"]["podIP"]), "trainjob_operator_leader")
+               for p in pods}
+    assert leading == {name: (1.0 if name == leader else 0.0) for name in leading}, leading
+    print(listing)
 
 
 # -- leader election -----------------------------------------------------------------------------------------
@@ -368,3 +397,78 @@ def test_metrics_count_what_the_operator_did(k8s: TrainJobCluster, namespace: st
     assert states == {"Created": 0, "Running": 0, "Suspended": len(suspended), "Complete": 0, "Failed": 1}
     assert ("trainjob_operator_leader", frozenset()) in samples
     assert metric("trainjob_operator_leader") == 0
+
+
+# -- upgrades ------------------------------------------------------------------------------------------------
+
+UPGRADE_SCRIPT = str(Path(__file__).resolve().parent / "ddp_script.py")
+
+
+def test_rolling_the_operator_to_a_new_image_keeps_every_job(k8s: TrainJobCluster, namespace: str) -> None:
+    """``kubectl set image`` on the operator Deployment while two jobs run and report progress, one waits suspended:
+    the rollout completes (each replica replaced once ready), no job is lost or made twice, no status goes backwards,
+    and the jobs finish under the new image's leader."""
+    from kubetest.images import REGISTRY_HOST, Builder, cache_dir
+
+    old = k8s.cp.operator_image
+    new = f"{old}-next"  # the same build under a new tag, as a release would be
+    builder = Builder(cache_dir(), k8s.cp.root / "logs" / "images.log")
+    builder.push(old.replace(f"{REGISTRY_HOST}/trainjob/", "localhost/trainjob-test/"), k8s.cp.registry,
+                 new.split("/", 1)[1])
+    trainer = {"numNodes": 1, "command": ["torchrun", UPGRADE_SCRIPT, "--steps", "60", "--step-seconds", "0.5",
+                                          "--progress"],
+               "resourcesPerNode": {"requests": {"cpu": "500m"}}}
+    for name in ("up-a", "up-b"):
+        k8s.create_job(name, namespace, trainer=trainer)
+    k8s.create_job("up-waiting", namespace, suspend=True, trainer=trainer)
+    wait_for(lambda: all(k8s.job(n, namespace).get("status", {}).get("trainerStatus") for n in ("up-a", "up-b")),
+             120, "both jobs to report progress")
+    uids = {n: k8s.jobset(n, namespace)["metadata"]["uid"] for n in ("up-a", "up-b", "up-waiting")}
+    before = k8s.kubectl("get", "trainjobs,jobsets", "-n", namespace).stdout
+
+    samples: list[dict[str, tuple[int, frozenset[str]]]] = []
+    rolled = False
+
+    def sample() -> None:
+        while not rolled:
+            seen = {}
+            for job in k8s.api.list(TRAINJOBS, namespace):
+                status = job.get("status") or {}
+                seen[job["metadata"]["name"]] = (
+                    (status.get("trainerStatus") or {}).get("progressPercentage") or 0,
+                    frozenset(c["type"] for c in status.get("conditions") or [] if c["status"] == "True"))
+            samples.append(seen)
+            time.sleep(0.5)
+
+    with ThreadPoolExecutor(1) as pool:
+        sampler = pool.submit(sample)
+        try:
+            k8s.kubectl("set", "image", "-n", OPERATOR_NAMESPACE, f"deployment/{OPERATOR_NAME}", f"operator={new}")
+            k8s.kubectl("rollout", "status", "-n", OPERATOR_NAMESPACE, f"deployment/{OPERATOR_NAME}",
+                        "--timeout=240s", timeout=260)
+            k8s.operator.start()  # until the new pods' leader is ready
+            wait_for(lambda: not [p for p in k8s.operator.pods() if p["metadata"].get("deletionTimestamp")], 60,
+                     "the old pods to go")
+            pods = k8s.operator.pods()
+            assert {p["spec"]["containers"][0]["image"] for p in pods} == {new}, k8s.operator.describe()
+            for name in ("up-a", "up-b"):
+                k8s.wait_for_condition(name, "Complete", namespace=namespace, timeout=240)
+        finally:
+            rolled = True
+            sampler.result()
+            k8s.kubectl("set", "image", "-n", OPERATOR_NAMESPACE, f"deployment/{OPERATOR_NAME}", f"operator={old}")
+            k8s.kubectl("rollout", "status", "-n", OPERATOR_NAMESPACE, f"deployment/{OPERATOR_NAME}",
+                        "--timeout=240s", timeout=260)
+            k8s.operator.start()
+    after = k8s.kubectl("get", "trainjobs,jobsets", "-n", namespace).stdout
+    assert {n: (k8s.jobset(n, namespace) or {}).get("metadata", {}).get("uid") for n in uids} == uids, (before, after)
+    for name in uids:
+        created = [e for e in k8s.api.list_events(namespace, name) if e["reason"] == "JobSetCreated"]
+        assert len(created) == 1 and created[0].get("count", 1) == 1, (name, created)
+    assert "Suspended" in (samples[-1]["up-waiting"][1]), samples[-1]
+    for name in ("up-a", "up-b"):
+        progress = [s[name][0] for s in samples if name in s]
+        assert progress == sorted(progress), f"{name}'s progress went backwards: {progress}"
+        finished = [i for i, s in enumerate(samples) if "Complete" in s.get(name, (0, frozenset()))[1]]
+        assert not finished or all("Complete" in s[name][1] for s in samples[finished[0]:]), name
+    print(f"before the rollout:\n{before}\nafter:\n{after}")

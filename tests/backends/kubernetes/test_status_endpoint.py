@@ -10,12 +10,13 @@ with the job's ``Complete``.
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import ssl
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from kubetest.cluster import TrainJobCluster, wait_for
@@ -23,6 +24,7 @@ from kubetest.cluster import TrainJobCluster, wait_for
 from trainjob.backends.kubernetes.resources import TRAINJOBS
 from trainjob.backends.kubernetes.status_server import StatusEndpoint
 
+OPERATOR_USER = "system:serviceaccount:trainjob-system:trainjob-operator"
 #: Copies the pod's token and CA next to the test, then waits for the test to say it is done.
 KEEPER = """
 import os, pathlib, shutil, sys, time
@@ -45,17 +47,33 @@ def start(k8s: TrainJobCluster, namespace: str, name: str, tmp_path: Path) -> Pa
     return out
 
 
-def post(url: str, ca: Path, body: Any, token: str | None) -> tuple[int, dict[str, Any]]:
+class _ServiceConnection(http.client.HTTPSConnection):
+    """HTTPS to a Service's ClusterIP, verifying the certificate for the Service's DNS name (this host has no cluster
+    DNS; a pod resolves the name to the same address)."""
+
+    def __init__(self, host: str, address: str, **kwargs: Any) -> None:
+        super().__init__(host, **kwargs)
+        self.address = address
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.address, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
+
+
+def post(k8s: TrainJobCluster, url: str, ca: Path, body: Any, token: str | None) -> tuple[int, dict[str, Any]]:
+    """POST ``body`` as a pod does, from this host: to the operator Service's address, TLS for its name."""
     headers = {"Content-Type": "application/json"}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
-    context = ssl.create_default_context(cafile=str(ca))
+    parts = urlsplit(url)
+    connection = _ServiceConnection(parts.hostname or "", k8s.resolve(url), port=parts.port, timeout=20,
+                                    context=ssl.create_default_context(cafile=str(ca)))
     try:
-        with urllib.request.urlopen(request, timeout=20, context=context) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as refused:
-        return refused.code, json.loads(refused.read())
+        connection.request("POST", parts.path, body=json.dumps(body).encode(), headers=headers)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
 
 
 def report(percent: int, loss: str) -> dict[str, Any]:
@@ -91,7 +109,7 @@ def test_each_pods_token_writes_its_own_jobs_status_and_nothing_else(
     wait_for(lambda: running("job-a") and running("job-b"), 60, "both jobs' status to say their pod is ready")
     audit_from = len(k8s.cp.audit_requests())  # from here on, only the reports change the jobs' status
 
-    assert post(url_a, ca, report(10, "2.5"), token_a)[0] == 200
+    assert post(k8s, url_a, ca, report(10, "2.5"), token_a)[0] == 200
     job = wait_for(lambda: (j := k8s.api.get(TRAINJOBS, namespace, "job-a")) and
                    (j.get("status") or {}).get("trainerStatus") and j, 30, "job-a's trainerStatus")
     assert job["status"]["trainerStatus"] == {"progressPercentage": 10, "estimatedRemainingSeconds": 30,
@@ -99,21 +117,21 @@ def test_each_pods_token_writes_its_own_jobs_status_and_nothing_else(
                                               "lastUpdatedTime": "2026-11-24T10:00:00Z"}
     # Two more reports from job-a within the interval (posted as soon as the first is seen, well inside its 5 s):
     # they wait, and only the newest is written, once the interval has passed.
-    assert post(url_a, ca, report(30, "1.2"), token_a)[0] == 200
-    assert post(url_a, ca, report(40, "1.1"), token_a)[0] == 200
+    assert post(k8s, url_a, ca, report(30, "1.2"), token_a)[0] == 200
+    assert post(k8s, url_a, ca, report(40, "1.1"), token_a)[0] == 200
 
-    code, answer = post(url_b, ca, report(99, "0.1"), token_a)  # job-a's pod writing job-b's status
+    code, answer = post(k8s, url_b, ca, report(99, "0.1"), token_a)  # job-a's pod writing job-b's status
     assert code == 403 and f"TrainJob {namespace}/job-a, not {namespace}/job-b" in answer["message"], answer
-    assert post(url_b, ca, report(20, "1.5"), token_b)[0] == 200  # job-b's own pod may
-    code, answer = post(url_a, ca, report(50, "1"), None)
+    assert post(k8s, url_b, ca, report(20, "1.5"), token_b)[0] == 200  # job-b's own pod may
+    code, answer = post(k8s, url_a, ca, report(50, "1"), None)
     assert code == 401 and "Bearer" in answer["message"], answer
-    code, answer = post(url_a, ca, report(50, "1"), token_a[:-4] + "AAAA")  # a signature that does not verify
+    code, answer = post(k8s, url_a, ca, report(50, "1"), token_a[:-4] + "AAAA")  # a signature that does not verify
     assert code == 401 and "trainer.kubeflow.org" in answer["message"], answer
-    code, answer = post(url_a, ca, {"trainerStatus": {"progressPercentage": 140}}, token_a)
+    code, answer = post(k8s, url_a, ca, {"trainerStatus": {"progressPercentage": 140}}, token_a)
     assert code == 400 and "trainerStatus.progressPercentage: must be an integer 0..100, got 140" in answer["message"]
-    code, answer = post(url_a, ca, {"progress": 1}, token_a)
+    code, answer = post(k8s, url_a, ca, {"progress": 1}, token_a)
     assert code == 400 and '{"trainerStatus": {...}}' in answer["message"], answer
-    code, answer = post(endpoint.url(namespace, "no-such-job"), ca, report(1, "1"), token_a)
+    code, answer = post(k8s, endpoint.url(namespace, "no-such-job"), ca, report(1, "1"), token_a)
     assert code == 403, answer  # the token says which job it may write; no other name, existing or not
 
     wait_for(lambda: ((k8s.api.get(TRAINJOBS, namespace, "job-b") or {}).get("status") or {}).get(
@@ -133,15 +151,17 @@ def test_each_pods_token_writes_its_own_jobs_status_and_nothing_else(
     assert not [c for c in conditions if c["type"] == "Failed"], conditions
     assert not [r for r in mine if r["objectRef"].get("resource") == "pods" and r["verb"] == "list"]
     assert not [r for r in mine if r["objectRef"].get("subresource") == "log"]
-    reviews = [r for r in requests if (r.get("objectRef") or {}).get("resource") == "tokenreviews"]
-    assert len(reviews) == 3, len(reviews)  # one per token (a, b, the forged one); the answers are remembered
+    reviews = [r for r in requests if (r.get("objectRef") or {}).get("resource") == "tokenreviews"
+               and r["user"]["username"] == OPERATOR_USER]
+    # one per token (a, b, the forged one); the answers are remembered
+    assert len(reviews) == 3, [(r["user"]["username"], r["stage"], r.get("responseStatus")) for r in reviews]
 
     # The last reports come just before the job ends, within the interval: the newest is written with the
     # condition that finishes the job, not after it (nor lost).
-    assert post(url_a, ca, report(90, "0.95"), token_a)[0] == 200
-    assert post(url_a, ca, report(100, "0.9"), token_a)[0] == 200
+    assert post(k8s, url_a, ca, report(90, "0.95"), token_a)[0] == 200
+    assert post(k8s, url_a, ca, report(100, "0.9"), token_a)[0] == 200
     (a / "done").touch()
     finished = k8s.wait_for_condition("job-a", "Complete", namespace=namespace, timeout=120)
     assert finished["status"]["trainerStatus"]["progressPercentage"] == 100, finished["status"]
-    code, answer = post(url_a, ca, report(100, "0.9"), token_a)
+    code, answer = post(k8s, url_a, ca, report(100, "0.9"), token_a)
     assert code == 409 and "has finished" in answer["message"], answer

@@ -1,4 +1,8 @@
-"""trainjob on the test cluster: installed with ``trainjob install``, its operator run as its ServiceAccount.
+"""trainjob on the test cluster, installed as the README tells platform engineers: ``trainjob install --image``
+with the operator image built from ``deploy/Dockerfile`` (:class:`DeployedOperator`: the ``trainjob-operator``
+Deployment's two replicas, leader election on the Lease, the status endpoint behind its Service). Tests that run the
+operator as a process of their own (its flags, its log, a profiler) scale the Deployment to 0 first and use
+:class:`OperatorProcess`, with the same ServiceAccount's token.
 
 The built-in torch runtimes run the training image built from ``deploy/training.Dockerfile``
 (``trainjob install --torch-image``). Every runtime's pods also mount two host folders at their own paths, as a
@@ -9,8 +13,8 @@ shared file system here.
 :class:`TrainJobCluster` is what the end-to-end tests use::
 
     cluster = TrainJobCluster(control_plane, tmp)
-    cluster.install()                          # CRDs, RBAC, runtimes (trainjob install, as the admin)
-    cluster.operator.start()                   # `trainjob operator` with the operator ServiceAccount's token
+    cluster.install()                          # trainjob install --image <the operator image>, as the admin
+    cluster.operator.start()                   # until the Deployment's leader is ready
     cluster.create_job("mnist", trainer={"numNodes": 2, "command": [...]})
     cluster.wait_for_condition("mnist", "Complete", timeout=180)
 """
@@ -23,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +37,7 @@ from jobtest.waiting import wait_until
 from kubetest.controlplane import REPO, ControlPlane, free_port
 from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_api_client
 from trainjob.backends.kubernetes.kubeapi import KubeApi
+from trainjob.backends.kubernetes.manifests import LEASE_NAME, OPERATOR_REPLICAS, STATUS_URL
 from trainjob.backends.kubernetes.manifests import NAME as OPERATOR_NAME
 from trainjob.backends.kubernetes.manifests import NAMESPACE as OPERATOR_NAMESPACE
 from trainjob.backends.kubernetes.resources import (
@@ -123,6 +129,91 @@ class OperatorProcess:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
 
 
+class DeployedOperator:
+    """The operator as users run it: the ``trainjob-operator`` Deployment of ``trainjob install`` (two replicas
+    electing a leader on the Lease), its image pulled from the test registry. The same methods as
+    :class:`OperatorProcess`: :meth:`start` and :meth:`stop` scale the Deployment, :meth:`kill` deletes the leader's
+    pod with no grace (its containers SIGKILLed, as when its node dies), :meth:`tail` reads the pods' logs."""
+
+    def __init__(self, cluster: TrainJobCluster, replicas: int = OPERATOR_REPLICAS) -> None:
+        self.cluster = cluster
+        self.replicas = replicas
+        #: Where the jobs' pods report (the operator Service's DNS name).
+        self.status_url = STATUS_URL
+
+    def _kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.cluster.kubectl("-n", OPERATOR_NAMESPACE, *args, check=check)
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.cluster.api.list_pods(OPERATOR_NAMESPACE, f"app.kubernetes.io/name={OPERATOR_NAME}")
+
+    def leader(self) -> str | None:
+        """The pod holding the Lease (the elector's identity is ``<hostname>_<uuid>``; a pod's hostname is its
+        name), or ``None``."""
+        import kubernetes.client
+
+        with contextlib.suppress(kubernetes.client.ApiException):
+            lease = kubernetes.client.CoordinationV1Api(self.cluster.api.client).read_namespaced_lease(
+                LEASE_NAME, OPERATOR_NAMESPACE)
+            holder = lease.spec.holder_identity or ""
+            ready = {p["metadata"]["name"] for p in self.pods() if _ready(p)}
+            name = holder.rsplit("_", 1)[0]
+            return name if name in ready else None
+        return None
+
+    def start(self, timeout: float = 180.0) -> None:
+        """Scale to :attr:`replicas`; until a replica leads and is ready (it serves the status endpoint)."""
+        self._kubectl("scale", "deployment", OPERATOR_NAME, f"--replicas={self.replicas}")
+        if not _poll(lambda: self.leader() is not None, timeout):
+            raise AssertionError(f"no ready leader of the operator Deployment after {timeout:g} s:\n{self.describe()}")
+
+    def stop(self, timeout: float = 90.0) -> None:
+        """Scale to 0; until its pods are gone (SIGTERM: the leader releases the Lease as it exits)."""
+        self._kubectl("scale", "deployment", OPERATOR_NAME, "--replicas=0")
+        if not _poll(lambda: not self.pods(), timeout):
+            raise AssertionError(f"the operator's pods still there after {timeout:g} s:\n{self.describe()}")
+
+    def kill(self) -> None:
+        """The leader's pod deleted with no grace: its process SIGKILLed; the other replica takes the Lease once it
+        expires, and the Deployment makes a new pod."""
+        leader = self.leader()
+        assert leader is not None, self.describe()
+        self._kubectl("delete", "pod", leader, "--grace-period=0", "--force", "--wait=false")
+
+    def alive(self) -> bool:
+        return self.leader() is not None
+
+    def describe(self) -> str:
+        pods = self._kubectl("get", "pods", "-o", "wide", check=False)
+        return f"{pods.stdout}{pods.stderr}\n{self.tail(3000)}"
+
+    def tail(self, chars: int = 4000) -> str:
+        """Every operator pod's log (the leader's first), the last ``chars`` characters of each."""
+        leader = self.leader()
+        names = sorted((p["metadata"]["name"] for p in self.pods()), key=lambda n: n != leader)
+        parts = []
+        for name in names:
+            done = self._kubectl("logs", name, "--tail=200", check=False)
+            role = "leader" if name == leader else "replica"
+            parts.append(f"--- {name} ({role})\n{(done.stdout + done.stderr)[-chars:]}")
+        return "\n".join(parts)
+
+
+def _poll(predicate: Callable[[], bool], timeout: float, every: float = 0.5) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every)
+    return True
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
 class TrainJobCluster:
     """The control plane with trainjob installed; ``api`` talks as the admin, like ``kubectl`` would."""
 
@@ -133,7 +224,7 @@ class TrainJobCluster:
         self.config = KubernetesBackendConfig(config_file=str(self.kubeconfig))
         self.api = KubeApi(load_api_client(self.config))
         self.operator_kubeconfig = root / "operator.kubeconfig"
-        self.operator = OperatorProcess(self.operator_kubeconfig, control_plane.root / "logs" / "operator.log")
+        self.operator = DeployedOperator(self)
 
     def kubectl(self, *args: str, check: bool = True, timeout: float = 120,
                 input: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -162,14 +253,30 @@ class TrainJobCluster:
         self.trainjob(*self.install_args)
         self.mount_shared_folders_in_runtimes()
         self.cp.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_NAME, self.operator_kubeconfig)
-        self.operator.status_host = self.cp.host_address
 
     @property
     def install_args(self) -> list[str]:
-        """``trainjob install`` as this cluster is installed: the operator runs outside it, the torch runtimes run
-        the training image."""
-        return ["install", f"--kubeconfig={self.kubeconfig}", "--operator-replicas=0",
+        """``trainjob install`` as this cluster is installed: the operator Deployment runs the operator image, the
+        torch runtimes run the training image. The operator requests no CPU: each node has two, and the tests' jobs
+        fill them with two 1-CPU pods."""
+        return ["install", f"--kubeconfig={self.kubeconfig}", f"--image={self.cp.operator_image}",
+                f"--operator-replicas={OPERATOR_REPLICAS}", "--operator-cpu=0",
                 f"--torch-image={self.cp.training_image}"]
+
+    def operator_process(self, log: Path, *args: str) -> OperatorProcess:
+        """``trainjob operator`` as a process of this host with the operator's token (stop :attr:`operator` first:
+        both would lead in turn); its status endpoint on the host's address."""
+        process = OperatorProcess(self.operator_kubeconfig, log, extra_args=args)
+        process.status_host = self.cp.host_address
+        return process
+
+    def resolve(self, url: str) -> str:
+        """The ClusterIP behind a ``https://<service>.<namespace>.svc:<port>`` URL (this host has no cluster DNS;
+        kube-proxy's rules take it from there)."""
+        from urllib.parse import urlsplit
+
+        service, namespace = (urlsplit(url).hostname or "").split(".")[:2]
+        return self.api.core.read_namespaced_service(service, namespace).spec.cluster_ip
 
     def mount_shared_folders_in_runtimes(self) -> None:
         """Every ClusterTrainingRuntime's pods mount :attr:`shared_folders` (again, after an install)."""

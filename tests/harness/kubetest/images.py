@@ -58,6 +58,17 @@ OPERATOR_DOCKERFILE = REPO / "deploy" / "Dockerfile"
 OPERATOR_INPUTS = ["deploy/Dockerfile", "requirements/dev.lock", "pyproject.toml", "README.md", "src", ".dockerignore"]
 
 
+def htpasswd_line(user: str, password: str) -> str:
+    """An htpasswd entry with a bcrypt hash, the only kind the registry accepts (libcrypt's, through :mod:`crypt`)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt
+
+        return f"{user}:{crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))}\n"
+
+
 def cache_dir() -> Path:
     path = Path(os.environ.get("TRAINJOB_IMAGE_CACHE", Path.home() / ".cache" / "trainjob" / "images"))
     path.mkdir(parents=True, exist_ok=True)
@@ -114,7 +125,9 @@ class Registry:
         return f"127.0.0.1:{self.port}"
 
     @classmethod
-    def start(cls, storage: Path, log: Path) -> Registry:
+    def start(cls, storage: Path, log: Path, htpasswd: Path | None = None) -> Registry:
+        """Serve ``storage``; with ``htpasswd`` (bcrypt entries, see :func:`htpasswd_line`) every request needs
+        basic authentication, as a private registry does."""
         binary = shutil.which("docker-registry")
         if binary is None:
             raise RuntimeError("docker-registry is not installed (Debian's docker-registry; scripts/setup.sh "
@@ -128,6 +141,7 @@ class Registry:
             "log": {"level": "warn", "accesslog": {"disabled": True}},
             "storage": {"filesystem": {"rootdirectory": str(storage)}, "delete": {"enabled": True}},
             "http": {"addr": registry.address},
+            **({"auth": {"htpasswd": {"realm": "trainjob-test", "path": str(htpasswd)}}} if htpasswd else {}),
         }))
         with log.open("ab") as out:
             # Blobs of the tags deleted before (older builds) go, unless another registry serves this storage now.
@@ -143,8 +157,14 @@ class Registry:
         while time.monotonic() < deadline:
             if registry.popen.poll() is not None:
                 raise RuntimeError(f"docker-registry exited {registry.popen.returncode}:\n{log.read_text()[-2000:]}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(f"http://{registry.address}/v2/", timeout=2):
-                return registry
+            try:
+                with urllib.request.urlopen(f"http://{registry.address}/v2/", timeout=2):
+                    return registry
+            except urllib.error.HTTPError as exc:  # 401: it answers, and asks who is there
+                if exc.code == 401 and htpasswd is not None:
+                    return registry
+            except OSError:
+                pass
             time.sleep(0.1)
         registry.stop()
         raise TimeoutError(f"docker-registry did not answer on {registry.address}")
@@ -203,13 +223,14 @@ class Builder:
     cache: Path
     log: Path
 
-    def buildah(self, *args: str, what: str = "buildah", timeout: float = 3600) -> str:
+    def buildah(self, *args: str, what: str = "buildah", timeout: float = 3600, input: str | None = None) -> str:
+        """Run buildah on this cache's storage; ``input``: its standard input (``login --password-stdin``)."""
         storage = self.cache / "buildah"
         argv = ["buildah", f"--root={storage / 'storage'}", f"--runroot={storage / 'run'}",
                 "--storage-driver=overlay", *args]
         with self.log.open("a") as out:
             out.write(f"$ {' '.join(argv)}\n")
-        return _run(argv, what, timeout=timeout, env={**os.environ, "BUILDAH_ISOLATION": "chroot"})
+        return _run(argv, what, timeout=timeout, env={**os.environ, "BUILDAH_ISOLATION": "chroot"}, input=input)
 
     def exists(self, reference: str) -> bool:
         storage = self.cache / "buildah"

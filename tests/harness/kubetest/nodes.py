@@ -187,10 +187,7 @@ def _containerd_config(node: Node, pause: str, registry: Registry) -> Path:
             {"type": "portmap", "capabilities": {"portMappings": True}},
         ],
     }).replace('"RANGES"', '[{{range $i, $r := .PodCIDRRanges}}{{if $i}}, {{end}}[{"subnet": "{{$r}}"}]{{end}}]'))
-    hosts = node.dir / "certs.d" / REGISTRY_HOST / "hosts.toml"
-    hosts.parent.mkdir(parents=True, exist_ok=True)
-    hosts.write_text(f'server = "http://{registry.address}"\n[host."http://{registry.address}"]\n'
-                     '  capabilities = ["pull", "resolve"]\n')
+    registry_host(node, REGISTRY_HOST, registry.address)
     config = state / "config.toml"
     state.mkdir(parents=True, exist_ok=True)
     cri = 'plugins."io.containerd.grpc.v1.cri"'
@@ -438,6 +435,15 @@ class Nodes:
         if "KUBE-SERVICES" in _run(["iptables-save", "-t", "nat"], check=False).stdout:
             left.append("kube-proxy's KUBE-SERVICES chain")
         return left
+
+
+def registry_host(node: Node, host: str, address: str) -> None:
+    """Image references at ``host`` are pulled by ``node``'s containerd from the registry at ``address`` (plain
+    HTTP on loopback); containerd reads the ``hosts.toml`` at each pull, so a host added later works at once."""
+    hosts = node.dir / "certs.d" / host / "hosts.toml"
+    hosts.parent.mkdir(parents=True, exist_ok=True)
+    hosts.write_text(f'server = "http://{address}"\n[host."http://{address}"]\n'
+                     '  capabilities = ["pull", "resolve"]\n')
 
 
 def kube_proxy_argv(cp: ControlPlane, hostname: str) -> list[str]:

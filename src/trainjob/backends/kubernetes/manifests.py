@@ -41,6 +41,12 @@ STATUS_PORT = 8443
 METRICS_PORT = 8081
 #: Replicas of the operator Deployment (one leads; the other takes over within the lease duration).
 OPERATOR_REPLICAS = 2
+#: Each operator replica's CPU request (``install --operator-cpu``): the leader's steady use on a busy cluster.
+OPERATOR_CPU_REQUEST = "100m"
+#: The EndpointSlice of the operator Service, which the leading replica points at its own pod (as the API server
+#: publishes itself behind the ``kubernetes`` Service): the pods' reports reach the leader, while every healthy
+#: replica is ready, so a rolling update can replace them.
+LEADER_ENDPOINT_SLICE = f"{NAME}-leader"
 #: Where the jobs' pods reach the status endpoint: the operator Service.
 STATUS_URL = f"https://{NAME}.{NAMESPACE}.svc:{STATUS_PORT}"
 _LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "trainjob"}
@@ -113,8 +119,12 @@ def rbac() -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": [KEY_SECRET, TLS_SECRET]},
         # the status endpoint's certificate, issued again when it must name another host
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["update"], "resourceNames": [TLS_SECRET]},
-        # `trainjob operator --leader-elect`: the Lease the replicas elect their leader on
+        # `trainjob operator --leader-elect`: the Lease the replicas elect their leader on, and the operator
+        # Service's EndpointSlice, which the leader points at itself
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["create"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["patch"],
+         "resourceNames": [LEADER_ENDPOINT_SLICE]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update"],
          "resourceNames": [LEASE_NAME]},
     ]
@@ -151,10 +161,14 @@ def rbac() -> list[dict[str, Any]]:
     ]
 
 
-def deployment(image: str = DEFAULT_IMAGE, replicas: int = OPERATOR_REPLICAS) -> dict[str, Any]:
-    """The operator's replicas (0 when the operator runs elsewhere): they elect a leader on a Lease, and only the
-    leader reconciles and serves the status endpoint (so only the leader is ready: the Service sends the pods'
-    reports there); followers answer the liveness probe while they wait. Prometheus metrics on ``metrics``."""
+def deployment(image: str = DEFAULT_IMAGE, replicas: int = OPERATOR_REPLICAS,
+               cpu_request: str = OPERATOR_CPU_REQUEST) -> dict[str, Any]:
+    """The operator's replicas (0 when the operator runs elsewhere): they elect a leader on a Lease; only the leader
+    reconciles and serves the status endpoint, and it points the Service's EndpointSlice
+    (:data:`LEADER_ENDPOINT_SLICE`) at its own pod. Every healthy replica is ready (followers answer the probes while they wait), so a rolling update
+    replaces them one by one; the leader's pod goes last or first, and a follower takes the Lease it releases.
+    Prometheus metrics on ``metrics``. The root file system is read-only; ``/tmp`` is an emptyDir (the status
+    endpoint's TLS files pass through it)."""
     probe = {"httpGet": {"path": "/healthz", "port": LIVENESS_PORT}, "periodSeconds": 10, "timeoutSeconds": 5}
     container = {
         "name": "operator",
@@ -166,8 +180,12 @@ def deployment(image: str = DEFAULT_IMAGE, replicas: int = OPERATOR_REPLICAS) ->
                   {"name": "status", "containerPort": STATUS_PORT},
                   {"name": "metrics", "containerPort": METRICS_PORT}],
         "livenessProbe": {**probe, "initialDelaySeconds": 15, "failureThreshold": 3},
-        "readinessProbe": {"tcpSocket": {"port": STATUS_PORT}, "periodSeconds": 5, "initialDelaySeconds": 5},
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "readinessProbe": {**probe, "periodSeconds": 5, "initialDelaySeconds": 2},
+        # where the leader points the operator Service (its EndpointSlice)
+        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "resources": {"requests": {"cpu": cpu_request, "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -193,6 +211,7 @@ def deployment(image: str = DEFAULT_IMAGE, replicas: int = OPERATOR_REPLICAS) ->
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
                     "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
                 },
             },
         },
@@ -200,16 +219,15 @@ def deployment(image: str = DEFAULT_IMAGE, replicas: int = OPERATOR_REPLICAS) ->
 
 
 def service() -> dict[str, Any]:
-    """The operator's Service: the status endpoint the jobs' pods report to (ready replica: the leader) and the
-    metrics port."""
+    """The operator's Service: the status endpoint the jobs' pods report to and the leader's metrics port. It has no
+    selector: the leader writes its one EndpointSlice (:data:`LEADER_ENDPOINT_SLICE`)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": dict(_LABELS)},
         "spec": {
-            "selector": {"app.kubernetes.io/name": NAME},
-            "ports": [{"name": "status", "port": STATUS_PORT, "targetPort": "status"},
-                      {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}],
+            "ports": [{"name": "status", "port": STATUS_PORT, "targetPort": STATUS_PORT},
+                      {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT}],
         },
     }
 
@@ -256,15 +274,16 @@ def kubeflow_version() -> list[dict[str, Any]]:
 
 
 def install_manifests(image: str = DEFAULT_IMAGE, operator_replicas: int = OPERATOR_REPLICAS,
-                      torch_image: str | None = None) -> list[dict[str, Any]]:
+                      torch_image: str | None = None,
+                      operator_cpu: str = OPERATOR_CPU_REQUEST) -> list[dict[str, Any]]:
     """Everything to install, in apply order (CRDs before the runtimes that need them); ``torch_image``: see
-    :func:`builtin_runtimes`."""
+    :func:`builtin_runtimes`; ``operator_cpu``: each operator replica's CPU request."""
     return [
         namespace(),
         *custom_resource_definitions(),
         pytorchjob_crd(),
         *rbac(),
-        deployment(image, operator_replicas),
+        deployment(image, operator_replicas, operator_cpu),
         service(),
         *builtin_runtimes(torch_image),
         *kubeflow_version(),

@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Coroutine
@@ -34,7 +36,13 @@ from trainjob.backends.kubernetes.cache import ObjectCache
 from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_api_client
 from trainjob.backends.kubernetes.kubeapi import KubeApi
 from trainjob.backends.kubernetes.leader import LeaderElector, LeadershipLost
-from trainjob.backends.kubernetes.manifests import LEASE_NAME
+from trainjob.backends.kubernetes.manifests import (
+    LEADER_ENDPOINT_SLICE,
+    LEASE_NAME,
+    METRICS_PORT,
+    NAME,
+    STATUS_PORT,
+)
 from trainjob.backends.kubernetes.metrics import OperatorMetrics
 from trainjob.backends.kubernetes.pytorchjob import (
     OPERATOR_NAME,
@@ -45,6 +53,7 @@ from trainjob.backends.kubernetes.pytorchjob import (
 from trainjob.backends.kubernetes.reconcile import Reconciler
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
+    ENDPOINT_SLICES,
     JOB_NAME_LABEL,
     JOBSETS,
     PYTORCHJOBS,
@@ -317,12 +326,16 @@ async def operate(
                                     renew_deadline=renew_deadline, retry_period=retry_period)
             async with standby_health(liveness):
                 await elector.acquire()
+            await asyncio.to_thread(publish_leader, api, home, True)
             metrics.set_leader(True)
             log.info("leading as %s", elector.identity)
         run = kopf.operator(
             registry=make_registry(pytorchjobs=state.pytorchjobs is not None),
             memo=state,
             standalone=True,
+            # kopf would name itself after the process's user, which an image run as an arbitrary UID (a
+            # securityContext's runAsUser, OpenShift) has no passwd entry for: getpass fails and the operator exits.
+            identity=elector.identity if elector is not None else f"trainjob-operator@{socket.gethostname()}",  # type: ignore[arg-type]
             clusterwide=not namespaces,
             namespaces=list(namespaces),
             liveness_endpoint=liveness,
@@ -337,9 +350,32 @@ async def operate(
         if elector is not None:
             metrics.set_leader(False)
             with contextlib.suppress(Exception):
+                await asyncio.to_thread(publish_leader, api, home, False)
+            with contextlib.suppress(Exception):
                 await elector.release()
         api.client.close()
         metrics.close()
+
+
+def publish_leader(api: KubeApi, namespace: str, leading: bool) -> None:
+    """Point the operator Service's EndpointSlice (:data:`~.manifests.LEADER_ENDPOINT_SLICE` in ``namespace``) at
+    this replica's pod (``$POD_IP``) when it starts ``leading``; empty it when it stops, so the jobs' reports are
+    refused at once rather than sent to a pod that is going. Nothing outside a pod."""
+    address, pod = os.environ.get("POD_IP"), os.environ.get("POD_NAME")
+    if not address:
+        return
+    endpoints = [{"addresses": [address], "conditions": {"ready": True},
+                  **({"targetRef": {"kind": "Pod", "name": pod, "namespace": namespace}} if pod else {})}]
+    change = {"endpoints": endpoints if leading else [],
+              "ports": [{"name": "status", "port": STATUS_PORT, "protocol": "TCP"},
+                        {"name": "metrics", "port": METRICS_PORT, "protocol": "TCP"}]}
+    if api.patch(ENDPOINT_SLICES, namespace, LEADER_ENDPOINT_SLICE, change) is None and leading:
+        api.create({"apiVersion": ENDPOINT_SLICES.api_version, "kind": ENDPOINT_SLICES.kind,
+                    "metadata": {"name": LEADER_ENDPOINT_SLICE, "namespace": namespace,
+                                 "labels": {"kubernetes.io/service-name": NAME,
+                                            "endpointslice.kubernetes.io/managed-by": "trainjob-operator"}},
+                    "addressType": "IPv6" if ":" in address else "IPv4", **change}, ENDPOINT_SLICES)
+    log.info("the operator Service now sends reports to %s", address if leading else "no replica")
 
 
 async def _while_leading(elector: LeaderElector, run: Coroutine[Any, Any, None]) -> None:

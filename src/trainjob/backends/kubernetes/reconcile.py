@@ -18,7 +18,8 @@ only saves requests or times a stall: a restarted operator, or the replica that 
    the job says (:mod:`.children`);
 3. the status is derived from the JobSet (:mod:`.status`); a new failure gets its root cause (:mod:`.failure`);
    restarts of the node group become ``Restarting`` events (:mod:`.job_events`); past ``activeDeadlineSeconds``
-   the job fails and its JobSet is deleted;
+   the job fails and its JobSet is deleted; so does a job whose pods cannot start (an image that cannot be
+   pulled, a container that cannot be created) past a grace (:mod:`.pod_start`);
 4. a running job is watched for stalls (:mod:`.stall_watch`); its progress, pushed to the status endpoint
    (:mod:`.status_server`), is read from node 0's log when there is none, and an elastic job's pod logs are read
    every :data:`~.progress.RESYNC_SECONDS` for ``Resized`` events (:mod:`.progress`);
@@ -42,6 +43,7 @@ from trainjob.backends.kubernetes.children import Children, delete_children
 from trainjob.backends.kubernetes.failure import root_cause
 from trainjob.backends.kubernetes.job_events import JobEvents
 from trainjob.backends.kubernetes.kubeapi import KubeApi
+from trainjob.backends.kubernetes.pod_start import PodStartWatch
 from trainjob.backends.kubernetes.resources import CONTROLLER_NAME, JOBSET_NAME_LABEL, TRAINJOBS
 from trainjob.backends.kubernetes.snapshot import SnapshotSigner
 from trainjob.backends.kubernetes.stall_watch import StallWatch
@@ -80,6 +82,7 @@ class Reconciler:
         self.events = JobEvents(api, self.reads)
         self.children = Children(api, signer, self.reads, self.writer, self.events, status_endpoint)
         self.stalls = StallWatch(api, self.reads, self.writer)
+        self.pod_starts = PodStartWatch(api, self.writer)
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """One pass over TrainJob ``namespace/name``; returns seconds until the next pass is due, if any."""
@@ -102,6 +105,13 @@ class Reconciler:
         if remaining is not None and remaining <= 0 and st.finished_condition(new) is None:
             self._fail_past_deadline(job, status, new, now)
             return None
+        if not suspend and st.finished_condition(new) is None:
+            start_in = self.pod_starts.watch(job, status, new, jobset, now)
+            if start_in is not None and start_in <= 0:
+                return None  # its pods cannot start: failed, and its JobSet deleted
+            remaining = _sooner(remaining, start_in)
+        else:
+            self.pod_starts.forget(namespace, name)
         running = not suspend and _trainer_started(jobset, trainer)
         if running and st.finished_condition(new) is None:
             stall_in = self.stalls.watch(job, status, new, jobset, now)
@@ -126,6 +136,7 @@ class Reconciler:
         """Drop what this process remembered of a job that finished or went."""
         self.events.forget(namespace, name)
         self.stalls.forget(namespace, name)
+        self.pod_starts.forget(namespace, name)
 
     def _derive(self, job: dict[str, Any], status: dict[str, Any], jobset: dict[str, Any],
                 now: float) -> dict[str, Any]:

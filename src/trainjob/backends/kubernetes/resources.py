@@ -33,6 +33,8 @@ VOLCANO_PODGROUPS = ResourceRef("scheduling.volcano.sh", "v1beta1", "podgroups",
 KUEUE_WORKLOADS = ResourceRef("kueue.x-k8s.io", "v1beta1", "workloads", "Workload")
 #: Core objects an MPI job needs: its SSH key Secret and its hostfile ConfigMap.
 SECRETS = ResourceRef("", "v1", "secrets", "Secret")
+#: The operator Service's EndpointSlice, which its leader writes.
+ENDPOINT_SLICES = ResourceRef("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
 CONFIGMAPS = ResourceRef("", "v1", "configmaps", "ConfigMap")
 
 #: Every resource the operator creates from a plan, by (apiVersion, kind).

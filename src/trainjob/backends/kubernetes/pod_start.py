@@ -1,0 +1,145 @@
+"""Pods that cannot start: a job whose image cannot be pulled (a typo in the tag, a private registry without a pull
+secret) or whose container cannot be created (a missing Secret or ConfigMap) fails, naming the image, the node and
+what the node was told, instead of waiting in ``ImagePullBackOff`` for ever.
+
+The JobSet's status is the cheap signal: a replicated job with more active child Jobs than ready ones has pods not
+yet running. Only a job that stays so for :data:`LOOK_AFTER_SECONDS` gets its pods listed (again after 10, 20,
+40, then every 60 s while it lasts; every 10 s once one cannot start); a pod waiting for one of :data:`CANNOT_START` reasons longer than the
+grace (:data:`GRACE_SECONDS`, or the TrainJob's ``trainjob/pod-start-grace-seconds`` annotation) fails the job: its
+JobSet is deleted, ``Failed`` says ``reason: PodCannotStart`` and the message, and a ``Warning`` Event repeats it.
+An image that is merely slow to pull waits as ``ContainerCreating``, which is not a failure at any age.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from trainjob.backends.kubernetes import status as st
+from trainjob.backends.kubernetes.children import delete_children
+from trainjob.backends.kubernetes.kubeapi import KubeApi
+from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL
+from trainjob.backends.kubernetes.status_writer import StatusWriter
+from trainjob.errors import TrainJobError
+
+log = logging.getLogger("trainjob.operator")
+
+#: Waiting reasons the kubelet gives a container that will not start without a change to the job or the cluster.
+CANNOT_START = frozenset({
+    "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+    "CreateContainerConfigError", "CreateContainerError", "CrashLoopBackOff",
+})
+#: How long a pod may wait for one of :data:`CANNOT_START` before its job fails. The kubelet retries a pull with a
+#: back-off of 10, 20, 40 s...: 30 s covers a registry that answers again after a blip, and names a wrong tag within
+#: a minute of the job's start.
+GRACE_SECONDS = 30.0
+#: Pods not running this long after the JobSet says so are looked at (and again at this interval).
+LOOK_AFTER_SECONDS = 10.0
+#: A TrainJob annotation: the grace in seconds for this job (0: fail at the first sight).
+GRACE_ANNOTATION = "trainjob/pod-start-grace-seconds"
+REASON = "PodCannotStart"
+
+
+#: The longest wait between two looks at pods that are slow to start for no reason of :data:`CANNOT_START` (waiting
+#: for a node, pulling a large image): the interval doubles from :data:`LOOK_AFTER_SECONDS` up to this.
+LOOK_AT_MOST_EVERY = 60.0
+
+
+@dataclass
+class _Seen:
+    starting_since: float
+    next_look: float
+    interval: float = LOOK_AFTER_SECONDS
+    failing_since: float | None = None
+
+
+def pods_not_starting(pods: list[dict[str, Any]]) -> list[str]:
+    """One line per container of ``pods`` waiting for a :data:`CANNOT_START` reason: the pod, its node, the
+    container, its image, the reason and what the kubelet was told (the registry's answer, for a pull)."""
+    lines = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        images = {c["name"]: c.get("image", "?") for c in [*(pod["spec"].get("initContainers") or []),
+                                                            *pod["spec"].get("containers", [])]}
+        for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in CANNOT_START:
+                node = pod["spec"].get("nodeName") or "no node"
+                said = (waiting.get("message") or "").strip()
+                lines.append(f"pod {pod['metadata']['name']} on node {node}: container {container['name']} "
+                             f"(image {images.get(container['name'], container.get('image', '?'))}): "
+                             f"{waiting['reason']}" + (f": {said}" if said else ""))
+    return lines
+
+
+def grace_seconds(job: dict[str, Any]) -> float:
+    """The job's grace: :data:`GRACE_ANNOTATION` when it reads as seconds >= 0, else :data:`GRACE_SECONDS`."""
+    value = ((job.get("metadata") or {}).get("annotations") or {}).get(GRACE_ANNOTATION)
+    try:
+        seconds = float(value) if value is not None else GRACE_SECONDS
+    except ValueError:
+        return GRACE_SECONDS
+    return seconds if seconds >= 0 else GRACE_SECONDS
+
+
+def _starting(jobset: dict[str, Any]) -> bool:
+    """Whether the JobSet has child Jobs with pods not yet ready (active > ready in a replicated job)."""
+    return any((entry.get("active") or 0) > (entry.get("ready") or 0)
+               for entry in (jobset.get("status") or {}).get("replicatedJobsStatus") or [])
+
+
+class PodStartWatch:
+    """Fails jobs whose pods cannot start (see the module's docstring); remembers, per job, since when its pods
+    have been starting and since when one has been failing to."""
+
+    def __init__(self, api: KubeApi, writer: StatusWriter) -> None:
+        self.api = api
+        self.writer = writer
+        self._seen: dict[tuple[str, str], _Seen] = {}
+
+    def watch(self, job: dict[str, Any], old: dict[str, Any], new: dict[str, Any], jobset: dict[str, Any],
+              now: float) -> float | None:
+        """Seconds until this job's pods are to be looked at again (``None``: all started); <= 0 when the job
+        was failed (its status written, its JobSet deleted)."""
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        if not _starting(jobset):
+            self._seen.pop(key, None)
+            return None
+        seen = self._seen.setdefault(key, _Seen(starting_since=now, next_look=now + LOOK_AFTER_SECONDS))
+        if now < seen.next_look:
+            return seen.next_look - now
+        try:
+            stuck = pods_not_starting(self.api.list_pods(key[0], f"{JOBSET_NAME_LABEL}={key[1]}"))
+        except TrainJobError as exc:
+            log.warning("cannot list the pods of TrainJob %s/%s: %s", *key, exc)
+            stuck = None
+        if not stuck:  # slow, not stuck (or not known): look again later, less often
+            if stuck is not None:
+                seen.failing_since = None
+            seen.next_look = now + seen.interval
+            seen.interval = min(seen.interval * 2, LOOK_AT_MOST_EVERY)
+            return seen.next_look - now
+        if seen.failing_since is None:
+            seen.failing_since = now
+        left = grace_seconds(job) - (now - seen.failing_since)
+        if left > 0:
+            seen.next_look = now + min(left, LOOK_AFTER_SECONDS)
+            return seen.next_look - now
+        self._fail(job, old, new, stuck, now)
+        return 0.0
+
+    def forget(self, namespace: str, name: str) -> None:
+        self._seen.pop((namespace, name), None)
+
+    def _fail(self, job: dict[str, Any], old: dict[str, Any], new: dict[str, Any], stuck: list[str],
+              now: float) -> None:
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        more = f" (and {len(stuck) - 1} more)" if len(stuck) > 1 else ""
+        message = (f"{stuck[0]}{more}; its pods could not start for {grace_seconds(job):g} s, so the job failed and "
+                   f"its JobSet was deleted (fix the image or its pull secret, then create the job again)")
+        delete_children(self.api, namespace, name)  # first: the pods stop pulling, as for a deadline
+        self.writer.write(namespace, name, old, st.failed(new, REASON, message, now))
+        self.api.post_event(job, "Warning", REASON, message)
+        self.forget(namespace, name)
+        log.info("TrainJob %s/%s failed: %s", namespace, name, message)

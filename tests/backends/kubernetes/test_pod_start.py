@@ -1,0 +1,116 @@
+"""The pod-start watch as tables: a running job's pods (their waiting reasons, when) in; when it looks at them,
+whether and when the job fails, and what it asked of the API server out. The API server is
+:class:`kubetest.memory_api.MemoryApi`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kubetest.memory_api import MemoryApi
+
+from trainjob.backends.kubernetes.cache import CachedReads
+from trainjob.backends.kubernetes.pod_start import GRACE_ANNOTATION, REASON, PodStartWatch, pods_not_starting
+from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL, JOBSETS, TRAINJOBS
+from trainjob.backends.kubernetes.status_writer import StatusWriter
+
+NS, NAME, START = "ml", "mnist", 1_800_000_000.0
+IMAGE = "registry.example.com/team/train:v1-typo"
+PULL_ERROR = (f'failed to pull and unpack image "{IMAGE}": failed to resolve reference "{IMAGE}": '
+              f"{IMAGE}: not found")
+STARTING = {"replicatedJobsStatus": [{"name": "node", "active": 1, "ready": 0}]}
+STARTED = {"replicatedJobsStatus": [{"name": "node", "active": 1, "ready": 1}]}
+
+
+def waiting(reason: str, message: str = "") -> dict[str, Any]:
+    return {"phase": "Pending", "containerStatuses": [
+        {"name": "node", "image": IMAGE, "ready": False,
+         "state": {"waiting": {"reason": reason, **({"message": message} if message else {})}}}]}
+
+
+@dataclass
+class Case:
+    """Passes at ``START + t``: the JobSet's status then and, per pod, its status then (``None``: unchanged)."""
+
+    id: str
+    passes: Sequence[tuple[float, dict[str, Any], dict[str, Any] | None]]
+    due_in: float | None  # what the last pass returned
+    lists: int  # pod lists asked for
+    failed: bool = False
+    annotations: dict[str, str] | None = None
+
+
+CASES = [
+    Case("started-pods-are-not-looked-at", [(0, STARTED, waiting("ContainerCreating"))], due_in=None, lists=0),
+    Case("a-new-start-waits-ten-seconds", [(0, STARTING, waiting("ErrImagePull", PULL_ERROR))],
+         due_in=10, lists=0),
+    Case("slow-pull-is-looked-at-less-and-less-often",
+         [(0, STARTING, waiting("ContainerCreating")), (10, STARTING, None), (20, STARTING, None),
+          (40, STARTING, None), (80, STARTING, None), (600, STARTING, None)], due_in=60, lists=5),
+    Case("a-bad-image-fails-after-the-grace",
+         [(0, STARTING, waiting("ErrImagePull", PULL_ERROR)), (10, STARTING, None),
+          (20, STARTING, waiting("ImagePullBackOff", f'Back-off pulling image "{IMAGE}"')), (30, STARTING, None),
+          (40, STARTING, None)], due_in=0, lists=4, failed=True),
+    Case("within-the-grace-it-waits", [(0, STARTING, waiting("ErrImagePull", PULL_ERROR)), (10, STARTING, None),
+                                       (35, STARTING, None)], due_in=5, lists=2),
+    Case("a-blip-that-clears-restarts-the-grace",
+         [(0, STARTING, waiting("ErrImagePull", PULL_ERROR)), (10, STARTING, None),
+          (20, STARTING, waiting("ContainerCreating")), (40, STARTING, waiting("ErrImagePull", PULL_ERROR)),
+          (60, STARTING, None)], due_in=10, lists=4),
+    Case("started-after-all-forgets", [(0, STARTING, waiting("ErrImagePull", PULL_ERROR)), (10, STARTING, None),
+                                       (15, STARTED, None), (16, STARTING, None)], due_in=10, lists=1),
+    Case("annotation-zero-fails-at-first-sight", [(0, STARTING, waiting("CreateContainerConfigError",
+                                                                        'secret "hf-token" not found')),
+                                                  (10, STARTING, None)],
+         due_in=0, lists=1, failed=True, annotations={GRACE_ANNOTATION: "0"}),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_pod_start_watch(case: Case) -> None:
+    clock = [START]
+    api = MemoryApi(lambda: clock[0])
+    job = api.seed({"apiVersion": TRAINJOBS.api_version, "kind": TRAINJOBS.kind,
+                    "metadata": {"name": NAME, "namespace": NS, "annotations": case.annotations or {}}, "spec": {}})
+    api.seed({"apiVersion": JOBSETS.api_version, "kind": JOBSETS.kind,
+              "metadata": {"name": NAME, "namespace": NS,
+                           "ownerReferences": [{"kind": "TrainJob", "name": NAME, "uid": job["metadata"]["uid"]}]},
+              "spec": {"replicatedJobs": []}})
+    pod = f"{NAME}-node-0-0"
+    api.add_pod({"metadata": {"name": pod, "namespace": NS, "labels": {JOBSET_NAME_LABEL: NAME}},
+                 "spec": {"nodeName": "gpu-7", "containers": [{"name": "node", "image": IMAGE}]},
+                 "status": {"phase": "Pending"}})
+    reads = CachedReads(api)
+    watch = PodStartWatch(api, StatusWriter(api, reads, lambda: clock[0]))
+    due_in: float | None = None
+    for t, jobset_status, pod_status in case.passes:
+        clock[0] = START + t
+        if pod_status is not None:
+            api.set_pod_status(NS, pod, pod_status)
+        stored = api.stored(TRAINJOBS, NS, NAME)
+        assert stored is not None
+        if (stored.get("status") or {}).get("conditions"):
+            break
+        due_in = watch.watch(stored, stored.get("status") or {}, {}, {"status": jobset_status}, clock[0])
+    assert due_in == (pytest.approx(case.due_in) if case.due_in is not None else None)
+    assert sum(1 for verb, resource, _ in api.requests if resource == "pods" and verb == "list") == case.lists
+    stored = api.stored(TRAINJOBS, NS, NAME)
+    assert stored is not None
+    failed = [c for c in (stored.get("status") or {}).get("conditions") or [] if c["type"] == "Failed"]
+    events = [e for e in api.events if e["reason"] == REASON]
+    assert bool(failed) == case.failed and len(events) == (1 if case.failed else 0)
+    assert (api.stored(JOBSETS, NS, NAME) is None) == case.failed
+    if case.failed:
+        assert failed[0]["reason"] == REASON and failed[0]["message"] == events[0]["message"]
+        assert f"pod {pod} on node gpu-7: container node (image {IMAGE})" in failed[0]["message"]
+
+
+def test_the_message_names_the_image_node_and_the_registrys_answer() -> None:
+    pods = [{"metadata": {"name": "p0"}, "spec": {"nodeName": "n1", "containers": [{"name": "node", "image": IMAGE}]},
+             "status": waiting("ErrImagePull", PULL_ERROR)},
+            {"metadata": {"name": "p1"}, "spec": {"containers": [{"name": "node", "image": IMAGE}]},
+             "status": waiting("ContainerCreating")}]
+    assert pods_not_starting(pods) == [f"pod p0 on node n1: container node (image {IMAGE}): ErrImagePull: "
+                                       f"{PULL_ERROR}"]
