@@ -22,7 +22,7 @@ import torch
 from trainjob.errors import ValidationError
 from trainjob.tools.collectives import format_table, run_collectives
 from trainjob.tools.comm import COLLECTIVES
-from trainjob.tools.units import parse_bytes
+from trainjob.units import parse_bytes
 
 
 def memcpy_bandwidth(size: int, iters: int, device: str) -> float:

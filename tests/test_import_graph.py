@@ -7,14 +7,28 @@ runs before any of its modules and loads the SDK's names lazily.
 
 The layers, as :data:`LAYER_RULES` checks them (what a module reaches through any chain of imports):
 
-=========================================  ===================================================================
-``trainjob.torch`` (inside training)       no backend, no CLI, no ``TrainerClient``
-``trainjob.runtime``                       no backend, no CLI, no ``TrainerClient``
-``trainjob.backends``                      no CLI, no ``TrainerClient``: they speak the SDK's types, below it
+==========================================  ======================================================================
+``trainjob.torch`` (inside training)        no backend, no CLI, no ``TrainerClient``, no tool (``trainjob.tools``
+                                            uses the training library, not the other way round)
+``trainjob.runtime``                        no backend, no CLI, no ``TrainerClient``, nothing of what runs in a
+                                            Ray pod (``trainjob.ray``)
+``trainjob.backends``                       no CLI, no ``TrainerClient``: they speak the SDK's types, below it
 ``trainjob.sdk`` but ``trainjob.sdk.client``  no backend, no CLI (``TrainerClient`` is the one that picks a backend)
-``trainjob.backends.kubernetes``           not the local backend: what both need lives in ``trainjob.backends``
-``trainjob.progress`` (in every rank)      no SDK, no backend, no CLI: the SDK's ``Progress`` is defined here
-=========================================  ===================================================================
+``trainjob.backends.kubernetes``            not the local backend: what both need lives in ``trainjob.backends``
+``trainjob.backends.local.supervisor``      not the local backend's client (``LocalBackend``): the daemon is below
+                                            the client; what both do (start a supervisor, admit queued jobs) is the
+                                            supervisor's
+``trainjob.progress`` (in every rank)       no SDK, no backend, no CLI: the SDK's ``Progress`` is defined here
+``trainjob.settings``                       no backend (the local backend reads the settings, not the reverse)
+``trainjob.cli``, ``trainjob.ui``           of the local backend only its package, ``trainjob.backends.local``
+                                            (``local_backend`` and a few public functions), or the SDK's
+                                            ``TrainerClient``, which picks a backend; the rest through the
+                                            backend's methods
+==========================================  ======================================================================
+
+A rule may name modules its package may import whose own imports are not held against it (``through``): the
+CLI imports ``trainjob.backends.local`` and ``trainjob.sdk.client``, and what they import is the backend's
+business, not the CLI's.
 """
 
 from __future__ import annotations
@@ -22,6 +36,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import trainjob
 
@@ -129,14 +144,27 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-#: (importing package, packages it must not reach, modules of the importing package the rule leaves out)
-LAYER_RULES: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
-    ("trainjob.torch", ("trainjob.backends", "trainjob.cli", "trainjob.sdk.client"), ()),
-    ("trainjob.runtime", ("trainjob.backends", "trainjob.cli", "trainjob.sdk.client"), ()),
-    ("trainjob.backends", ("trainjob.cli", "trainjob.sdk.client"), ()),
-    ("trainjob.sdk", ("trainjob.backends", "trainjob.cli"), ("trainjob.sdk.client",)),
-    ("trainjob.backends.kubernetes", ("trainjob.backends.local",), ()),
-    ("trainjob.progress", ("trainjob.sdk", "trainjob.backends", "trainjob.cli"), ()),
+class LayerRule(NamedTuple):
+    """Modules of ``package`` (but those in ``exempt``) reach nothing in ``forbidden`` through any chain of imports;
+    a chain stops at a module of ``through``, which they may import, and at its packages."""
+
+    package: str
+    forbidden: tuple[str, ...]
+    exempt: tuple[str, ...] = ()
+    through: tuple[str, ...] = ()
+
+
+LAYER_RULES: list[LayerRule] = [
+    LayerRule("trainjob.torch", ("trainjob.backends", "trainjob.cli", "trainjob.sdk.client", "trainjob.tools")),
+    LayerRule("trainjob.runtime", ("trainjob.backends", "trainjob.cli", "trainjob.sdk.client", "trainjob.ray")),
+    LayerRule("trainjob.backends", ("trainjob.cli", "trainjob.sdk.client")),
+    LayerRule("trainjob.sdk", ("trainjob.backends", "trainjob.cli"), exempt=("trainjob.sdk.client",)),
+    LayerRule("trainjob.backends.kubernetes", ("trainjob.backends.local",)),
+    LayerRule("trainjob.backends.local.supervisor", ("trainjob.backends.local.client",)),
+    LayerRule("trainjob.progress", ("trainjob.sdk", "trainjob.backends", "trainjob.cli")),
+    LayerRule("trainjob.settings", ("trainjob.backends",)),
+    LayerRule("trainjob.cli", ("trainjob.backends.local",), through=("trainjob.backends.local", "trainjob.sdk.client")),
+    LayerRule("trainjob.ui", ("trainjob.backends.local",), through=("trainjob.backends.local", "trainjob.sdk.client")),
 ]
 
 
@@ -144,8 +172,12 @@ def _within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
-def import_chain(graph: dict[str, set[str]], start: str, targets: tuple[str, ...]) -> list[str] | None:
-    """The shortest chain of imports from ``start`` to a module inside one of ``targets``; ``None`` if none."""
+def import_chain(
+    graph: dict[str, set[str]], start: str, targets: tuple[str, ...], through: tuple[str, ...] = ()
+) -> list[str] | None:
+    """The shortest chain of imports from ``start`` to a module inside one of ``targets``, not going on from a
+    module of ``through`` or one of its packages; ``None`` if none."""
+    stops = {".".join(parts[:i]) for name in through for parts in [name.split(".")] for i in range(1, len(parts) + 1)}
     came_from: dict[str, str | None] = {start: None}
     queue = [start]
     for module in queue:  # breadth first: the queue grows while it is walked
@@ -153,6 +185,8 @@ def import_chain(graph: dict[str, set[str]], start: str, targets: tuple[str, ...
             if dep in came_from:
                 continue
             came_from[dep] = module
+            if dep in stops:
+                continue
             if any(_within(dep, target) for target in targets):
                 chain = [dep]
                 while (previous := came_from[chain[-1]]) is not None:
@@ -162,15 +196,13 @@ def import_chain(graph: dict[str, set[str]], start: str, targets: tuple[str, ...
     return None
 
 
-def layer_violations(
-    graph: dict[str, set[str]], rules: list[tuple[str, tuple[str, ...], tuple[str, ...]]]
-) -> list[list[str]]:
+def layer_violations(graph: dict[str, set[str]], rules: list[LayerRule]) -> list[list[str]]:
     """For each module that reaches a package its rule forbids, the chain of imports that gets there."""
     found = []
-    for package, forbidden, exempt in rules:
+    for package, forbidden, exempt, through in rules:
         for module in sorted(graph):
             if _within(module, package) and not any(_within(module, e) for e in exempt):
-                chain = import_chain(graph, module, forbidden)
+                chain = import_chain(graph, module, forbidden, through)
                 if chain is not None:
                     found.append(chain)
     return found
@@ -204,7 +236,7 @@ def test_the_layer_check_finds_an_import_through_a_neutral_module(tmp_path: Path
     (package / "progress.py").write_text("def f():\n    from pkg.backends import rootcause\n")
     (package / "backends" / "rootcause.py").write_text("")
     (package / "sdk" / "client.py").write_text("from pkg.backends import rootcause\n")
-    rules = [("pkg.torch", ("pkg.backends",), ()), ("pkg.sdk", ("pkg.backends",), ("pkg.sdk.client",))]
+    rules = [LayerRule("pkg.torch", ("pkg.backends",)), LayerRule("pkg.sdk", ("pkg.backends",), ("pkg.sdk.client",))]
     found = layer_violations(import_graph(module_files(package)), rules)
     assert found == [["pkg.torch.metrics", "pkg.progress", "pkg.backends"]]  # its __init__ runs first
 
@@ -214,3 +246,18 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
     assert found == [], "imports against the layers (see this module's docstring):\n" + "\n".join(
         " -> ".join(chain) for chain in found
     )
+
+
+def test_a_rule_lets_a_package_through_its_public_face_only(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    for sub in ("cli", "local", "local/client"):
+        (package / sub).mkdir(parents=True, exist_ok=True)
+        (package / sub / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "local" / "__init__.py").write_text("def backend():\n    from pkg.local.client import store\n")
+    (package / "local" / "client" / "store.py").write_text("")
+    (package / "cli" / "main.py").write_text("from pkg import local\n")
+    (package / "cli" / "logs.py").write_text("from pkg.local.client import store\n")
+    rules = [LayerRule("pkg.cli", ("pkg.local",), through=("pkg.local",))]
+    found = layer_violations(import_graph(module_files(package)), rules)
+    assert found == [["pkg.cli.logs", "pkg.local.client"]]  # the client package's __init__ runs first

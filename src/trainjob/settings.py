@@ -11,7 +11,7 @@ key                    value                       what reads it
 ``kubeconfig``         a path                      Kubernetes commands
 ``context``            a string                    Kubernetes commands
 ``strict_resources``   ``true`` or ``false``       the local queue: refuse a job bigger than this machine instead
-                                                   of running it scaled down (:mod:`~trainjob.backends.local.client.queue`)
+                                                   of running it scaled down (:mod:`~trainjob.backends.local.queue`)
 ``priority_classes``   ``{name: integer}``         the local queue: what ``kueue.x-k8s.io/priority-class`` names
                                                    mean here (Kueue's WorkloadPriorityClass values)
 =====================  ==========================  ==============================================================
@@ -36,6 +36,14 @@ from typing import Any
 from trainjob.errors import ValidationError
 
 CONFIG_ENV = "TRAINJOB_CONFIG"
+#: Where the local backend keeps its jobs (its store and one folder per job), and where the config file is looked
+#: for second.
+HOME_ENV = "TRAINJOB_HOME"
+
+
+def default_home() -> Path:
+    """``$TRAINJOB_HOME``, else ``~/.trainjob``."""
+    return Path(os.environ.get(HOME_ENV) or Path.home() / ".trainjob").expanduser()
 
 
 def _string(value: Any) -> str | None:
@@ -67,8 +75,6 @@ CONFIG_KEYS: dict[str, tuple[Callable[[Any], Any], str]] = {
 
 def config_paths() -> list[Path]:
     """Where the config file is looked for, first match wins."""
-    from trainjob.backends.local.store import default_home
-
     paths = [Path(os.environ[CONFIG_ENV]).expanduser()] if os.environ.get(CONFIG_ENV) else []
     xdg = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config").expanduser()
     return [*paths, default_home() / "config.yaml", xdg / "trainjob" / "config.yaml"]

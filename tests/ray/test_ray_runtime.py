@@ -22,7 +22,7 @@ from jobtest.ray import ray_processes
 from jobtest.tiers import starts
 
 from trainjob.errors import ValidationError
-from trainjob.ray.storage import storage_paths, storage_problem
+from trainjob.ray_storage import storage_paths, storage_problem
 from trainjob.runtime import builtin_runtimes, resolve
 from trainjob.runtime.plugins.ray import HEAD_PORT
 

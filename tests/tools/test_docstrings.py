@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 MODULES = [
-    "trainjob.tools.units",
+    "trainjob.units",
     "trainjob.tools.training_setup",
     "trainjob.tools.comm",
     "trainjob.tools.sizing.memory",

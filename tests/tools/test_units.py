@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainjob.errors import ValidationError
-from trainjob.tools.units import format_bytes, parse_bandwidth, parse_bytes, parse_count
+from trainjob.units import format_bytes, parse_bandwidth, parse_bytes, parse_count
 
 
 @pytest.mark.parametrize(

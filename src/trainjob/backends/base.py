@@ -162,6 +162,8 @@ class Backend(ABC):
     jobs, the same on every backend.
     """
 
+    #: The backend's name, as ``--backend`` and the config file's ``backend:`` name it.
+    backend_name = ""
     #: First letter of generated job names (a DNS label starts with a letter).
     job_name_prefix = "j"
     #: How often :meth:`wait_for_job_status` reads the job (``None``: every ``polling_interval``).
@@ -288,15 +290,17 @@ class Backend(ABC):
         tail: int | None = None,
         previous: bool = False,
         stop_output: bool = False,
+        until: Callable[[], bool] | None = None,
     ) -> Iterator[types.LogLine]:
         """Lines of every node (or one ``node``, or the node of one global ``rank``), merged by the time they were
         written: only those since ``since`` (Unix time), the last ``tail``, of the attempt before the last restart
-        (``previous``); ``stop_output`` adds the lines that say why a node stopped where the backend writes them. A
-        ``node``/``rank`` pair that names no process is a ``ValidationError``
+        (``previous``); ``stop_output`` adds the lines that say why a node stopped where the backend writes them;
+        a followed log ends when the job does, or sooner when ``until`` (asked between reads, where the backend
+        polls files) says so. A ``node``/``rank`` pair that names no process is a ``ValidationError``
         (:func:`~trainjob.backends.log_selection.select_nodes`)."""
         num_nodes, num_proc_per_node = self._launch_shape(name)
         nodes = select_nodes(name, num_nodes, num_proc_per_node, node, rank)
-        return self._read_logs(name, nodes, LogRequest(rank, follow, since, tail, previous, stop_output))
+        return self._read_logs(name, nodes, LogRequest(rank, follow, since, tail, previous, stop_output, until))
 
     @abstractmethod
     def _launch_shape(self, name: str) -> tuple[int, int | None]:
@@ -327,6 +331,16 @@ class Backend(ABC):
         controller runs (the Kubernetes operator)."""
         return None
 
+    def metric_records(self, name: str, after: float = 0) -> list[dict[str, Any]]:
+        """The job's metric records newer than ``after`` (an ``id`` of an earlier record), oldest first, each
+        ``{"id", "time", "step", "metrics"}``. Here: the job's reported progress, one record per change (its time
+        is its id); a backend that keeps every report gives them all."""
+        progress = self.get_job(name).progress
+        if progress is None or progress.updated is None or progress.updated.timestamp() <= after:
+            return []
+        stamp = progress.updated.timestamp()
+        return [{"id": stamp, "time": stamp, "step": progress.step, "metrics": dict(progress.metrics)}]
+
     def node_processes(self, name: str) -> dict[int, NodeProcess] | None:
         """The process each node of the job runs, by node index, where nodes are processes here (``None``: they
         are pods, see the job's steps)."""
@@ -343,6 +357,8 @@ class LogRequest:
     tail: int | None = None
     previous: bool = False
     stop_output: bool = False
+    #: Asked between reads of a followed log: ``True`` ends it before the job does.
+    until: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ def launch_command(script: str, module: bool = False, no_python: bool = False) -
     if module and no_python:
         raise ValidationError("-m", "cannot be combined with --no-python (torchrun refuses both at once)")
     if module:
-        from trainjob.backends.local.client.commands import check_module
+        from trainjob.backends.local import check_module
 
         try:
             check_module(script, os.getcwd())
@@ -281,18 +281,14 @@ def apply_options(backend: Target, inherit_env: bool, config_maps: tuple[str, ..
 @contextlib.contextmanager
 def supervisor_standby(backend: Target, nodes: int = 1) -> Iterator[None]:
     """For a local job: a supervisor in standby from now, with keepers for ``nodes`` nodes, stopped when the block
-    ends without a job created for it (bad input, a queued job, a failed creation)
-    (:mod:`~trainjob.backends.local.supervisor.standby`)."""
+    ends without a job created for it (:func:`trainjob.backends.local.supervisor_standby`)."""
     if backend.backend != "local":
         yield
         return
-    from trainjob.backends.local.supervisor import standby
+    from trainjob.backends.local import supervisor_standby as standby
 
-    standby.start(nodes)
-    try:
+    with standby(nodes):
         yield
-    finally:
-        standby.release()
 
 
 def submit(resource: Any, backend: Target, inherit_env: bool = False, config_maps: tuple[str, ...] = ()) -> Any:

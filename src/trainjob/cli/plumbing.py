@@ -169,9 +169,9 @@ def make_backend(target: Target | str) -> Backend:
         return backend_for(KubernetesBackendConfig(namespace=target.namespace, config_file=target.kubeconfig,
                                                    context=target.context))
     # What backend_for(None) gives, without importing the SDK's client for it.
-    from trainjob.backends.local.client.backend import LocalBackend
+    from trainjob.backends.local import local_backend
 
-    return LocalBackend()
+    return local_backend()
 
 
 # -- errors and exit codes ----------------------------------------------------------------------------------------

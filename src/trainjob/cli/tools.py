@@ -32,7 +32,7 @@ from trainjob.tools.sizing.deepspeed import deepspeed_setup
 from trainjob.tools.sizing.layout_search import Hardware, search_layouts
 from trainjob.tools.sizing.memory import estimate_memory
 from trainjob.tools.training_setup import TrainingSetup
-from trainjob.tools.units import parse_bandwidth, parse_bytes, parse_count
+from trainjob.units import parse_bandwidth, parse_bytes, parse_count
 
 
 def register(group: click.Group) -> None:

@@ -41,7 +41,7 @@ import psutil
 
 from trainjob.ray import REPORTING_CALLBACK, REPORTS_FILE_ENV
 from trainjob.ray.reporting import read_reports
-from trainjob.ray.storage import driver_script, storage_paths, storage_problem
+from trainjob.ray_storage import driver_script, storage_paths, storage_problem
 
 #: How long node 0 waits for every node to join, and the other nodes for the head (``TRAINJOB_RAY_JOIN_TIMEOUT``).
 JOIN_TIMEOUT_SECONDS = 300.0

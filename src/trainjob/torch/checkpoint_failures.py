@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from trainjob.errors import CheckpointError, DiskFullError, ValidationError
 from trainjob.rootcause import first_line
-from trainjob.tools.units import format_bytes
+from trainjob.units import format_bytes
 
 __all__ = [
     "ON_DISK_FULL_ENV", "ON_DISK_FULL_VALUES", "available_bytes", "is_disk_full", "load_failure", "on_disk_full_setting",

@@ -1,10 +1,10 @@
 """What the dashboard shows, as JSON-ready dicts, from any backend (local processes or Kubernetes).
 
-The local backend has fast paths: the job list reads the store's summary tuples (ten thousand jobs in a few
-tens of milliseconds, no per-job objects), metrics come from the store incrementally (``after`` an id) and logs
-are followed straight from the node files, stopping as soon as the browser goes away. Other backends go through
-the SDK's methods (``list_jobs``, ``get_job``, ``logs``); their metrics are the job's reported progress, one
-point per change, which the page accumulates into a curve while it watches.
+Everything goes through the backend's methods: the job list is ``list_summaries`` (on the local backend the
+store's summary tuples, ten thousand jobs in a few tens of milliseconds), metrics are ``metric_records``
+(incremental, ``after`` an id: every record on the local backend, the reported progress one point per change
+elsewhere, which the page accumulates into a curve while it watches) and logs are ``logs(..., until=...)``,
+stopping as soon as the browser goes away.
 """
 
 from __future__ import annotations
@@ -15,9 +15,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from trainjob.backends.local.client.backend import LocalBackend
-from trainjob.backends.local.log_reader import read_logs
-from trainjob.backends.local.store import UNFINISHED_STATUSES
 from trainjob.sdk import types
 
 #: The list shows at most this many jobs (newest first) of those matching its filter; counts cover them all.
@@ -40,11 +37,11 @@ class Dashboard:
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
-        self.local = isinstance(backend, LocalBackend)
+        self.local = backend.backend_name == "local"
 
     @property
     def backend_name(self) -> str:
-        return "local" if self.local else "kubernetes"
+        return self.backend.backend_name
 
     # the job list
 
@@ -86,18 +83,7 @@ class Dashboard:
 
     def metrics(self, name: str, after: float = 0) -> dict[str, Any]:
         """Metric records newer than ``after`` (an id from an earlier answer): ``{"records": [...], "last": id}``."""
-        if self.local:
-            self.backend.store.get_job(name)  # NotFoundError for unknown jobs
-            records = [
-                {"id": r["id"], "time": r["time"], "step": r["step"], "metrics": r["metrics"]}
-                for r in self.backend.store.metrics(name, after=int(after))
-            ]
-        else:
-            progress = self.backend.get_job(name).progress
-            records = []
-            if progress is not None and progress.updated is not None and progress.updated.timestamp() > after:
-                stamp = progress.updated.timestamp()
-                records = [{"id": stamp, "time": stamp, "step": progress.step, "metrics": dict(progress.metrics)}]
+        records = self.backend.metric_records(name, after)
         last = records[-1]["id"] if records else after
         return {"records": records, "last": last}
 
@@ -105,22 +91,12 @@ class Dashboard:
                     on_poll: Callable[[], None] = lambda: None) -> Iterator[types.LogLine]:
         """The job's log lines (one node or rank, or all), following while it runs until ``stopped`` is set;
         ``on_poll`` is called each time the files were read to their end (local backend)."""
-        if not self.local:
-            return self.backend.logs(name, node=node, rank=rank, follow=follow)
-        self.backend.logs(name, node=node, rank=rank)  # checks the job, node and rank; reads nothing yet
-        row = self.backend.store.get_job(name)
-        nodes = [node] if node is not None else list(range(row["num_nodes"]))
 
-        def finished() -> bool:
+        def until() -> bool:
             on_poll()
-            return stopped.is_set() or not self._unfinished(name)
+            return stopped.is_set()
 
-        return read_logs(self.backend.store.job_dir(name), nodes, rank=rank, follow=follow, finished=finished,
-                         poll_interval=0.2)
-
-    def _unfinished(self, name: str) -> bool:
-        rows = self.backend.store.list_jobs([name])
-        return bool(rows) and rows[0]["status"] in UNFINISHED_STATUSES
+        return self.backend.logs(name, node=node, rank=rank, follow=follow, until=until)
 
     # actions
 

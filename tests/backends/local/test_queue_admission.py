@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainjob.backends.local.client.queue import Machine, admit
 from trainjob.backends.local.process_specs import NodeProcessSpec, ProcessSpec
+from trainjob.backends.local.queue import Machine, admit
 from trainjob.backends.local.store import Store
 
 MACHINE = Machine(cores=(0, 1), memory=16 * 2**30, gpus=())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from jobtest.local import trainjob_resource
 
-from trainjob.backends.local.client.queue import Priority, job_priority, queue_name
+from trainjob.backends.local.queue import Priority, job_priority, queue_name
 from trainjob.errors import ValidationError
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from jobtest.local import trainjob_resource
 
-from trainjob.backends.local.client.queue import Machine, Request, check_fits
 from trainjob.backends.local.client.scaling import scale_to_machine, strict_resources
 from trainjob.backends.local.process_specs import NodeProcessSpec, ProcessSpec
+from trainjob.backends.local.queue import Machine, Request, check_fits
 from trainjob.errors import ValidationError
 
 GI = 2**30

@@ -62,6 +62,7 @@ _FINISHED_PHASES = ("Succeeded", "Failed")
 class KubernetesBackend(Backend):
     """Jobs as TrainJob objects on a cluster (see :class:`trainjob.backends.base.Backend`)."""
 
+    backend_name = "kubernetes"
     job_name_prefix = "t"
     trainer_required = False  # a job made of the runtime and the options alone runs the runtime's command
 

@@ -32,4 +32,47 @@ Modules at this level are shared by several of these processes:
 :mod:`.stacks`           every running rank's Python stacks, read by ``trainjob stacks`` and by the supervisor's
                          stall watchdog (:mod:`.supervisor.watchdog`)
 =======================  ===========================================================================================
+
+The CLI and the dashboard reach the local backend through this package only: :func:`local_backend`,
+:func:`supervisor_standby` and :func:`check_module`, each importing what it needs when called, so that
+``python -m`` of any process above imports nothing more than its own modules.
 """
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainjob.backends.local.client.backend import LocalBackend
+
+
+def local_backend(home: str | Path | None = None) -> LocalBackend:
+    """The local backend of ``home`` (default ``$TRAINJOB_HOME``, :func:`trainjob.settings.default_home`)."""
+    from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
+
+    return LocalBackend(LocalProcessBackendConfig(home=home))
+
+
+@contextlib.contextmanager
+def supervisor_standby(nodes: int = 1) -> Iterator[None]:
+    """A supervisor in standby from now, with keepers for ``nodes`` nodes, for the job this process is about to
+    create; stopped when the block ends without a job created for it (bad input, a queued job, a failed
+    creation) (:mod:`~trainjob.backends.local.supervisor.standby`)."""
+    from trainjob.backends.local.supervisor import standby
+
+    standby.start(nodes)
+    try:
+        yield
+    finally:
+        standby.release()
+
+
+def check_module(module: str, cwd: str) -> None:
+    """A module for ``python -m``: its top-level package must be in ``cwd`` or importable
+    (:func:`~trainjob.backends.local.client.commands.check_module`); ``ValidationError`` otherwise."""
+    from trainjob.backends.local.client.commands import check_module as check
+
+    check(module, cwd)

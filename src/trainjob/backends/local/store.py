@@ -15,7 +15,6 @@ columns of one indexed query, so listing ten thousand jobs stays well under a te
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
 import threading
@@ -26,8 +25,8 @@ from typing import Any
 
 from trainjob.constants import CREATED, QUEUED, RUNNING
 from trainjob.errors import AlreadyExistsError, NotFoundError, ValidationError
+from trainjob.settings import default_home
 
-HOME_ENV = "TRAINJOB_HOME"
 DB_FILE = "trainjob.db"
 ACTIVE_STATUSES = (CREATED, RUNNING)
 #: Statuses of a job that has not ended: active, or waiting in the local queue for resources.
@@ -112,7 +111,7 @@ _ADDED_COLUMNS = {
     "metrics_offset": "INTEGER NOT NULL DEFAULT 0",
     "supervisor_claimed": "REAL",
     "supervisor_replacements": "INTEGER NOT NULL DEFAULT 0",
-    # The local queue (:mod:`~trainjob.backends.local.client.queue`): what the job holds while admitted, its order.
+    # The local queue (:mod:`~trainjob.backends.local.queue`): what the job holds while admitted, its order.
     "priority": "INTEGER NOT NULL DEFAULT 0",
     "cpus": "INTEGER NOT NULL DEFAULT 0",
     "memory_bytes": "INTEGER NOT NULL DEFAULT 0",
@@ -145,11 +144,6 @@ SUMMARY_COLUMNS = (
     "json_extract(metrics, '$.loss'), metrics_time, first_step, first_metrics_time, progress_percent, "
     "remaining_seconds, supervisor_pid, supervisor_started"
 )
-
-
-def default_home() -> Path:
-    """``$TRAINJOB_HOME``, else ``~/.trainjob``."""
-    return Path(os.environ.get(HOME_ENV) or Path.home() / ".trainjob").expanduser()
 
 
 def check_job_name(name: str) -> str:
@@ -207,7 +201,7 @@ class Store:
 
     @classmethod
     def open(cls, home: Path | str | None = None) -> Store:
-        """The store of ``home`` (default :func:`default_home`), created on first use."""
+        """The store of ``home`` (default :func:`trainjob.settings.default_home`), created on first use."""
         return cls(Path(home) if home is not None else default_home())
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ container command, args    ``python -m trainjob.ray.node``, then the TrainJob's 
 Locally the master is ``127.0.0.1`` and a free port (:mod:`trainjob.backends.local.process_specs`). A job with
 no command is refused (a Ray job needs a driver), so is ``numProcPerNode`` (Ray starts the workers, as many as
 the driver's ``ScalingConfig`` asks) and a driver whose literal ``storage_path`` this machine's Python cannot
-reach (:mod:`trainjob.ray.storage`; checked when the driver script is readable here).
+reach (:mod:`trainjob.ray_storage`; checked when the driver script is readable here).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def _driver(ctx: Context) -> list[str]:
 
 
 def _storage_problems(driver: list[str]) -> list[ValidationError]:
-    from trainjob.ray.storage import driver_script, storage_paths, storage_problem
+    from trainjob.ray_storage import driver_script, storage_paths, storage_problem
 
     script = driver_script(driver)
     if script is None or not Path(script).is_file():

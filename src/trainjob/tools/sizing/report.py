@@ -22,7 +22,7 @@ from rich.table import Table
 from trainjob.tools.sizing.communication import CommunicationEstimate
 from trainjob.tools.sizing.layout_search import LayoutSearch, realisation, trainjob_resources
 from trainjob.tools.sizing.memory import MemoryEstimate
-from trainjob.tools.units import format_bytes, format_seconds
+from trainjob.units import format_bytes, format_seconds
 
 __all__ = ["layout_search_tables", "layout_search_to_dict", "ds_config_lines", "estimate_tables", "estimate_to_dict"]
 

@@ -32,7 +32,7 @@ from trainjob.backends.local import processes
 from trainjob.backends.local.client import views
 from trainjob.backends.local.client.ttl import expired_jobs
 from trainjob.backends.local.store import ACTIVE_STATUSES, UNFINISHED_STATUSES, Store, check_job_name
-from trainjob.backends.local.supervisor import standby
+from trainjob.backends.local.supervisor.start import start_supervisor
 from trainjob.backends.stall import checked_stall_policy
 from trainjob.backends.ttl import ttl_seconds
 from trainjob.errors import BackendError, NotFoundError, ValidationError
@@ -44,9 +44,9 @@ if TYPE_CHECKING:
     from trainjob.api import Runtime as RuntimeResource
     from trainjob.api import TrainJob as TrainJobResource
     from trainjob.backends.local import volumes
-    from trainjob.backends.local.client.queue import Request
     from trainjob.backends.local.client.scaling import Scaling
     from trainjob.backends.local.process_specs import ProcessSpec
+    from trainjob.backends.local.queue import Request
     from trainjob.backends.stacks import RankStacks
     from trainjob.runtime.plan import Plan
     from trainjob.sdk.trainers import TrainerFunction
@@ -97,6 +97,7 @@ class LocalProcessBackendConfig:
 class LocalBackend(Backend):
     """Runs jobs as processes on this machine; every method reads and writes the shared store."""
 
+    backend_name = "local"
     check_interval = LOCAL_POLL_SECONDS
     initializer_refusal = "dataset and model initializers are not run by the local backend"
 
@@ -179,8 +180,8 @@ class LocalBackend(Backend):
         inherit_env: bool | None = None,
         config_maps: Mapping[str, str | Path] | None = None,
     ) -> None:
-        from trainjob.backends.local import volumes
-        from trainjob.backends.local.client import queue, scaling
+        from trainjob.backends.local import queue, volumes
+        from trainjob.backends.local.client import scaling
         from trainjob.backends.local.client.commands import check_command_files
         from trainjob.backends.local.process_specs import build_process_spec
         from trainjob.runtime.submit_events import submit_events
@@ -259,7 +260,8 @@ class LocalBackend(Backend):
         """When ``request`` could never fit this machine: refused (strict resources, with the numbers), or ``spec``
         laid out over the whole machine and the :class:`~trainjob.backends.local.client.scaling.Scaling` returned;
         ``None`` when it fits."""
-        from trainjob.backends.local.client import queue, scaling
+        from trainjob.backends.local import queue
+        from trainjob.backends.local.client import scaling
 
         machine = queue.Machine.detect()
         strict = scaling.strict_resources(trainjob, self.config.strict_resources)
@@ -286,26 +288,13 @@ class LocalBackend(Backend):
         return host_volumes
 
     def _start_supervisor(self, name: str, replacing: bool = False) -> None:
-        """Start the job's supervisor; a replacement records itself once it holds the supervisor lock."""
-        job_dir = self.store.job_dir(name)
-        waiting = None if replacing else standby.take()  # started by this command ahead of its job
-        if waiting is not None and standby.hand_over(waiting, str(self.store.home), name):
-            process = waiting
-        else:
-            env = {**os.environ, processes.JOB_DIR_ENV: str(job_dir)}
-            argv = [sys.executable, "-m", "trainjob.backends.local.supervisor", str(self.store.home), name]
-            with (job_dir / "supervisor.log").open("ab") as log:
-                process = subprocess.Popen(
-                    argv + (["--replace"] if replacing else []),
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                    start_new_session=True, close_fds=True,
-                )
-        if not replacing:
-            self.store.update_job(name, supervisor_pid=process.pid, supervisor_started=processes.start_time(process.pid))
+        """Start the job's supervisor (:func:`~trainjob.backends.local.supervisor.start.start_supervisor`)."""
+        start_supervisor(self.store, name, replacing)
 
     def admit_queued(self) -> list[str]:
-        """Start the queued jobs that fit what is free now (:func:`~trainjob.backends.local.client.queue.admit`)."""
-        from trainjob.backends.local.client import queue
+        """Start the queued jobs that fit what is free now (:func:`~trainjob.backends.local.queue.admit`), each
+        through :meth:`_start_supervisor` (as :func:`~trainjob.backends.local.supervisor.start.admit` does)."""
+        from trainjob.backends.local import queue
 
         admitted = queue.admit(self.store)
         for name in admitted:
@@ -443,9 +432,22 @@ class LocalBackend(Backend):
         job_dir = self.store.job_dir(name)
         if request.previous and not log_dir(job_dir, previous=True).is_dir():
             raise NotFoundError(f"TrainJob {name} has no previous attempt: it was not restarted or resumed")
+        until = request.until
+        if until is None:
+            return read_logs(job_dir, nodes, rank=request.rank, follow=request.follow,
+                             finished=lambda: self._settled(name), since=request.since, tail=request.tail,
+                             previous=request.previous, stop_output=request.stop_output)
+        # a long-lived watcher (the dashboard, one per open page) reads at the store's pace
         return read_logs(job_dir, nodes, rank=request.rank, follow=request.follow,
-                         finished=lambda: self._settled(name), since=request.since, tail=request.tail,
-                         previous=request.previous, stop_output=request.stop_output)
+                         finished=lambda: until() or self._settled(name), poll_interval=LOCAL_POLL_SECONDS,
+                         since=request.since, tail=request.tail, previous=request.previous,
+                         stop_output=request.stop_output)
+
+    def metric_records(self, name: str, after: float = 0) -> list[dict[str, Any]]:
+        """Every metric record the job reported after the record ``after`` (the store keeps them all)."""
+        self.store.get_job(name)  # NotFoundError for an unknown job
+        return [{"id": r["id"], "time": r["time"], "step": r["step"], "metrics": r["metrics"]}
+                for r in self.store.metrics(name, after=int(after))]
 
     def _settled(self, name: str) -> bool:
         """Whether the job has ended (or is gone); asked on every poll of a followed log, so reads a narrow row."""

@@ -15,7 +15,7 @@ memory   asked for more than there is: not enforced (it never is here), only sai
 =======  ========================================================================================================
 
 What fits is left as asked. The job waits in the local queue until no other job runs, and nothing else is admitted
-while it runs (:func:`~trainjob.backends.local.client.queue.admit`). A ``ScaledToMachine`` Warning event says
+while it runs (:func:`~trainjob.backends.local.queue.admit`). A ``ScaledToMachine`` Warning event says
 exactly what was scaled, and the job's message carries a summary for its whole life (``trainjob get``)::
 
     scaling = scale_to_machine(spec, request, machine, processes_per_node=2, job_sets_omp=False)
@@ -33,8 +33,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trainjob.backends.local.client.queue import Machine, Request, format_bytes
 from trainjob.backends.local.process_specs import ProcessSpec, share_cpus
+from trainjob.backends.local.queue import Machine, Request, format_bytes
 from trainjob.constants import STRICT_RESOURCES_ANNOTATION
 from trainjob.errors import ValidationError
 

@@ -7,9 +7,9 @@ standby before it reads the job (:func:`start`): ``python -m trainjob.backends.l
 imports everything, starts the keepers of the job's N nodes ahead
 (:func:`~trainjob.backends.local.supervisor.ahead.start_keepers_ahead`: a keeper's start is the last step before
 a node's, and each starts its node's torchrun ahead, :mod:`~trainjob.backends.local.node_keeper.warm`), then waits
-on its stdin. When the job is created, :meth:`LocalBackend._start_supervisor
-<trainjob.backends.local.client.backend.LocalBackend._start_supervisor>` hands it the store's home and the job's
-name (:func:`take`, :func:`hand_over`) and it supervises that job as one started for it would; when none is
+on its stdin. When the job is created,
+:func:`~trainjob.backends.local.supervisor.start.start_supervisor` hands it the store's home and the job's name
+(:func:`take`, :func:`hand_over`) and it supervises that job as one started for it would; when none is
 created (bad input, a queued job, a failed creation), :func:`release` stops it: it holds nothing yet. A command
 that dies closes the pipe, and a standby reading the end of its stdin exits, so a standby never outlives the
 command that started it without a job::

@@ -24,7 +24,8 @@ still run, collects the results of nodes that ended meanwhile, ingests metrics f
 does what the lost supervisor would have done (an elastic job still restarts its node group from its
 checkpoint when a node fails). Training is not interrupted. A replacement that finds the job over or deleted
 exits with :data:`~trainjob.backends.local.node_keeper.keeper.JOB_OVER_EXIT_CODE`, and the keepers stop their nodes.
-Whatever way it exits, it admits the queued jobs that fit what its job freed (:mod:`~trainjob.backends.local.client.queue`).
+Whatever way it exits, it admits the queued jobs that fit what its job freed
+(:func:`~trainjob.backends.local.supervisor.start.admit`).
 """
 
 from __future__ import annotations
@@ -662,10 +663,10 @@ def admit_next(store: Store) -> None:
     """Start the queued jobs that fit now that this job's nodes are gone (the local queue has no daemon)."""
     try:
         if not store.has_status(QUEUED):
-            return  # nothing waits: the client backend is not even imported
-        from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
+            return  # nothing waits: the queue is not even imported
+        from trainjob.backends.local.supervisor.start import admit
 
-        LocalBackend(LocalProcessBackendConfig(home=store.home)).admit_queued()
+        admit(store)
     except Exception as exc:  # the next reader admits them; never mask the job's own outcome
         print(f"admitting queued jobs failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 

@@ -1,5 +1,8 @@
 """Where Ray Train may write checkpoints, checked before a job runs: ``RunConfig(storage_path=...)`` of the driver.
 
+Checked twice: at submit by the Ray runtime plugin (:mod:`trainjob.runtime.plugins.ray`), and on node 0 before the
+driver starts (:mod:`trainjob.ray.node`), so it lives below both.
+
 =====================  ===========================================================================
 ``storage_path``       accepted when
 =====================  ===========================================================================

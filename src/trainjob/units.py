@@ -1,4 +1,4 @@
-"""Parse and print the sizes the tools take on the command line: parameter counts, byte sizes, bandwidths.
+"""Parse and print sizes: parameter counts, byte sizes, bandwidths (tool command lines, checkpoint messages).
 
 >>> parse_count("7e9", field="params"), parse_count("175B", field="params")
 (7000000000, 175000000000)
