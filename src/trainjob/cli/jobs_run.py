@@ -15,6 +15,7 @@ import contextlib
 import os
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -189,44 +190,77 @@ def run_trainjob(
               help="Kueue WorkloadPriorityClass of the job (label kueue.x-k8s.io/priority-class).")
 @backend_option
 @handle_errors
-def run_command(script: str, script_args: tuple[str, ...], module: bool, no_python: bool, nodes: int | None,
-                nproc_per_node: str | None, cpu: str | None, gpu: int | None, env: tuple[str, ...], name: str | None,
-                runtime: str, detach: bool, inherit_env: bool, priority: int | None, oversubscribe: bool,
-                strict_resources: bool, ttl: int | None, data: tuple[str, ...], config_maps: tuple[str, ...],
-                nccl_profile: str | None,
-                queue: str | None, priority_class: str | None, files: tuple[str, ...], backend: Target) -> None:
+def run_command(**flags: Any) -> None:
     """Run SCRIPT with torchrun on every node; arguments after -- go to the script.
 
     SCRIPT is a Python file, a module with -m (trainjob run -m pkg.train), or a shell script or binary with
     --no-python (trainjob run --no-python ./train.sh).
     """
-    if files:
-        _run_files(script, files, inherit_env, config_maps, backend, detach)
+    run_job(RunOptions(**flags))
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``trainjob run`` is asked: one field per argument and flag, named as :func:`run_command`'s options."""
+
+    backend: Target
+    script: str | None = None
+    script_args: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+    module: bool = False
+    no_python: bool = False
+    nodes: int | None = None
+    nproc_per_node: str | None = None
+    cpu: str | None = None
+    gpu: int | None = None
+    env: tuple[str, ...] = ()
+    name: str | None = None
+    runtime: str = "torch-distributed"
+    detach: bool = False
+    inherit_env: bool = False
+    priority: int | None = None
+    oversubscribe: bool = False
+    strict_resources: bool = False
+    ttl: int | None = None
+    data: tuple[str, ...] = ()
+    config_maps: tuple[str, ...] = ()
+    nccl_profile: str | None = None
+    queue: str | None = None
+    priority_class: str | None = None
+
+
+def run_job(options: RunOptions) -> None:
+    """``trainjob run``: build the TrainJob from ``options`` (or read it from ``-f``), create it, then follow it
+    to its end unless detached."""
+    o = options
+    if o.files:
+        _run_files(o)
         return
-    if script is None:
+    if o.script is None:
         raise ValidationError("SCRIPT", "missing: give a training script (trainjob run train.py) or a manifest "
                               "(trainjob run -f job.yaml)")
     from trainjob.cli.volume_flags import data_overrides
 
-    job = run_trainjob(script, script_args, name, runtime, nodes, nproc_per_node, cpu, gpu, env, module=module,
-                       no_python=no_python, annotations=job_annotations(priority, oversubscribe, ttl, strict_resources),
-                       labels=queue_labels(queue, priority_class))
-    overrides = data_overrides(data)
+    job = run_trainjob(o.script, o.script_args, o.name, o.runtime, o.nodes, o.nproc_per_node, o.cpu, o.gpu, o.env,
+                       module=o.module, no_python=o.no_python,
+                       annotations=job_annotations(o.priority, o.oversubscribe, o.ttl, o.strict_resources),
+                       labels=queue_labels(o.queue, o.priority_class))
+    overrides = data_overrides(o.data)
     if overrides:
         job["spec"]["podTemplateOverrides"] = overrides
     # The flags are sound: the job's supervisor starts now, in standby, so that its start overlaps the check of the
     # job against the API's models (their import is most of it) and its creation; it is stopped if no job comes of
     # it (a value the models refuse, a queued job).
-    with supervisor_standby(backend, nodes or 1):
+    with supervisor_standby(o.backend, o.nodes or 1):
         from trainjob.api import TrainJob
 
         resource = TrainJob.from_dict(job)
-        if nccl_profile:
+        if o.nccl_profile:
             from trainjob.runtime.nccl import apply_nccl_profile
 
-            resource = apply_nccl_profile(resource, nccl_profile)
-        created = submit(resource, backend, inherit_env=inherit_env, config_maps=config_maps)
-    follow_or_print(backend, created, detach)
+            resource = apply_nccl_profile(resource, o.nccl_profile)
+        created = submit(resource, o.backend, inherit_env=o.inherit_env, config_maps=o.config_maps)
+    follow_or_print(o.backend, created, o.detach)
 
 
 def queue_labels(queue: str | None, priority_class: str | None) -> dict[str, str]:
@@ -365,16 +399,16 @@ def apply_command(files: tuple[str, ...], dry_run: bool, output: str | None, inh
         click.echo(f"trainjob/{name} created")
 
 
-def _run_files(script: str | None, files: tuple[str, ...], inherit_env: bool, config_maps: tuple[str, ...],
-               backend: Target, detach: bool) -> None:
+def _run_files(options: RunOptions) -> None:
     """``trainjob run -f job.yaml``: create the file's one TrainJob, then follow it as ``run SCRIPT`` does."""
-    if script is not None:
-        raise ValidationError("SCRIPT", f"give a script or -f FILE, not both (got {script!r} and -f)")
-    (name,) = create_from_files(files, False, None, inherit_env, config_maps, backend, single=True)
-    if detach:
+    if options.script is not None:
+        raise ValidationError("SCRIPT", f"give a script or -f FILE, not both (got {options.script!r} and -f)")
+    (name,) = create_from_files(options.files, False, None, options.inherit_env, options.config_maps,
+                                options.backend, single=True)
+    if options.detach:
         click.echo(name)
         return
-    _follow_to_end(backend, name)
+    _follow_to_end(options.backend, name)
 
 
 def create_from_files(files: tuple[str, ...], dry_run: bool, output: str | None, inherit_env: bool,
