@@ -94,6 +94,14 @@ def launch_command(script: str, module: bool = False, no_python: bool = False) -
     return ["torchrun", str(path.resolve())]
 
 
+def in_image_command(script: str, module: bool = False, no_python: bool = False) -> list[str]:
+    """The torchrun command for a SCRIPT the job's image holds, as given: a path in the image (relative to its
+    working directory), a module (``-m``) or a program (``--no-python``)."""
+    if module and no_python:
+        raise ValidationError("-m", "cannot be combined with --no-python (torchrun refuses both at once)")
+    return ["torchrun", *(["-m"] if module else ["--no-python"] if no_python else []), script]
+
+
 def run_trainjob(
     script: str,
     script_args: tuple[str, ...],
@@ -113,7 +121,10 @@ def run_trainjob(
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The TrainJob (Kubernetes shape) ``trainjob run`` (and ``trainjob submit pytorchjob``) submits."""
-    trainer: dict[str, Any] = {"command": launch_command(script, module, no_python)}
+    # With an image, SCRIPT is the image's (relative to its WORKDIR, as seed 004's Dockerfile copies it): it is
+    # neither looked for nor made absolute here.
+    trainer: dict[str, Any] = {"command": in_image_command(script, module, no_python) if image
+                               else launch_command(script, module, no_python)}
     if image:
         trainer["image"] = image
     if script_args:

@@ -411,10 +411,18 @@ def test_rolling_the_operator_to_a_new_image_keeps_every_job(k8s: TrainJobCluste
     from kubetest.images import REGISTRY_HOST, Builder, cache_dir
 
     old = k8s.cp.operator_image
-    new = f"{old}-next"  # the same build under a new tag, as a release would be
+    new = f"{old}-next"  # a release: the same build with a label of its own (so another digest), a new tag
     builder = Builder(cache_dir(), k8s.cp.root / "logs" / "images.log")
-    builder.push(old.replace(f"{REGISTRY_HOST}/trainjob/", "localhost/trainjob-test/"), k8s.cp.registry,
-                 new.split("/", 1)[1])
+    container = builder.buildah("from", "--pull-never", "--quiet",
+                                old.replace(f"{REGISTRY_HOST}/trainjob/", "localhost/trainjob-test/")).strip()
+    local = "localhost/trainjob-test/trainjob-operator-next:latest"
+    try:
+        builder.buildah("config", "--label", "org.opencontainers.image.version=next", container)
+        builder.buildah("commit", "--quiet", container, local)
+        builder.push(local, k8s.cp.registry, new.split("/", 1)[1])
+    finally:
+        builder.buildah("rm", container)
+        builder.buildah("rmi", local)
     trainer = {"numNodes": 1, "command": ["torchrun", UPGRADE_SCRIPT, "--steps", "60", "--step-seconds", "0.5",
                                           "--progress"],
                "resourcesPerNode": {"requests": {"cpu": "500m"}}}

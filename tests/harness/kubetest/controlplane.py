@@ -25,7 +25,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -621,12 +620,12 @@ class ControlPlane:
         for name in names:
             self.wait_node_ready(timeout=120.0, name=name)
         self.nodes.start_coredns()
-        pulls = [threading.Thread(target=self.nodes.pull, args=(node, self.images[image]))
-                 for node in self.nodes.nodes.values() for image in ("trainjob-train", "trainjob-operator")]
-        for thread in pulls:
-            thread.start()
-        for thread in pulls:
-            thread.join()
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(4) as pool:  # each node pulls the large images ahead of the first pod; a failure raises
+            for pulled in [pool.submit(self.nodes.pull, node, self.images[image])
+                           for node in self.nodes.nodes.values() for image in ("trainjob-train", "trainjob-operator")]:
+                pulled.result()
         self.nodes.wait_dns()
 
     @property

@@ -186,19 +186,27 @@ class Registry:
         """Delete every tag of ``repository`` but ``keep`` (their blobs go at the next start's garbage collection)."""
         with urllib.request.urlopen(f"http://{self.address}/v2/{repository}/tags/list", timeout=10) as answer:
             tags = json.loads(answer.read()).get("tags") or []
+        kept = self._digest(repository, keep)
         for tag in tags:
-            if tag == keep:
+            digest = self._digest(repository, tag)
+            # a manifest is deleted by digest, with every tag on it: never the kept one's
+            if tag == keep or digest is None or digest == kept:
                 continue
-            head = urllib.request.Request(
-                f"http://{self.address}/v2/{repository}/manifests/{tag}", method="HEAD",
-                headers={"Accept": "application/vnd.oci.image.manifest.v1+json, "
-                                   "application/vnd.docker.distribution.manifest.v2+json"})
-            with contextlib.suppress(urllib.error.HTTPError), urllib.request.urlopen(head, timeout=10) as answer:
-                digest = answer.headers["Docker-Content-Digest"]
-                delete = urllib.request.Request(f"http://{self.address}/v2/{repository}/manifests/{digest}",
-                                                method="DELETE")
-                with contextlib.suppress(urllib.error.HTTPError), urllib.request.urlopen(delete, timeout=10):
-                    (self.storage / ".collect").touch()  # the next start collects its blobs
+            delete = urllib.request.Request(f"http://{self.address}/v2/{repository}/manifests/{digest}",
+                                            method="DELETE")
+            with contextlib.suppress(urllib.error.HTTPError), urllib.request.urlopen(delete, timeout=10):
+                (self.storage / ".collect").touch()  # the next start collects its blobs
+
+    def _digest(self, repository: str, tag: str) -> str | None:
+        head = urllib.request.Request(
+            f"http://{self.address}/v2/{repository}/manifests/{tag}", method="HEAD",
+            headers={"Accept": "application/vnd.oci.image.manifest.v1+json, "
+                               "application/vnd.docker.distribution.manifest.v2+json"})
+        try:
+            with urllib.request.urlopen(head, timeout=10) as answer:
+                return answer.headers["Docker-Content-Digest"]
+        except urllib.error.HTTPError:
+            return None
 
     def stop(self) -> None:
         if self.popen is not None and self.popen.poll() is None:
