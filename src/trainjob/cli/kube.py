@@ -10,6 +10,7 @@ trainjob operator --kubeconfig ~/.kube/config   # runs the operator outside the 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -196,26 +197,12 @@ def _kueue_objects(namespace: str, local_queue: str, cluster_queue: str, flavor:
 @click.option("--metrics-port", default=None, type=click.IntRange(0, 65535),
               help="Serve Prometheus metrics on /metrics at this port.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every reconcile.")
-def operator(
-    config_file: str | None,
-    context: str | None,
-    namespaces: tuple[str, ...],
-    workers: int,
-    liveness: str | None,
-    status_url: str | None,
-    status_port: int,
-    leader_elect: bool,
-    lease_duration: float,
-    renew_deadline: float,
-    retry_period: float,
-    metrics_port: int | None,
-    verbose: bool,
-) -> None:
+def operator(config_file: str | None, context: str | None, verbose: bool, **options: Any) -> None:
     """Run the operator: reconcile TrainJobs into JobSets until interrupted."""
     import logging  # here, not at the top: every other command starts without it
 
     from trainjob.backends.kubernetes.config import KubernetesBackendConfig
-    from trainjob.backends.kubernetes.operator import run_operator
+    from trainjob.backends.kubernetes.operator import OperatorOptions, run_operator
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -224,19 +211,8 @@ def operator(
     if not verbose:  # kopf logs every handled watch event at INFO
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:
-        run_operator(
-            KubernetesBackendConfig(config_file=config_file, context=context),
-            workers=workers,
-            namespaces=namespaces,
-            liveness=liveness,
-            status_url=status_url,
-            status_port=status_port,
-            leader_elect=leader_elect,
-            lease_duration=lease_duration,
-            renew_deadline=renew_deadline,
-            retry_period=retry_period,
-            metrics_port=metrics_port,
-        )
+        run_operator(OperatorOptions(config=KubernetesBackendConfig(config_file=config_file, context=context),
+                                     **options))
     except ValueError as exc:  # settings the operator refuses (lease durations, the status URL)
         fail(str(exc), EXIT_FAILED)
     except TrainJobError as exc:

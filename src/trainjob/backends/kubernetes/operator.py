@@ -8,10 +8,9 @@ do no harm and a restarted operator picks every job up again from the initial li
 besides its writes: :mod:`.reconcile`). Failed passes are retried with backoff; jobs with a deadline are queued
 again for it::
 
-    from trainjob.backends.kubernetes import KubernetesBackendConfig
-    from trainjob.backends.kubernetes.operator import run_operator
+    from trainjob.backends.kubernetes.operator import OperatorOptions, run_operator
 
-    run_operator(KubernetesBackendConfig(), workers=4, liveness="http://0.0.0.0:8080/healthz")
+    run_operator(OperatorOptions(workers=4, liveness="http://0.0.0.0:8080/healthz"))
 
 ``trainjob operator`` runs it from the command line; deploy/ runs that command in the cluster.
 """
@@ -267,52 +266,65 @@ def make_registry(pytorchjobs: bool = False) -> kopf.OperatorRegistry:
     return registry
 
 
-async def operate(
-    config: KubernetesBackendConfig,
-    *,
-    workers: int = 4,
-    namespaces: Collection[str] = (),
-    liveness: str | None = None,
-    stop_flag: threading.Event | asyncio.Event | None = None,
-    ready_flag: threading.Event | asyncio.Event | None = None,
-    key_namespace: str | None = None,
-    status_url: str | None = None,
-    status_port: int = 8443,
-    status_host: str = "0.0.0.0",
-    leader_elect: bool = False,
-    lease_duration: float = 15.0,
-    renew_deadline: float = 10.0,
-    retry_period: float = 2.0,
-    metrics_port: int | None = None,
-    metrics_host: str = "0.0.0.0",
-) -> None:
-    """Run the operator until ``stop_flag`` is set (or the task is cancelled).
+@dataclass(frozen=True)
+class OperatorOptions:
+    """How :func:`operate` runs: one field per ``trainjob operator`` flag (named as its options), and what only a
+    caller in Python sets (``stop_flag``, ``ready_flag``, ``key_namespace``, the hosts servers bind).
 
     ``key_namespace`` holds the Secret with the key that signs runtime snapshots (:mod:`.snapshot`), the status
     endpoint's TLS (:mod:`.tls`) and the leader Lease: the operator's own namespace in a pod, else
     ``trainjob-system``. ``status_url``: where the jobs' pods reach this operator's status endpoint
     (``https://host:port``), served on ``status_host:status_port``; without it the operator reads progress from node
-    0's log instead. ``leader_elect``: reconcile only while holding the Lease (:mod:`.leader`); a replica that loses
-    it raises :class:`~.leader.LeadershipLost` (so its process exits and restarts as a follower).
-    ``metrics_port``: serve Prometheus metrics (:mod:`.metrics`) on ``/metrics`` there."""
+    0's log instead. ``leader_elect``: reconcile only while holding the Lease (:mod:`.leader`) with
+    ``lease_duration``, ``renew_deadline`` and ``retry_period``; a replica that loses it raises
+    :class:`~.leader.LeadershipLost` (so its process exits and restarts as a follower). ``metrics_port``: serve
+    Prometheus metrics (:mod:`.metrics`) on ``/metrics`` there."""
+
+    #: The cluster to reach (kubeconfig, context or in-cluster).
+    config: KubernetesBackendConfig = field(default_factory=KubernetesBackendConfig)
+    #: Concurrent reconciles.
+    workers: int = 4
+    #: The namespaces watched; empty: all.
+    namespaces: Collection[str] = ()
+    #: Where health probes are served, e.g. ``http://0.0.0.0:8080/healthz``.
+    liveness: str | None = None
+    #: Stops the operator when set (else it runs until its task is cancelled).
+    stop_flag: threading.Event | asyncio.Event | None = None
+    #: Set once the operator watches.
+    ready_flag: threading.Event | asyncio.Event | None = None
+    key_namespace: str | None = None
+    status_url: str | None = None
+    status_port: int = 8443
+    status_host: str = "0.0.0.0"
+    leader_elect: bool = False
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+
+
+async def operate(options: OperatorOptions) -> None:
+    """Run the operator as ``options`` say until their ``stop_flag`` is set (or the task is cancelled)."""
+    o = options
     metrics = OperatorMetrics()
-    if metrics_port is not None:
-        metrics.serve(metrics_host, metrics_port)
-    api = KubeApi(metrics.instrument(load_api_client(config, user_agent=USER_AGENT)))
-    home = key_namespace or operator_namespace()
+    if o.metrics_port is not None:
+        metrics.serve(o.metrics_host, o.metrics_port)
+    api = KubeApi(metrics.instrument(load_api_client(o.config, user_agent=USER_AGENT)))
+    home = o.key_namespace or operator_namespace()
     key = await asyncio.to_thread(load_or_create_key, api, home)
     cache = ObjectCache()
     metrics.job_counts = lambda: jobs_by_state(cache)
     endpoint = server = None
-    if status_url:
-        tls = await asyncio.to_thread(load_or_create_serving_tls, api, home, status_hosts(status_url, home))
-        endpoint = StatusEndpoint(status_url, tls.ca_pem)
-        server = StatusServer(api, cache, tls, host=status_host, port=status_port,
+    if o.status_url:
+        tls = await asyncio.to_thread(load_or_create_serving_tls, api, home, status_hosts(o.status_url, home))
+        endpoint = StatusEndpoint(o.status_url, tls.ca_pem)
+        server = StatusServer(api, cache, tls, host=o.status_host, port=o.status_port,
                               on_report=lambda result: metrics.observe_status_report(result == "accepted"))
     state = OperatorState(
         api=api, reconciler=Reconciler(api, SnapshotSigner(key), cache=cache, status_endpoint=endpoint,
                                        pending_progress=server.pending_report if server is not None else None),
-        cache=cache, workers=workers, status_server=server, metrics=metrics,
+        cache=cache, workers=o.workers, status_server=server, metrics=metrics,
         queue=WorkQueue(on_take=lambda _key, waited: metrics.observe_queue_wait(TRAINJOBS.kind, waited)),
         pytorchjob_queue=WorkQueue(on_take=lambda _key, waited: metrics.observe_queue_wait(PYTORCHJOBS.kind, waited)))
     if await asyncio.to_thread(owns_crd, api, f"{PYTORCHJOBS.plural}.{PYTORCHJOBS.group}"):
@@ -321,10 +333,10 @@ async def operate(
         log.info("not reconciling PyTorchJobs: their CRD is absent or another controller's")
     elector = None
     try:
-        if leader_elect:
-            elector = LeaderElector(api, home, LEASE_NAME, lease_duration=lease_duration,
-                                    renew_deadline=renew_deadline, retry_period=retry_period)
-            async with standby_health(liveness):
+        if o.leader_elect:
+            elector = LeaderElector(api, home, LEASE_NAME, lease_duration=o.lease_duration,
+                                    renew_deadline=o.renew_deadline, retry_period=o.retry_period)
+            async with standby_health(o.liveness):
                 await elector.acquire()
             await asyncio.to_thread(publish_leader, api, home, True)
             metrics.set_leader(True)
@@ -336,11 +348,11 @@ async def operate(
             # kopf would name itself after the process's user, which an image run as an arbitrary UID (a
             # securityContext's runAsUser, OpenShift) has no passwd entry for: getpass fails and the operator exits.
             identity=elector.identity if elector is not None else f"trainjob-operator@{socket.gethostname()}",  # type: ignore[arg-type]
-            clusterwide=not namespaces,
-            namespaces=list(namespaces),
-            liveness_endpoint=liveness,
-            stop_flag=stop_flag,
-            ready_flag=ready_flag,
+            clusterwide=not o.namespaces,
+            namespaces=list(o.namespaces),
+            liveness_endpoint=o.liveness,
+            stop_flag=o.stop_flag,
+            ready_flag=o.ready_flag,
         )
         if elector is None:
             await run
@@ -458,6 +470,6 @@ def operator_namespace() -> str:
         return NAMESPACE
 
 
-def run_operator(config: KubernetesBackendConfig, **options: Any) -> None:
+def run_operator(options: OperatorOptions) -> None:
     """Blocking form of :func:`operate` (what ``trainjob operator`` calls)."""
-    asyncio.run(operate(config, **options))
+    asyncio.run(operate(options))
