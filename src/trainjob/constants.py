@@ -13,7 +13,9 @@ from __future__ import annotations
 
 # --- API groups and versions ------------------------------------------------------------------------------------
 API_GROUP = "trainer.kubeflow.org"
-API_VERSION = f"{API_GROUP}/v1alpha1"
+#: The version's name within the group, as the CRDs list it (``apiVersion`` is :data:`API_VERSION`).
+API_VERSION_NAME = "v1alpha1"
+API_VERSION = f"{API_GROUP}/{API_VERSION_NAME}"
 TRAINJOB_KIND = "TrainJob"
 TRAINING_RUNTIME_KIND = "TrainingRuntime"
 CLUSTER_TRAINING_RUNTIME_KIND = "ClusterTrainingRuntime"
@@ -38,8 +40,11 @@ TRAINER_STEP = "trainer"
 # --- labels and annotations of Kubeflow Trainer, JobSet, Kubernetes and the gang schedulers ---------------------
 TRAINJOB_NAME_LABEL = f"{API_GROUP}/trainjob-name"
 ANCESTOR_STEP_LABEL = f"{API_GROUP}/trainjob-ancestor-step"
+#: The JSON copy of the runtime a job was started from (kind, name, resourceVersion, labels, spec).
 RUNTIME_SNAPSHOT_ANNOTATION = f"{API_GROUP}/runtime-snapshot"
+#: Set by JobSet on its Jobs and pods: the JobSet's name.
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+#: Set by JobSet on the pods of each replicated job: its name.
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 #: Set by Kubernetes on every pod of an Indexed Job; ``PET_NODE_RANK`` is read from it.
@@ -65,6 +70,7 @@ PRIORITY_ANNOTATION = f"{ANNOTATION_PREFIX}priority"
 OVERSUBSCRIBE_ANNOTATION = f"{ANNOTATION_PREFIX}oversubscribe"
 STRICT_RESOURCES_ANNOTATION = f"{ANNOTATION_PREFIX}strict-resources"
 NCCL_PROFILE_ANNOTATION = f"{ANNOTATION_PREFIX}nccl-profile"
+#: The time of the newest resize the operator has reported as an event (RFC 3339, from the pod log).
 RESIZE_ANNOTATION = f"{ANNOTATION_PREFIX}last-resize"
 CONVERTED_FROM_ANNOTATION = f"{ANNOTATION_PREFIX}converted-from"
 CONVERSION_WARNINGS_ANNOTATION = f"{ANNOTATION_PREFIX}conversion-warnings"
@@ -111,3 +117,7 @@ FINISHED_STATUSES = (COMPLETE, FAILED)
 # --- trainjob's own environment in training processes -----------------------------------------------------------
 #: The JSON-lines file ``trainjob.torch.report`` appends metrics to (set by the local backend).
 METRICS_FILE_ENV = "TRAINJOB_METRICS_FILE"
+#: What each node of a Ray job offers Ray (``ray start --num-cpus/--num-gpus``), set by the Ray runtime plugin from
+#: ``resourcesPerNode``; without them Ray counts the machine's.
+RAY_NUM_CPUS_ENV = "TRAINJOB_RAY_NUM_CPUS"
+RAY_NUM_GPUS_ENV = "TRAINJOB_RAY_NUM_GPUS"

@@ -19,7 +19,7 @@ the runtime from ``resourcesPerNode``) are what each node offers Ray; without th
 
 Nothing of Ray outlives the node: Ray runs under ``ray start --block`` as this process's child, this process is a
 child subreaper (what Ray's processes leave behind is re-parented to it), and at the end, or on SIGTERM, every
-process below it gets SIGTERM and, after :data:`STOP_GRACE_SECONDS`, SIGKILL. ``ray stop`` is not used: it stops
+process below it gets SIGTERM and, after :data:`RAY_STOP_GRACE_SECONDS`, SIGKILL. ``ray stop`` is not used: it stops
 every Ray process of the machine, other jobs' included. Ray's token authentication is off unless
 ``RAY_AUTH_MODE`` says otherwise: the cluster lives on the job's own network.
 """
@@ -39,6 +39,7 @@ import time
 
 import psutil
 
+from trainjob.constants import RAY_NUM_CPUS_ENV, RAY_NUM_GPUS_ENV
 from trainjob.ray import REPORTING_CALLBACK, REPORTS_FILE_ENV
 from trainjob.ray.reporting import read_reports
 from trainjob.ray_storage import driver_script, storage_paths, storage_problem
@@ -47,10 +48,9 @@ from trainjob.ray_storage import driver_script, storage_paths, storage_problem
 JOIN_TIMEOUT_SECONDS = 300.0
 #: A worker node stops once the head has not answered this many checks in a row, one a second.
 HEAD_GONE_CHECKS = 3
-STOP_GRACE_SECONDS = 5.0
+#: How long Ray's processes get after SIGTERM before SIGKILL.
+RAY_STOP_GRACE_SECONDS = 5.0
 REPORT_POLL_SECONDS = 0.5
-NUM_CPUS_ENV = "TRAINJOB_RAY_NUM_CPUS"
-NUM_GPUS_ENV = "TRAINJOB_RAY_NUM_GPUS"
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -197,7 +197,7 @@ class RayNode:
         elif self.rank == 0:  # the head is the master: its address is this pod's (Ray would guess a route's)
             with contextlib.suppress(OSError):
                 argv.append(f"--node-ip-address={socket.gethostbyname(self.host)}")
-        for env, flag in ((NUM_CPUS_ENV, "--num-cpus"), (NUM_GPUS_ENV, "--num-gpus")):
+        for env, flag in ((RAY_NUM_CPUS_ENV, "--num-cpus"), (RAY_NUM_GPUS_ENV, "--num-gpus")):
             if os.environ.get(env):
                 argv.append(f"{flag}={os.environ[env]}")
         self.ray = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL)
@@ -222,7 +222,7 @@ class RayNode:
             for child in me.children(recursive=True):
                 with contextlib.suppress(psutil.Error):
                     child.terminate()
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        deadline = time.monotonic() + RAY_STOP_GRACE_SECONDS
         while time.monotonic() < deadline and _reap_children(me):
             time.sleep(0.1)
         for child in me.children(recursive=True):

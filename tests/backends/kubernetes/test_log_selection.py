@@ -15,9 +15,9 @@ from trainjob.backends.kubernetes import views
 from trainjob.backends.kubernetes.backend import KubernetesBackend
 from trainjob.backends.kubernetes.resources import (
     COMPLETION_INDEX_LABEL,
-    JOB_NAME_LABEL,
     REPLICATED_JOB_LABEL,
     RUNTIME_SNAPSHOT_ANNOTATION,
+    TRAINJOB_NAME_LABEL,
 )
 from trainjob.backends.log_selection import node_of_rank, select_nodes
 from trainjob.constants import LAUNCH_ANNOTATION
@@ -53,7 +53,7 @@ def trainjob(nproc: Any, snapshot: bool = True) -> dict[str, Any]:
 def pod(index: int, env: dict[str, str] | None = None) -> dict[str, Any]:
     return {
         "metadata": {"name": f"grid-node-0-{index}", "creationTimestamp": "2025-01-01T00:00:01Z",
-                     "labels": {JOB_NAME_LABEL: "grid", REPLICATED_JOB_LABEL: "node", COMPLETION_INDEX_LABEL: str(index)}},
+                     "labels": {TRAINJOB_NAME_LABEL: "grid", REPLICATED_JOB_LABEL: "node", COMPLETION_INDEX_LABEL: str(index)}},
         "spec": {"containers": [{"name": "node", "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}]},
         "status": {"phase": "Running"},
     }

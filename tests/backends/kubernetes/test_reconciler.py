@@ -30,12 +30,12 @@ from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
     COMPLETION_INDEX_LABEL,
     COSCHEDULING_PODGROUPS,
-    JOB_NAME_LABEL,
     JOBSET_NAME_LABEL,
     JOBSETS,
     REPLICATED_JOB_LABEL,
     RUNTIME_SNAPSHOT_ANNOTATION,
     TRAINING_RUNTIMES,
+    TRAINJOB_NAME_LABEL,
     TRAINJOBS,
     VOLCANO_PODGROUPS,
     ResourceRef,
@@ -315,7 +315,7 @@ def created_jobset_owned_by_the_job(world: World) -> None:
         "apiVersion": TRAINJOBS.api_version, "kind": "TrainJob", "name": NAME, "uid": job["metadata"]["uid"],
         "controller": True, "blockOwnerDeletion": True,
     }]
-    assert jobset["metadata"]["labels"][JOB_NAME_LABEL] == NAME
+    assert jobset["metadata"]["labels"][TRAINJOB_NAME_LABEL] == NAME
     assert jobset["spec"]["suspend"] is False
     node = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
     assert node["parallelism"] == 2

@@ -29,7 +29,6 @@ from trainjob.backends.kubernetes.kubeapi import KubeApi
 from trainjob.backends.kubernetes.kueue import QUEUE_LABEL, queue_state
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
-    JOB_NAME_LABEL,
     JOBSETS,
     KUEUE_WORKLOADS,
     RUNTIME_KINDS,
@@ -198,12 +197,12 @@ class KubernetesBackend(Backend):
     def _jobsets(self, name: str | None = None) -> dict[str, dict[str, Any]]:
         """The jobs' JobSets by job name (where the operator records the runtime snapshot and launch values);
         none when this user may not read JobSets (the view then comes from the job and its pods)."""
-        selector = f"{JOB_NAME_LABEL}={name}" if name else JOB_NAME_LABEL
+        selector = f"{TRAINJOB_NAME_LABEL}={name}" if name else TRAINJOB_NAME_LABEL
         try:
             found = self.api.list(JOBSETS, self.namespace, label_selector=selector)
         except TrainJobError:
             return {}
-        return {js["metadata"]["name"]: js for js in found if (js["metadata"].get("labels") or {}).get(JOB_NAME_LABEL)
+        return {js["metadata"]["name"]: js for js in found if (js["metadata"].get("labels") or {}).get(TRAINJOB_NAME_LABEL)
                 == js["metadata"]["name"]}
 
     def get_job_events(self, name: str) -> list[types.Event]:

@@ -28,12 +28,12 @@ from trainjob.backends.kubernetes.cache import CachedReads
 from trainjob.backends.kubernetes.job_events import JobEvents
 from trainjob.backends.kubernetes.kubeapi import ApiError, KubeApi
 from trainjob.backends.kubernetes.resources import (
+    API_GROUP,
     CLUSTER_TRAINING_RUNTIMES,
     COSCHEDULING_PODGROUPS,
-    JOB_NAME_LABEL,
     JOBSETS,
     RUNTIME_KINDS,
-    TRAINER_GROUP,
+    TRAINJOB_NAME_LABEL,
     TRAINJOBS,
     VOLCANO_PODGROUPS,
 )
@@ -134,11 +134,11 @@ class Children:
         namespace = job["metadata"]["namespace"]
         ref = (job.get("spec") or {}).get("runtimeRef") or {}
         kind = ref.get("kind") or CLUSTER_TRAINING_RUNTIMES.kind
-        group = ref.get("apiGroup") or TRAINER_GROUP
+        group = ref.get("apiGroup") or API_GROUP
         runtime_ref = RUNTIME_KINDS.get(kind)
-        if group != TRAINER_GROUP or runtime_ref is None:
+        if group != API_GROUP or runtime_ref is None:
             self.writer.fail(job, status, "InvalidRuntimeRef",
-                             f"spec.runtimeRef: must reference a {TRAINER_GROUP} ClusterTrainingRuntime or "
+                             f"spec.runtimeRef: must reference a {API_GROUP} ClusterTrainingRuntime or "
                              f"TrainingRuntime, got apiGroup={group!r} kind={kind!r}", now)
             return None
         where_ns = namespace if runtime_ref.namespaced else None
@@ -274,7 +274,7 @@ def render(job: dict[str, Any], snapshot: dict[str, Any]) -> tuple[list[dict[str
     for obj in objects:
         obj_meta = obj.setdefault("metadata", {})
         obj_meta["namespace"] = meta["namespace"]
-        obj_meta.setdefault("labels", {})[JOB_NAME_LABEL] = meta["name"]
+        obj_meta.setdefault("labels", {})[TRAINJOB_NAME_LABEL] = meta["name"]
         obj_meta["ownerReferences"] = [owner_reference(job)]
         if obj["kind"] == JOBSETS.kind:  # created suspended when the job is, so no pod starts early
             obj.setdefault("spec", {})["suspend"] = bool((job.get("spec") or {}).get("suspend"))

@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from trainjob.backends.kubernetes.resources import (
+    API_GROUP,
+    API_VERSION_NAME,
     CLUSTER_TRAINING_RUNTIMES,
-    TRAINER_GROUP,
-    TRAINER_VERSION,
     TRAINING_RUNTIMES,
     TRAINJOBS,
     ResourceRef,
@@ -61,7 +61,7 @@ _RUNTIME_DEFAULTS: dict[str, Any] = {
     "spec.template.spec.replicatedJobs[].groupName": "default",
 }
 _TRAINJOB_DEFAULTS: dict[str, Any] = {
-    "spec.runtimeRef.apiGroup": TRAINER_GROUP,
+    "spec.runtimeRef.apiGroup": API_GROUP,
     "spec.runtimeRef.kind": "ClusterTrainingRuntime",
     "spec.suspend": False,
     "spec.managedBy": "trainer.kubeflow.org/trainjob-controller",
@@ -184,7 +184,7 @@ def _crd(ref: ResourceRef, model: type, columns: list[dict[str, Any]], status: b
     if ref is TRAINJOBS:
         schema["x-kubernetes-validations"] = _NAME_RULES
     version: dict[str, Any] = {
-        "name": TRAINER_VERSION,
+        "name": API_VERSION_NAME,
         "served": True,
         "storage": True,
         "schema": {"openAPIV3Schema": schema},
@@ -196,9 +196,9 @@ def _crd(ref: ResourceRef, model: type, columns: list[dict[str, Any]], status: b
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{ref.plural}.{TRAINER_GROUP}"},
+        "metadata": {"name": f"{ref.plural}.{API_GROUP}"},
         "spec": {
-            "group": TRAINER_GROUP,
+            "group": API_GROUP,
             "names": {
                 "kind": ref.kind,
                 "listKind": f"{ref.kind}List",

@@ -17,12 +17,12 @@ import yaml
 from trainjob import __version__
 from trainjob.backends.kubernetes.crds import custom_resource_definitions, pytorchjob_crd
 from trainjob.backends.kubernetes.resources import (
+    API_GROUP,
     CLUSTER_TRAINING_RUNTIMES,
     COSCHEDULING_PODGROUPS,
     CRDS,
     JOBSETS,
     PYTORCHJOBS,
-    TRAINER_GROUP,
     TRAINING_RUNTIMES,
     TRAINJOBS,
     VOLCANO_PODGROUPS,
@@ -67,15 +67,15 @@ def rbac() -> list[dict[str, Any]]:
     replicas elect a leader on."""
     rules = [
         {
-            "apiGroups": [TRAINER_GROUP],
+            "apiGroups": [API_GROUP],
             "resources": [TRAINJOBS.plural],
             # read from the watch (list, watch), never one by one; delete: finished jobs past their
             # trainjob/ttl-seconds-after-finished annotation
             "verbs": ["list", "watch", "patch", "delete"],
         },
-        {"apiGroups": [TRAINER_GROUP], "resources": [f"{TRAINJOBS.plural}/status"], "verbs": ["patch"]},
+        {"apiGroups": [API_GROUP], "resources": [f"{TRAINJOBS.plural}/status"], "verbs": ["patch"]},
         {
-            "apiGroups": [TRAINER_GROUP],
+            "apiGroups": [API_GROUP],
             "resources": [TRAINING_RUNTIMES.plural, CLUSTER_TRAINING_RUNTIMES.plural],
             # watched; get: a runtime created a moment before its job, not yet delivered by the watch
             "verbs": ["get", "list", "watch"],

@@ -53,10 +53,10 @@ from trainjob.backends.kubernetes.reconcile import Reconciler
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
     ENDPOINT_SLICES,
-    JOB_NAME_LABEL,
     JOBSETS,
     PYTORCHJOBS,
     TRAINING_RUNTIMES,
+    TRAINJOB_NAME_LABEL,
     TRAINJOBS,
 )
 from trainjob.backends.kubernetes.snapshot import SnapshotSigner, load_or_create_key
@@ -253,7 +253,7 @@ def make_registry(pytorchjobs: bool = False) -> kopf.OperatorRegistry:
         JOBSETS.group,
         JOBSETS.version,
         JOBSETS.plural,
-        labels={JOB_NAME_LABEL: kopf.PRESENT},
+        labels={TRAINJOB_NAME_LABEL: kopf.PRESENT},
         registry=registry,
     )(enqueue_jobset_owner)
     for runtime, handler in ((CLUSTER_TRAINING_RUNTIMES, cache_cluster_runtime), (TRAINING_RUNTIMES, cache_runtime)):

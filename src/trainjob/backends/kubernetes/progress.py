@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from trainjob.backends.kubernetes.views import trainer_container
+from trainjob.constants import RESIZE_ANNOTATION
 from trainjob.progress import (
     progress_of_records,
     records_from_log,
@@ -68,8 +69,6 @@ def should_read_progress(job: dict[str, Any], pod: dict[str, Any] | None) -> boo
     return phase in ("Running", "Succeeded", "Failed")
 
 
-#: The time of the newest resize the operator has reported as an event (RFC 3339, from the pod log).
-RESIZE_ANNOTATION = "trainjob/last-resize"
 _RESIZED = re.compile(r"^\[trainjob\] resized (\d+) -> (\d+) nodes\b(.*)$")
 
 

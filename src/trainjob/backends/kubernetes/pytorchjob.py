@@ -69,6 +69,7 @@ from trainjob.backends.kubernetes.resources import (
     SERVICES,
 )
 from trainjob.backends.kubernetes.status import timestamp
+from trainjob.constants import POD_GROUP_LABEL
 from trainjob.convert.pytorchjob_api import MASTER, WORKER, PyTorchJob
 from trainjob.errors import AlreadyExistsError, ValidationError
 
@@ -78,7 +79,6 @@ REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 OPERATOR_NAME_LABEL = "training.kubeflow.org/operator-name"
 JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
 OPERATOR_NAME = "pytorchjob-controller"
-POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 #: How many times the operator recreated this pod (``ExitCode``); counted against ``backoffLimit``.
 RECREATIONS_ANNOTATION = "trainjob/recreations"
 DEFAULT_MASTER_PORT = 23456

@@ -1,8 +1,26 @@
-"""Names the operator and the client share: API groups, resources, labels, condition types."""
+"""The API resources the operator and the client read and write (:class:`ResourceRef`), and the names only they use.
+
+The labels, annotations and condition types trainjob shares with Kubeflow Trainer and JobSet are defined in
+:mod:`trainjob.constants`; those the operator and the client use are imported here, so they can be imported from
+either module.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from trainjob.constants import API_GROUP as API_GROUP
+from trainjob.constants import API_VERSION_NAME as API_VERSION_NAME
+from trainjob.constants import COMPLETE as COMPLETE
+from trainjob.constants import COMPLETION_INDEX_LABEL as COMPLETION_INDEX_LABEL
+from trainjob.constants import FAILED as FAILED
+from trainjob.constants import FINISHED_STATUSES as FINISHED_STATUSES
+from trainjob.constants import JOBSET_NAME_LABEL as JOBSET_NAME_LABEL
+from trainjob.constants import REPLICATED_JOB_LABEL as REPLICATED_JOB_LABEL
+from trainjob.constants import RUNNING as RUNNING
+from trainjob.constants import RUNTIME_SNAPSHOT_ANNOTATION as RUNTIME_SNAPSHOT_ANNOTATION
+from trainjob.constants import SUSPENDED as SUSPENDED
+from trainjob.constants import TRAINJOB_NAME_LABEL as TRAINJOB_NAME_LABEL
 
 
 @dataclass(frozen=True)
@@ -20,12 +38,10 @@ class ResourceRef:
         return f"{self.group}/{self.version}" if self.group else self.version
 
 
-TRAINER_GROUP = "trainer.kubeflow.org"
-TRAINER_VERSION = "v1alpha1"
-TRAINJOBS = ResourceRef(TRAINER_GROUP, TRAINER_VERSION, "trainjobs", "TrainJob")
-TRAINING_RUNTIMES = ResourceRef(TRAINER_GROUP, TRAINER_VERSION, "trainingruntimes", "TrainingRuntime")
+TRAINJOBS = ResourceRef(API_GROUP, API_VERSION_NAME, "trainjobs", "TrainJob")
+TRAINING_RUNTIMES = ResourceRef(API_GROUP, API_VERSION_NAME, "trainingruntimes", "TrainingRuntime")
 CLUSTER_TRAINING_RUNTIMES = ResourceRef(
-    TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", "ClusterTrainingRuntime", namespaced=False
+    API_GROUP, API_VERSION_NAME, "clustertrainingruntimes", "ClusterTrainingRuntime", namespaced=False
 )
 JOBSETS = ResourceRef("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
 COSCHEDULING_PODGROUPS = ResourceRef("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup")
@@ -46,24 +62,6 @@ RUNTIME_KINDS = {ref.kind: ref for ref in (TRAINING_RUNTIMES, CLUSTER_TRAINING_R
 
 #: ``spec.managedBy`` of the jobs this operator reconciles (also when the field is absent).
 CONTROLLER_NAME = "trainer.kubeflow.org/trainjob-controller"
-
-JOB_NAME_LABEL = "trainer.kubeflow.org/trainjob-name"
-ANCESTOR_STEP_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
-#: The JSON copy of the runtime a job was started from (kind, name, resourceVersion, labels, spec).
-RUNTIME_SNAPSHOT_ANNOTATION = "trainer.kubeflow.org/runtime-snapshot"
-#: Label JobSet puts on its Jobs and pods: the JobSet's name.
-JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
-#: Label JobSet puts on the pods of each replicated job.
-REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
-JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
-COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
-
-# TrainJob condition types.
-COMPLETE = "Complete"
-FAILED = "Failed"
-SUSPENDED = "Suspended"
-RUNNING = "Running"
-FINISHED_CONDITIONS = (COMPLETE, FAILED)
 
 #: Kubeflow Training Operator v1 (:mod:`trainjob.backends.kubernetes.pytorchjob`) and the core objects it creates.
 PYTORCHJOBS = ResourceRef("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")

@@ -27,7 +27,7 @@ from typing import Any
 from trainjob.backends.kubernetes.resources import (
     COMPLETE,
     FAILED,
-    FINISHED_CONDITIONS,
+    FINISHED_STATUSES,
     RUNNING,
     SUSPENDED,
 )
@@ -60,7 +60,7 @@ def is_true(status: dict[str, Any], type_: str) -> bool:
 def finished_condition(status: dict[str, Any]) -> dict[str, Any] | None:
     """The ``Complete`` or ``Failed`` condition when the job has finished, else ``None``."""
     return next(
-        (c for t in FINISHED_CONDITIONS if (c := find_condition(status, t)) and c["status"] == "True"), None
+        (c for t in FINISHED_STATUSES if (c := find_condition(status, t)) and c["status"] == "True"), None
     )
 
 

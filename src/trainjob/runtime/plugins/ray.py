@@ -30,7 +30,13 @@ from pathlib import Path
 
 from trainjob.api import Runtime
 from trainjob.api.quantity import cpu_count, gpu_count
-from trainjob.constants import FRAMEWORK_LABEL, PET_NNODES, TRAINER_CONTAINER
+from trainjob.constants import (
+    FRAMEWORK_LABEL,
+    PET_NNODES,
+    RAY_NUM_CPUS_ENV,
+    RAY_NUM_GPUS_ENV,
+    TRAINER_CONTAINER,
+)
 from trainjob.errors import ValidationError
 from trainjob.runtime.launch import addressing_env, kubernetes_addressing
 from trainjob.runtime.plan import ContainerPort, EnvVar
@@ -42,8 +48,6 @@ FRAMEWORK = "ray"
 #: The Ray head's GCS port in a JobSet.
 HEAD_PORT = 6379
 NODE_MODULE = "trainjob.ray.node"
-NUM_CPUS_ENV = "TRAINJOB_RAY_NUM_CPUS"
-NUM_GPUS_ENV = "TRAINJOB_RAY_NUM_GPUS"
 
 
 def is_ray_runtime(runtime: Runtime) -> bool:
@@ -109,9 +113,9 @@ class RayPlugin(Plugin, Validator, MLPolicyEnforcer):
                *addressing_env(kubernetes_addressing(plan), master_port=HEAD_PORT)]
         resources = container.resources.effective()
         if "cpu" in resources:
-            env.append(EnvVar(NUM_CPUS_ENV, str(cpu_count(resources["cpu"]))))
+            env.append(EnvVar(RAY_NUM_CPUS_ENV, str(cpu_count(resources["cpu"]))))
         if gpu_count(resources):
-            env.append(EnvVar(NUM_GPUS_ENV, str(gpu_count(resources))))
+            env.append(EnvVar(RAY_NUM_GPUS_ENV, str(gpu_count(resources))))
         upsert_env(container, env)
         if not any(p.container_port == HEAD_PORT for p in container.ports):
             container.ports.append(ContainerPort(container_port=HEAD_PORT))

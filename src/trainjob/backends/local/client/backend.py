@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 LOCAL_POLL_SECONDS = 0.2
 #: How long a deleted job's supervisor gets to stop its nodes (its keepers' grace included).
 SUPERVISOR_STOP_SECONDS = 10.0
-KEEPER_STOP_SECONDS = 6.0
 #: A reader starts a replacement supervisor at most this often per job ...
 SUPERVISOR_RETRY_SECONDS = 10.0
 #: ... and gives the job up after this many replacements that died before they took over.
@@ -481,6 +480,8 @@ class LocalBackend(Backend):
 
     def _stop_job_processes(self, name: str, row: dict[str, Any]) -> None:
         """Stop the node keepers (each stops its node and whatever the node left behind), then sweep."""
+        from trainjob.backends.local.node_keeper.keeper import KEEPER_STOP_SECONDS
+
         keepers = [(n["pid"], n["pid_started"]) for n in self.store.nodes(name)]
         for pid, started in keepers:
             if processes.is_alive(pid, started):

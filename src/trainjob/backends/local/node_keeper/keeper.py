@@ -65,6 +65,9 @@ REPLACEMENT_RETRY_SECONDS = 3.0
 UNSUPERVISED_LIMIT_SECONDS = 30.0
 STOP_GRACE_SECONDS = 3.0
 LEFTOVER_GRACE_SECONDS = 1.0
+#: How long a keeper sent SIGTERM may take to stop its node and exit: the node's grace, the leftovers' grace
+#: and a margin. Whoever stops keepers (the supervisor, ``delete``) waits this long before SIGKILL.
+KEEPER_STOP_SECONDS = STOP_GRACE_SECONDS + LEFTOVER_GRACE_SECONDS + 2.0
 #: What a replacement supervisor exits with when the job is over or deleted: its keepers stop their nodes.
 JOB_OVER_EXIT_CODE = 3
 
