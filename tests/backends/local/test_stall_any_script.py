@@ -129,7 +129,7 @@ def test_a_plain_script_whose_rank_sleeps_is_announced_naming_the_rank_and_its_f
     backend.apply(_job("sleeps", [hang, "sleep", "14"], {"trainjob/stall-timeout": "4s"}))
 
     first = wait_until(lambda: _stalled(backend, "sleeps"), timeout=120, what="a Stalled event")[0]
-    assert first.type == "Warning"
+    assert first.type == "Warning", first
     assert re.fullmatch(
         r"no collective completed for [0-9.]+ s while rank 0 waits in one \(limit 4\.0 s: trainjob/stall-timeout\): "
         r"rank 1 is not in the all_reduce that rank 0 waits in: rank 1 is in load_batch \(hang\.py:12\); every "
@@ -145,7 +145,7 @@ def test_a_plain_script_whose_rank_sleeps_is_announced_naming_the_rank_and_its_f
     events = [(e.reason, e.message) for e in backend.get_job_events("sleeps")]
     reasons = [reason for reason, _ in events]
     second = _stalled(backend, "sleeps")[1]
-    assert _silent(second.message) >= 8.0 and "rank 1 is in load_batch (hang.py:12)" in second.message
+    assert _silent(second.message) >= 8.0 and "rank 1 is in load_batch (hang.py:12)" in second.message, second.message
     assert reasons.index("StallEnded") > reasons.index("Stalled") + 1 and reasons[-1] == "Completed", reasons
     [ended] = [message for reason, message in events if reason == "StallEnded"]
     assert re.fullmatch(r"collectives complete again, after a stall of 1[0-9]\.[0-9] s", ended), ended
@@ -161,7 +161,7 @@ def test_a_plain_script_whose_rank_skips_a_collective_is_announced_naming_the_ra
     assert ("rank 1 is in another collective than the all_reduce that rank 0 waits in: rank 1 is in barrier: "
             "barrier (torch/distributed/distributed_c10d.py:") in first.message, first.message
     assert "called from <module> (hang.py:24)" in first.message, first.message
-    assert 4.0 < _silent(first.message) < 4.0 + 2.0
+    assert 4.0 < _silent(first.message) < 4.0 + 5.0, first.message
 
 
 def test_a_ddp_script_whose_rank_stops_is_caught_and_fails_when_the_action_says_so(backend, script):

@@ -14,14 +14,14 @@
   stacks`` and the stall watchdog read (:mod:`trainjob.backends.local.stacks`).
 - **A training process** that imports ``torch.distributed`` says whether its collectives complete, for the stall
   watchdog of a job that does not report progress (:func:`trainjob.backends.stall.collectives_overdue`): torch's
-  flight recorder counts, per process group, the collectives enqueued and completed, whoever issued them (the
-  script, or DDP's bucketed all-reduces from C++), once its buffer has room for an entry (``TORCH_FR_BUFFER_SIZE``,
-  set to 1 unless the job sets it or ``TORCH_NCCL_TRACE_BUFFER_SIZE``; its dumps on an NCCL timeout go to the
-  stacks folder unless ``TORCH_FR_DUMP_TEMP_FILE`` is set). A thread (:func:`_watch_collectives`) reads the counts
-  every :data:`_COLLECTIVES_POLL_SECONDS` and, when they change, rewrites
-  ``TRAINJOB_STACKS_DIR/collectives-rank-<RANK>-<pid>.json``: ``{"rank", "pid", "completed_at", "waiting_since"}``,
-  Unix seconds or ``null`` (:class:`trainjob.backends.stall.RankCollectives`). Nothing is written before the first
-  collective; a torch without the flight recorder, or a buffer of 0, writes nothing, and the job is not watched.
+  flight recorder, on by default (``TORCH_FR_BUFFER_SIZE``, 2000 entries unless set), counts per process group the
+  collectives enqueued and completed, whoever issued them (the script, or DDP's bucketed all-reduces from C++). A
+  thread (:func:`_watch_collectives`) reads the counts every :data:`_COLLECTIVES_POLL_SECONDS` and, when they
+  change, rewrites ``TRAINJOB_STACKS_DIR/collectives-rank-<RANK>-<pid>.json``: ``{"rank", "pid", "completed_at",
+  "waiting_since"}``, Unix seconds or ``null`` (:class:`trainjob.backends.stall.RankCollectives`). Nothing is
+  written before the first collective; a torch without the flight recorder, or a job that sets its buffer to 0,
+  writes nothing, and the job is not watched. The recorder's dumps (NCCL's on a timeout) go to the stacks folder
+  rather than ``/tmp`` unless ``TORCH_FR_DUMP_TEMP_FILE`` is set.
 
 - **The node's torchrun** ends as soon as its ranks' output is copied: torchrun tees each rank's output
   (``PET_TEE``, so the node log has it line by line, prefixed with its rank) through tailer threads that sleep
@@ -41,9 +41,9 @@
 
 Processes the training process starts (data loader workers, subprocesses) are left alone. Costs next to nothing
 at start-up: ``os`` and ``sys``, for a training process ``faulthandler`` and ``signal`` and for both ``atexit``
-and ``gc`` (all built in), and one open file; the thread starts once ``torch.distributed`` is imported. Each
-collective costs the flight recorder's entry (benchmarks/stall_any_script.py measures it), each read of the counts
-a few microseconds.
+and ``gc`` (all built in), and one open file; the thread starts once ``torch.distributed`` is imported. A
+collective costs nothing more than torch's own flight recorder entry, each read of the counts a few microseconds
+(``benchmarks/stall_any_script.py``).
 """
 
 import os
@@ -109,13 +109,9 @@ _COLLECTIVES_POLL_SECONDS = 0.5
 _C10D_MODULE = "torch.distributed.distributed_c10d"
 
 
-def _prepare_flight_recorder(directory):
-    """Room for one flight recorder entry, which is what makes torch count each process group's collectives; an
-    NCCL timeout's dump into the stacks folder. A job's own settings win."""
-    env = os.environ
-    if "TORCH_FR_BUFFER_SIZE" not in env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
-        env["TORCH_FR_BUFFER_SIZE"] = "1"
-    env.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(directory, "flight-recorder-rank-"))
+def _keep_flight_recorder_dumps(directory):
+    """The flight recorder's dumps (an NCCL timeout's) into the stacks folder, unless the job says where."""
+    os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(directory, "flight-recorder-rank-"))
 
 
 def _collective_counts(dump):
@@ -387,7 +383,7 @@ def _main():
             if env.get("TRAINJOB_STACKS_DIR") and env.get("TRAINJOB_STACKS_SIGNAL"):
                 _register_stack_dumps(env["TRAINJOB_STACKS_DIR"], env["TRAINJOB_STACKS_SIGNAL"])
                 directory = env["TRAINJOB_STACKS_DIR"]
-                _prepare_flight_recorder(directory)
+                _keep_flight_recorder_dumps(directory)
                 sys.meta_path.insert(0, _AfterImport(_C10D_MODULE, lambda _: _start_collectives_watch(directory)))
             if sys.stdout is not None and sys.stderr is not None:
                 sys.stdout, sys.stderr = _DropWhenFull(sys.stdout), _DropWhenFull(sys.stderr)
