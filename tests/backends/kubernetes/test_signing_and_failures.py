@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from trainjob.backends.kubernetes.failure import exception_line, failed_rank, root_cause
 from trainjob.backends.kubernetes.resources import RUNTIME_SNAPSHOT_ANNOTATION
+from trainjob.backends.kubernetes.rootcause import exception_line, failed_rank, root_cause
 from trainjob.backends.kubernetes.snapshot import SIGNATURE_ANNOTATION, SnapshotSigner
 
 SNAPSHOT = {"kind": "ClusterTrainingRuntime", "name": "torch-distributed", "spec": {"mlPolicy": {}}}

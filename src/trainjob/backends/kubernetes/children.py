@@ -4,7 +4,7 @@ by the job, kept suspended or resumed as the job says, deleted when the job fail
 The runtime the job references is copied, signed, into the JobSet's annotations in the same create
 (:mod:`.snapshot`), so editing the runtime later never changes the job, not even when someone deletes its JobSet
 and it is built again. Before the create every container gets ``terminationMessagePolicy:
-FallbackToLogsOnError`` (for :mod:`.failure`), limits equal to its extended-resource requests (the API server
+FallbackToLogsOnError`` (for :mod:`.rootcause`), limits equal to its extended-resource requests (the API server
 needs them), the stall-dump setting (:mod:`trainjob.backends.stall`) and, with a status endpoint, its client
 (:mod:`.status_server`). Of an existing JobSet only ``spec.suspend`` is changed, and on resume the pod template
 fields a queue such as Kueue sets at admission::

@@ -15,9 +15,9 @@ from typing import Any
 
 from trainjob.backends.kubernetes import progress
 from trainjob.backends.kubernetes.cache import CachedReads
-from trainjob.backends.kubernetes.failure import root_cause
 from trainjob.backends.kubernetes.kubeapi import KubeApi
 from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL, TRAINJOBS
+from trainjob.backends.kubernetes.rootcause import root_cause
 from trainjob.errors import NotFoundError, TrainJobError
 
 log = logging.getLogger("trainjob.operator")

@@ -16,7 +16,7 @@ only saves requests or times a stall: a restarted operator, or the replica that 
    finished one is deleted once its ``trainjob/ttl-seconds-after-finished`` passed (:mod:`.ttl`);
 2. its children, the JobSet and PodGroup, are made from a signed runtime snapshot and kept suspended or resumed as
    the job says (:mod:`.children`);
-3. the status is derived from the JobSet (:mod:`.status`); a new failure gets its root cause (:mod:`.failure`);
+3. the status is derived from the JobSet (:mod:`.status`); a new failure gets its root cause (:mod:`.rootcause`);
    restarts of the node group become ``Restarting`` events (:mod:`.job_events`); past ``activeDeadlineSeconds``
    the job fails and its JobSet is deleted; so does a job whose pods cannot start (an image that cannot be
    pulled, a container that cannot be created) past a grace (:mod:`.pod_start`);
@@ -40,11 +40,11 @@ from trainjob.backends.kubernetes import progress
 from trainjob.backends.kubernetes import status as st
 from trainjob.backends.kubernetes.cache import CachedReads, ObjectCache
 from trainjob.backends.kubernetes.children import Children, delete_children
-from trainjob.backends.kubernetes.failure import root_cause
 from trainjob.backends.kubernetes.job_events import JobEvents
 from trainjob.backends.kubernetes.kubeapi import KubeApi
 from trainjob.backends.kubernetes.pod_start import PodStartWatch
 from trainjob.backends.kubernetes.resources import CONTROLLER_NAME, JOBSET_NAME_LABEL, TRAINJOBS
+from trainjob.backends.kubernetes.rootcause import root_cause
 from trainjob.backends.kubernetes.snapshot import SnapshotSigner
 from trainjob.backends.kubernetes.stall_watch import StallWatch
 from trainjob.backends.kubernetes.status_server import StatusEndpoint
@@ -144,12 +144,12 @@ class Reconciler:
         group reported as an event."""
         new = st.derive_status(status, bool((job.get("spec") or {}).get("suspend")), jobset, now)
         if st.is_true(new, st.FAILED) and not st.is_true(status, st.FAILED):
-            return self._explain_failure(job, new, now)
+            return self._with_root_cause(job, new, now)
         if st.finished_condition(new) is None:
             self.events.report_restarts(job, jobset)
         return new
 
-    def _explain_failure(self, job: dict[str, Any], status: dict[str, Any], now: float) -> dict[str, Any]:
+    def _with_root_cause(self, job: dict[str, Any], status: dict[str, Any], now: float) -> dict[str, Any]:
         """Put the failing node, rank and exception in front of the JobSet's generic failure message."""
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         try:

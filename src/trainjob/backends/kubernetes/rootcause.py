@@ -1,4 +1,4 @@
-"""Why a TrainJob on Kubernetes failed, in one line: the failing node, rank and root exception.
+"""A failed TrainJob's root cause on Kubernetes, in one line: the failing node, rank and root exception.
 
 When the JobSet fails, its condition only says that a Job failed. The operator then looks at the trainer pods
 that failed, first failure first (the pods that died after it usually died *because* of it: a collective that lost
@@ -13,8 +13,9 @@ their peer raise afterwards)::
 
     node-1: OOMKilled: container node on node worker-3 went over its memory limit of 512Mi (exit code 137)
 
-:func:`~trainjob.rootcause.exception_line` (shared with the local backend) finds the last Python exception
-line in text; :func:`failed_rank` reads the rank from torchrun's "Root Cause" summary.
+:mod:`trainjob.rootcause` holds what both backends share: the line's format
+(:func:`~trainjob.rootcause.root_cause_line`) and :func:`~trainjob.rootcause.exception_line`, which finds the last
+Python exception line in text; :func:`failed_rank` reads the rank from torchrun's "Root Cause" summary.
 """
 
 from __future__ import annotations
