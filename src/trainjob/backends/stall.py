@@ -16,12 +16,13 @@ Two signals say a job makes progress:
   stalled: rank 0 evaluating while the others wait at a barrier is a stall only once it lasts past the limit.
 
 =====================================  ==============================================  =============================
-``trainjob/stall-timeout``             limit, a job that reports                       limit, a job that does not
+``trainjob/stall-timeout``             the limit of a job that reports                 of a job that does not report
 =====================================  ==============================================  =============================
 not set                                10 x the longest interval between two reports   5 minutes
-                                       so far, at least 60 s (:data:`INTERVAL_FACTOR`,  (:data:`COLLECTIVE_LIMIT`)
-                                       :data:`FLOOR_SECONDS`): checkpoints and
+                                       so far, at least 60 s: checkpoints and          (:data:`COLLECTIVE_LIMIT`)
                                        evaluations that ran between reports raise it
+                                       (:data:`INTERVAL_FACTOR`,
+                                       :data:`FLOOR_SECONDS`)
 ``600``, ``90s``, ``10m``, ``1h30m``   exactly that, whatever the step times           exactly that
 ``off``                                none: the job is not watched                    none
 =====================================  ==============================================  =============================
@@ -29,7 +30,8 @@ not set                                10 x the longest interval between two rep
 Five minutes, for a job that does not report, because nothing says how long its ranks may wait for one another by
 design (rank 0 evaluating, saving a checkpoint or preparing data while the others wait at a barrier often takes
 minutes), yet it is half NCCL's own timeout (10 minutes; gloo's is 30), so the stuck rank is named before the
-collective times out and blames a rank that only waited.
+collective times out and blames a rank that only waited. By default such a stall is only announced (below), so a
+phase that outlasts it by design costs a warning, not the job.
 
 What follows a stall is ``trainjob/stall-action``:
 
