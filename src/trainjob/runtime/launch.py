@@ -17,12 +17,12 @@ Kubernetes         the annotation ``trainjob/launch`` (:data:`~trainjob.constant
                    :meth:`LaunchValues.to_dict`) on the JobSet, and on the TrainJob when trainjob's client created it
 =================  =====================================================================================
 
->>> plan = LaunchValues(num_nodes=2, num_proc_per_node=4)
->>> plan.to_dict()
+>>> values = LaunchValues(num_nodes=2, num_proc_per_node=4)
+>>> values.to_dict()
 {'numNodes': 2, 'numProcPerNode': 4, 'masterPort': 29500}
->>> plan.node_of_rank(5)
+>>> values.node_of_rank(5)
 1
->>> LaunchValues.from_dict(plan.to_dict()) == plan
+>>> LaunchValues.from_dict(values.to_dict()) == values
 True
 >>> elastic = LaunchValues(num_nodes=4, num_proc_per_node=1, min_nodes=1, max_nodes=4, max_restarts=3)
 >>> elastic.nnodes_arg()
@@ -216,7 +216,7 @@ class LaunchValues:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LaunchValues:
-        """The plan :meth:`to_dict` wrote; a :class:`ValueError` names a missing or bad key.
+        """The launch values :meth:`to_dict` wrote; a :class:`ValueError` names a missing or bad key.
 
         ``masterPort`` may be missing (the default port then).
 
@@ -311,8 +311,8 @@ def kubernetes_addressing(plan: Plan) -> Addressing:
 def torchrun_env(launch: LaunchValues, addressing: Addressing) -> list[EnvVar]:
     """Every ``PET_*`` variable of a torch node: the launch values, then where the nodes meet.
 
-    >>> plan = LaunchValues(4, 2, min_nodes=2, max_nodes=4, max_restarts=3)
-    >>> [(v.name, v.value) for v in torchrun_env(plan, Addressing("m", node_rank=0, rdzv_id="job"))][5:8]
+    >>> values = LaunchValues(4, 2, min_nodes=2, max_nodes=4, max_restarts=3)
+    >>> [(v.name, v.value) for v in torchrun_env(values, Addressing("m", node_rank=0, rdzv_id="job"))][5:8]
     [('PET_MAX_RESTARTS', '3'), ('PET_RDZV_BACKEND', 'c10d'), ('PET_RDZV_ENDPOINT', 'm:29500')]
     """
     return [

@@ -171,9 +171,9 @@ def launch_values(job: dict[str, Any], pods: list[dict[str, Any]],
     for pod in trainer_pods(pods).values():
         for container in ((pod.get("spec") or {}).get("containers")) or []:
             env = {e.get("name"): e.get("value") for e in container.get("env") or []}
-            plan = _launch_of_env(env)
-            if plan is not None:
-                return plan
+            values = _launch_of_env(env)
+            if values is not None:
+                return values
     return None
 
 

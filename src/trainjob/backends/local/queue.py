@@ -276,15 +276,15 @@ def admit(store: Store, machine: Machine | None = None, now: float | None = None
                         and request.memory <= free_memory)
             if blocked_at is None and fits:
                 if row["scaled"]:  # its nodes were laid out over the whole machine when it was created
-                    launch = json.loads(row["launch"])
+                    spec = json.loads(row["launch"])
                     free_cores, free_gpus, free_memory, held.alone = [], [], 0, row["name"]
                     held.holders.append(row["name"])
                 else:
-                    launch = _assign(row["launch"], request, free_cores[: request.cores], free_gpus[: request.gpus])
+                    spec = _assign(row["launch"], request, free_cores[: request.cores], free_gpus[: request.gpus])
                     free_cores, free_gpus = free_cores[request.cores :], free_gpus[request.gpus :]
                     free_memory -= request.memory
                 db.execute("UPDATE jobs SET status = ?, reason = ?, message = ?, launch = ? WHERE name = ?",
-                           (types.CREATED, "Admitted", _admitted_message(row), json.dumps(launch), row["name"]))
+                           (types.CREATED, "Admitted", _admitted_message(row), json.dumps(spec), row["name"]))
                 if row["reason"] == WAITING_REASON:
                     store.add_event(row["name"], "Admitted", f"resources free after {now - row['created']:.0f}s in the queue")
                 admitted.append(row["name"])
@@ -330,9 +330,9 @@ def _held(db: Any) -> _Held:
     return held
 
 
-def _assign(launch_json: str, request: Request, cores: list[int], gpus: list[str]) -> dict[str, Any]:
+def _assign(spec_json: str, request: Request, cores: list[int], gpus: list[str]) -> dict[str, Any]:
     """The process spec with each node pinned to its own share of ``cores`` and ``gpus``."""
-    spec = ProcessSpec.from_dict(json.loads(launch_json))
+    spec = ProcessSpec.from_dict(json.loads(spec_json))
     for node in spec.nodes:
         i = node.index
         if request.cores_per_node:

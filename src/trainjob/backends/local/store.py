@@ -2,9 +2,10 @@
 
 One database file, ``trainjob.db``, in WAL mode so CLI, SDK and supervisor processes read and write at once;
 each thread gets its own connection, so one ``Store`` (one SDK client) can be shared by threads.
-Tables: ``jobs`` (one row per job: status, counts, progress columns, the TrainJob resource and how to launch
-it), ``nodes`` (one row per node process), ``events``, ``metrics`` and ``rendered`` (each job's resource as
-``list -o json`` writes it, kept until triggers drop it when the job's row or its nodes change). ``list_jobs`` reads only the narrow
+Tables: ``jobs`` (one row per job: status, counts, progress columns, the TrainJob resource and, in column
+``launch``, the :class:`~trainjob.backends.local.process_specs.ProcessSpec` its nodes start from), ``nodes`` (one
+row per node process), ``events``, ``metrics`` and ``rendered`` (each job's resource as ``list -o json`` writes
+it, kept until triggers drop it when the job's row or its nodes change). ``list_jobs`` reads only the narrow
 columns of one indexed query, so listing ten thousand jobs stays well under a tenth of a second::
 
     store = Store.open()
@@ -221,7 +222,7 @@ class Store:
     # jobs
 
     def insert_job(self, row: dict[str, Any]) -> None:
-        """Add a job row (``resource`` and ``launch`` as dicts); ``AlreadyExistsError`` when the name is taken."""
+        """Add a job row (``resource`` and ``launch``, the process spec, as dicts); ``AlreadyExistsError`` when the name is taken."""
         values = {**row, "resource": json.dumps(row["resource"]), "launch": json.dumps(row["launch"])}
         columns = ", ".join(values)
         marks = ", ".join(f":{key}" for key in values)
@@ -234,7 +235,7 @@ class Store:
             ) from None
 
     def get_job(self, name: str) -> dict[str, Any]:
-        """The full job row with ``resource`` and ``launch`` decoded; ``NotFoundError`` when there is none."""
+        """The full job row with ``resource`` and ``launch`` (the process spec) decoded; ``NotFoundError`` when there is none."""
         found = self._db.execute("SELECT * FROM jobs WHERE name = ?", (name,)).fetchone()
         if found is None:
             raise NotFoundError(f"TrainJob {name!r} not found; `trainjob list` shows the jobs there are")
