@@ -11,7 +11,8 @@
 4. seed 004's multi-node ``pytorch-job.yaml`` with that image and the claim at ``/data``, then ``kubectl get
    pytorchjob``, ``kubectl get pods -l training.kubeflow.org/job-name=...`` and ``kubectl logs -f ...-worker-0``:
    each worker reads the uploaded data;
-5. the same image and data through arena's form, ``trainjob submit pytorchjob --image=... --data=training-data:/data``.
+5. the same data through arena's form, ``trainjob submit pytorchjob --image=... --data=training-data:/data``, with
+   the cluster's PyTorch image (torchrun runs the script there).
 
 The image is the seed's on the Debian base with Python (no torch: the workflow, not training, is under test here;
 DDP in images runs in ``test_real_nodes.py``).
@@ -201,10 +202,12 @@ def test_seed_004_build_push_upload_apply_and_logs_with_a_private_image(
     assert "worker rank 0 of 2: 100 rows from /data, sum 5050" in logs, (got, pods, logs)
     assert f"{name}-worker-1" in pods, pods
 
-    # 5. arena's form: the same image and claim, as a TrainJob
+    # 5. arena's form, a TrainJob with the claim at /data: torchrun runs the script, so the image is the cluster's
+    # PyTorch image (the slim one above has no torch), and the script the one above, where every pod mounts the
+    # session's folder
     k8s.trainjob("submit", "pytorchjob", "--backend", "kubernetes", f"--kubeconfig={k8s.kubeconfig}",
-                 "-n", namespace, "--name=arena-training", "--workers=2", f"--image={image}",
-                 "--data=training-data:/data", "python train.py")
+                 "-n", namespace, "--name=arena-training", "--workers=2", f"--image={k8s.cp.training_image}",
+                 "--cpu=100m", "--data=training-data:/data", f"python {context / 'train.py'}")
     k8s.wait_for_condition("arena-training", "Complete", namespace=namespace, timeout=180)
     arena_logs = k8s.kubectl("logs", "-n", namespace, "-l", "jobset.sigs.k8s.io/jobset-name=arena-training",
                              "--tail=-1").stdout
