@@ -97,3 +97,27 @@ def test_a_function_that_raises_fails_the_job_within_a_minute(
     condition = next(c for c in k8s.api.get(TRAINJOBS, namespace, name)["status"]["conditions"] if c["type"] == "Failed")
     assert "NameError: name 'lr' is not defined" in condition["message"], condition
     client.delete_job(name)
+
+
+def test_an_image_that_cannot_be_pulled_fails_the_sdks_wait_naming_it(
+    client: TrainerClient, k8s: TrainJobCluster, namespace: str
+) -> None:
+    """Seed 000's call with ``CustomTrainer(image=...)`` naming an image the registry lacks: ``wait_for_job_status``
+    raises Failed (about 45 s after the submission on an idle machine: 10 s before the pods are looked at, 30 s of
+    grace), and kubectl and ``trainjob get`` say why."""
+    image = "registry.trainjob.test/trainjob/no-such-image:v1"
+    submitted = time.monotonic()
+    name = client.train(trainer=CustomTrainer(func=ddp_on_cpu, image=image, num_nodes=1,
+                                              resources_per_node={"cpu": 1}))
+    with pytest.raises(Exception, match="Failed"):
+        client.wait_for_job_status(name, timeout=180, polling_interval=1)
+    took = time.monotonic() - submitted
+    assert client.get_job(name).status == "Failed"
+    condition = next(c for c in k8s.api.get(TRAINJOBS, namespace, name)["status"]["conditions"] if c["type"] == "Failed")
+    assert condition["reason"] == "PodCannotStart" and f"(image {image})" in condition["message"], condition
+    listed = k8s.kubectl("get", "trainjobs", "-n", namespace).stdout
+    assert name in listed and "Failed" in listed, listed
+    shown = k8s.trainjob("get", name, "--backend", "kubernetes", f"--kubeconfig={k8s.kubeconfig}", "-n", namespace)
+    assert "Failed (PodCannotStart)" in shown.stdout and f"(image {image})" in shown.stdout, shown.stdout
+    print(f"submission to Failed through the Kubeflow SDK, image not found: {took:.1f} s\n{listed}")
+    client.delete_job(name)
