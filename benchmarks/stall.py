@@ -178,6 +178,13 @@ def run_kubernetes(plan: list[tuple[str, str | None]], step_seconds: float, tmp:
             cluster.operator.stop()
 
 
+def trial_plan(kinds: list[str], trials: int, default_trials: int, timeout: str) -> list[tuple[str, str | None]]:
+    """Each trial's stall and ``trainjob/stall-timeout``, the kinds in turn: ``trials`` with ``timeout``, then
+    ``default_trials`` with none (the default limit)."""
+    plan: list[tuple[str, str | None]] = [(kinds[i % len(kinds)], timeout) for i in range(trials)]
+    return plan + [(kinds[i % len(kinds)], None) for i in range(default_trials)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=9, help="trials with an explicit stall-timeout (default 9)")
@@ -193,9 +200,7 @@ def main() -> None:
 
     from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 
-    kinds = args.kinds.split(",")
-    plan: list[tuple[str, str | None]] = [(kinds[i % len(kinds)], args.timeout) for i in range(args.trials)]
-    plan += [(kinds[i % len(kinds)], None) for i in range(args.default_trials)]
+    plan = trial_plan(args.kinds.split(","), args.trials, args.default_trials, args.timeout)
     with tempfile.TemporaryDirectory() as tmp:
         if args.kubernetes:
             results = run_kubernetes(plan, args.step_seconds, Path(tmp))

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from compare import report
+from stall import trial_plan
 
 KINDS = ("sleep", "loader", "skip", "ddp")
 
@@ -237,9 +238,7 @@ def main() -> None:
 
     from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
 
-    kinds = args.kinds.split(",")
-    plan: list[tuple[str, str | None]] = [(kinds[i % len(kinds)], args.timeout) for i in range(args.trials)]
-    plan += [(kinds[i % len(kinds)], None) for i in range(args.default_trials)]
+    plan = trial_plan(args.kinds.split(","), args.trials, args.default_trials, args.timeout)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         backend = LocalBackend(LocalProcessBackendConfig(home=workdir / "home"))

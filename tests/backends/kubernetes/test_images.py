@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from kubetest.controlplane import ControlPlane
-from kubetest.images import REGISTRY_HOST, Builder, cache_dir
+from kubetest.images import Builder, cache_dir, local_reference
 
 #: Every module ``trainjob operator`` loads when it runs (its CLI, kopf, the Kubernetes client, metrics, the status
 #: endpoint's TLS), and the answer when torch is asked for.
@@ -23,7 +23,7 @@ def run_in(control_plane: ControlPlane) -> Iterator[Callable[..., str]]:
     containers: list[str] = []
 
     def run(name: str, *argv: str) -> str:
-        local = control_plane.images[name].replace(f"{REGISTRY_HOST}/trainjob/", "localhost/trainjob-test/")
+        local = local_reference(control_plane.images[name])
         container = builder.buildah("from", "--pull-never", "--quiet", local).strip()
         containers.append(container)
         return builder.buildah("run", "--network=none", container, "--", *argv, what=f"{' '.join(argv)} in {name}")

@@ -408,13 +408,13 @@ def test_rolling_the_operator_to_a_new_image_keeps_every_job(k8s: TrainJobCluste
     """``kubectl set image`` on the operator Deployment while two jobs run and report progress, one waits suspended:
     the rollout completes (each replica replaced once ready), no job is lost or made twice, no status goes backwards,
     and the jobs finish under the new image's leader."""
-    from kubetest.images import REGISTRY_HOST, Builder, cache_dir
+    from kubetest.images import Builder, cache_dir, local_reference
 
     old = k8s.cp.operator_image
     new = f"{old}-next"  # a release: the same build with a label of its own (so another digest), a new tag
     builder = Builder(cache_dir(), k8s.cp.root / "logs" / "images.log")
     container = builder.buildah("from", "--pull-never", "--quiet",
-                                old.replace(f"{REGISTRY_HOST}/trainjob/", "localhost/trainjob-test/")).strip()
+                                local_reference(old)).strip()
     local = "localhost/trainjob-test/trainjob-operator-next:latest"
     try:
         builder.buildah("config", "--label", "org.opencontainers.image.version=next", container)

@@ -27,7 +27,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -164,14 +163,18 @@ class DeployedOperator:
     def start(self, timeout: float = 180.0) -> None:
         """Scale to :attr:`replicas`; until a replica leads and is ready (it serves the status endpoint)."""
         self._kubectl("scale", "deployment", OPERATOR_NAME, f"--replicas={self.replicas}")
-        if not _poll(lambda: self.leader() is not None, timeout):
-            raise AssertionError(f"no ready leader of the operator Deployment after {timeout:g} s:\n{self.describe()}")
+        self._wait(lambda: self.leader() is not None, timeout, "a ready leader of the operator Deployment")
 
     def stop(self, timeout: float = 90.0) -> None:
         """Scale to 0; until its pods are gone (SIGTERM: the leader releases the Lease as it exits)."""
         self._kubectl("scale", "deployment", OPERATOR_NAME, "--replicas=0")
-        if not _poll(lambda: not self.pods(), timeout):
-            raise AssertionError(f"the operator's pods still there after {timeout:g} s:\n{self.describe()}")
+        self._wait(lambda: not self.pods(), timeout, "the operator's pods to go")
+
+    def _wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+        try:
+            wait_for(predicate, timeout, what, every=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}:\n{self.describe()}") from None
 
     def kill(self) -> None:
         """The leader's pod deleted with no grace: its process SIGKILLed; the other replica takes the Lease once it
@@ -197,15 +200,6 @@ class DeployedOperator:
             role = "leader" if name == leader else "replica"
             parts.append(f"--- {name} ({role})\n{(done.stdout + done.stderr)[-chars:]}")
         return "\n".join(parts)
-
-
-def _poll(predicate: Callable[[], bool], timeout: float, every: float = 0.5) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(every)
-    return True
 
 
 def _ready(pod: dict[str, Any]) -> bool:

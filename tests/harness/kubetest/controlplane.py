@@ -27,6 +27,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -620,8 +621,6 @@ class ControlPlane:
         for name in names:
             self.wait_node_ready(timeout=120.0, name=name)
         self.nodes.start_coredns()
-        from concurrent.futures import ThreadPoolExecutor
-
         with ThreadPoolExecutor(4) as pool:  # each node pulls the large images ahead of the first pod; a failure raises
             for pulled in [pool.submit(self.nodes.pull, node, self.images[image])
                            for node in self.nodes.nodes.values() for image in ("trainjob-train", "trainjob-operator")]:

@@ -69,6 +69,11 @@ def htpasswd_line(user: str, password: str) -> str:
         return f"{user}:{crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))}\n"
 
 
+def local_reference(reference: str) -> str:
+    """The buildah-local name of an image the test registry serves as ``reference``."""
+    return reference.replace(f"{REGISTRY_HOST}/trainjob/", "localhost/trainjob-test/")
+
+
 def cache_dir() -> Path:
     path = Path(os.environ.get("TRAINJOB_IMAGE_CACHE", Path.home() / ".cache" / "trainjob" / "images"))
     path.mkdir(parents=True, exist_ok=True)
@@ -380,7 +385,7 @@ def main() -> None:
         references = build_images(registry, components, log)
     listed = Builder(cache_dir(), log).buildah("images", "--format={{.Name}}:{{.Tag}} {{.Size}}").splitlines()
     sizes = dict(line.split(" ", 1) for line in listed if " " in line)
-    local = references["trainjob-train"].replace(REGISTRY_HOST + "/trainjob/", "localhost/trainjob-test/")
+    local = local_reference(references["trainjob-train"])
     print(json.dumps({**references, "trainjob-train size": sizes.get(local, "?"),
                       "seconds": round(time.monotonic() - started)}))
 

@@ -48,7 +48,6 @@ LOOK_AT_MOST_EVERY = 60.0
 
 @dataclass
 class _Seen:
-    starting_since: float
     next_look: float
     interval: float = LOOK_AFTER_SECONDS
     failing_since: float | None = None
@@ -90,8 +89,8 @@ def _starting(jobset: dict[str, Any]) -> bool:
 
 
 class PodStartWatch:
-    """Fails jobs whose pods cannot start (see the module's docstring); remembers, per job, since when its pods
-    have been starting and since when one has been failing to."""
+    """Fails jobs whose pods cannot start (see the module's docstring); remembers, per job, when to look at its
+    starting pods next and since when one has been failing to start."""
 
     def __init__(self, api: KubeApi, writer: StatusWriter) -> None:
         self.api = api
@@ -106,7 +105,7 @@ class PodStartWatch:
         if not _starting(jobset):
             self._seen.pop(key, None)
             return None
-        seen = self._seen.setdefault(key, _Seen(starting_since=now, next_look=now + LOOK_AFTER_SECONDS))
+        seen = self._seen.setdefault(key, _Seen(next_look=now + LOOK_AFTER_SECONDS))
         if now < seen.next_look:
             return seen.next_look - now
         try:

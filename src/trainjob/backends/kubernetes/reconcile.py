@@ -2,8 +2,9 @@
 
 A pass reads the TrainJob, its JobSet and its runtime from the operator's watch cache (:mod:`.cache`) and writes
 what differs; it asks the API server for pods and their logs only to explain a failure or a restart, to name a
-stalled job's stuck ranks, and to read progress where no status endpoint receives it (or the job is elastic).
-What this process remembers of a job (its announced JobSet, its progress clock, when its status was last written)
+stalled job's stuck ranks, to look at pods still not running after 10 s (:mod:`.pod_start`), and to read progress
+where no status endpoint receives it (or the job is elastic). What this process remembers of a job (its announced
+JobSet, its progress clock, when its status was last written, when to look at its starting pods)
 only saves requests or times a stall: a restarted operator, or the replica that takes over, does the right thing::
 
     api = KubeApi(load_api_client(KubernetesBackendConfig()))
