@@ -338,7 +338,17 @@ class Nodes:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"containerd of {node.name} made no socket:\n{self.cp.processes[component].tail()}")
             time.sleep(0.1)
-        node.crictl("version", crictl=self.bins["crictl"])
+        # The socket comes before the CRI plugin has loaded its state (slower after a kill: the sandboxes and
+        # containers a lost node left are recovered first): until CRI answers, "server is not initialized yet".
+        while True:
+            try:
+                node.crictl("version", crictl=self.bins["crictl"])
+                return
+            except RuntimeError:
+                self.cp.check_alive()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def _start_kubelet(self, node: Node, extra: dict[str, Any]) -> None:
         ca = self.cp.ca
