@@ -10,7 +10,7 @@ ratio of the fastest runs. Where the time goes, as medians:
 - ``command_to_nodes_started_s`` and ``nodes_exited_to_command_exit_s``: trainjob's own time before its node
   processes start and after the last one exits, from the store;
 - ``trainjob_cpu_s``, ``torchrun_cpu_s`` and ``cpu_ratio``: the CPU time (user and system) of every process of a
-  run, the command's supervisor, keepers and launchers included (this script adopts the processes that outlive
+  run, the command's supervisor, keepers and torchruns (warm ones too) included (this script adopts the processes that outlive
   their parents and reaps them before the next run starts). On a machine with few cores a run is CPU-bound, so
   the CPU a run adds is what its wall time pays there; and it varies far less from run to run than wall time.
 

@@ -12,7 +12,7 @@ import pytest
 from jobtest.local import delete_all_jobs, processes_under
 
 from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
-from trainjob.backends.local.supervisor import standby
+from trainjob.backends.local.supervisor import warm
 from trainjob.cli.main import main
 
 Cli = Callable[..., tuple[int, str, str]]
@@ -25,16 +25,16 @@ def no_leftovers(trainjob_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     yield
     delete_all_jobs(LocalBackend(LocalProcessBackendConfig(home=trainjob_home)))
     assert processes_under(trainjob_home) == []
-    assert standby_supervisors() == [], "a supervisor `trainjob run` started in standby outlived the command"
+    assert warm_supervisors() == [], "a warm supervisor `trainjob run` started outlived the command"
 
 
-def standby_supervisors() -> list[psutil.Process]:
-    """This process's children that are supervisors in standby (``trainjob run`` starts one; it either gets the
+def warm_supervisors() -> list[psutil.Process]:
+    """This process's children that are warm supervisors (``trainjob run`` starts one; it either gets the
     job or exits when the command ends)."""
     found = []
     for child in psutil.Process().children():
         with contextlib.suppress(psutil.Error):
-            if child.status() != psutil.STATUS_ZOMBIE and standby.STANDBY_FLAG in child.cmdline():
+            if child.status() != psutil.STATUS_ZOMBIE and warm.WARM_SUPERVISOR_FLAG in child.cmdline():
                 found.append(child)
     return found
 

@@ -13,7 +13,7 @@ import yaml
 from jobtest.local import delete_all_jobs, processes_under
 
 from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
-from trainjob.backends.local.supervisor import standby
+from trainjob.backends.local.supervisor import warm
 from trainjob.cli.main import main
 
 JOB_YAML = """
@@ -68,7 +68,7 @@ BAD_INPUT = [
     (["apply", "-f", "missing.yaml"], "-f: no such file: missing.yaml"),
     (["logs", "nobody"], "'nobody' not found"),
 ]
-#: Refused by the API's models: by then `trainjob run` has started the job's supervisor in standby, and stops it.
+#: Refused by the API's models: by then `trainjob run` has started the job's warm supervisor, and stops it.
 REFUSED_BY_THE_MODELS = [
     (["run", "{hello}", "--name", "Bad_Name"], "metadata.name"),
     (["run", "{hello}", "--name", "../outside"], "metadata.name"),
@@ -99,15 +99,16 @@ def test_bad_input_exits_2_with_one_clear_line_and_creates_nothing(capsys, tmp_p
 
 
 @pytest.mark.parametrize(("argv", "message"), REFUSED_BY_THE_MODELS)
-def test_a_value_the_models_refuse_exits_2_and_the_standby_supervisor_is_stopped(
+def test_a_value_the_models_refuse_exits_2_and_the_warm_supervisor_is_stopped(
     local_jobs, capsys, tmp_path, trainjob_home, hello, argv, message
 ):
     started = time.time()
     refused(capsys, tmp_path, trainjob_home, hello, argv, message)
-    standbys = [p for p in psutil.Process().children() if standby.STANDBY_FLAG in p.cmdline() and p.is_running()
-                and p.status() != psutil.STATUS_ZOMBIE]  # fmt: skip
-    assert standbys == [], "the supervisor started in standby outlived the refused command"
-    assert keepers_started_since(started - 1) == [], "a keeper the standby started ahead outlived it"
+    warm_supervisors = [p for p in psutil.Process().children()
+                        if warm.WARM_SUPERVISOR_FLAG in p.cmdline() and p.is_running()
+                        and p.status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+    assert warm_supervisors == [], "the warm supervisor outlived the refused command"
+    assert keepers_started_since(started - 1) == [], "a warm keeper of the warm supervisor outlived it"
 
 
 def keepers_started_since(since: float) -> list[psutil.Process]:
@@ -136,9 +137,9 @@ def test_detached_run_then_wait_list_get_logs_events_delete(local_jobs, capsys, 
     code, out, _ = run(capsys, "run", hello, "--nodes", "1", "--nproc-per-node", "1", "--cpu", "1", "--name", "greet",
                        "--detach", "--", "--flag", "$HOME")
     assert (code, out.strip()) == (0, "greet")
-    # its supervisor is the one the command started in standby while it read the job, now this job's
+    # its supervisor is the warm one the command started while it read the job, now this job's
     supervisor = LocalBackend(LocalProcessBackendConfig(home=trainjob_home)).store.get_job("greet")["supervisor_pid"]
-    assert standby.STANDBY_FLAG in psutil.Process(supervisor).cmdline()
+    assert warm.WARM_SUPERVISOR_FLAG in psutil.Process(supervisor).cmdline()
 
     assert run(capsys, "wait", "greet", "--timeout", "120")[:2] == (0, "trainjob/greet Complete\n")
     listing = run(capsys, "list")[1].splitlines()

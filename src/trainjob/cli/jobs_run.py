@@ -259,10 +259,10 @@ def run_job(options: RunOptions) -> None:
     overrides = data_overrides(o.data)
     if overrides:
         job["spec"]["podTemplateOverrides"] = overrides
-    # The flags are sound: the job's supervisor starts now, in standby, so that its start overlaps the check of the
+    # The flags are sound: the job's supervisor starts now, warm, so that its start overlaps the check of the
     # job against the API's models (their import is most of it) and its creation; it is stopped if no job comes of
     # it (a value the models refuse, a queued job).
-    with supervisor_standby(o.backend, o.nodes or 1):
+    with warm_supervisor(o.backend, o.nodes or 1):
         from trainjob.api import TrainJob
 
         resource = TrainJob.from_dict(job)
@@ -324,15 +324,15 @@ def apply_options(backend: Target, inherit_env: bool, config_maps: tuple[str, ..
 
 
 @contextlib.contextmanager
-def supervisor_standby(backend: Target, nodes: int = 1) -> Iterator[None]:
-    """For a local job: a supervisor in standby from now, with keepers for ``nodes`` nodes, stopped when the block
-    ends without a job created for it (:func:`trainjob.backends.local.supervisor_standby`)."""
+def warm_supervisor(backend: Target, nodes: int = 1) -> Iterator[None]:
+    """For a local job: a warm supervisor from now, with warm keepers for ``nodes`` nodes, stopped when the block
+    ends without a job created for it (:func:`trainjob.backends.local.warm_supervisor`)."""
     if backend.backend != "local":
         yield
         return
-    from trainjob.backends.local import supervisor_standby as standby
+    from trainjob.backends.local import warm_supervisor as local_warm_supervisor
 
-    with standby(nodes):
+    with local_warm_supervisor(nodes):
         yield
 
 

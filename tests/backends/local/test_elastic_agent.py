@@ -19,7 +19,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     _RendezvousState,
 )
 
-from trainjob.backends.local.supervisor.rendezvous import JOB_DIR_ENV, record_loss
+from trainjob.backends.local.processes import JOB_DIR_ENV
+from trainjob.backends.local.supervisor.rendezvous import record_loss
 from trainjob.backends.local.torchrun import elastic_agent
 from trainjob.backends.local.torchrun.elastic_agent import ShrinkingAgent, _ClosingJoinOp, _drop_dead_nodes
 

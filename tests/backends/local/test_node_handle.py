@@ -92,25 +92,24 @@ def test_a_processs_start_time_is_psutils_even_when_its_name_has_spaces_and_pare
     assert not processes.is_alive(renamed.pid, started)
 
 
-def test_keepers_started_ahead_take_nodes_in_turn_and_the_rest_exit_when_released(subprocesses, tmp_path):
+def test_warm_keepers_take_nodes_in_turn_and_the_rest_exit_when_released(subprocesses, tmp_path):
     import time
 
-    from trainjob.backends.local.supervisor import ahead as keepers
-    from trainjob.backends.local.supervisor import nodes
+    from trainjob.backends.local.supervisor import nodes, warm_keepers
 
     (tmp_path / "logs").mkdir()
     supervising = os.open(tmp_path / "supervisor.lock", os.O_WRONLY | os.O_CREAT)  # as this job's supervisor
     fcntl.flock(supervising, fcntl.LOCK_EX)
-    keepers.start_keepers_ahead(2)
-    ahead = list(keepers._ahead)
+    warm_keepers.start_warm_keepers(2)
+    warm = list(warm_keepers._warm)
     spec = {"home": str(tmp_path), "name": "job", "job_dir": str(tmp_path), "node": 0, "cwd": str(tmp_path),
             "argv": [sys.executable, "-c", "import time; print('node ran', flush=True); time.sleep(2)"],
             "env": {"PATH": os.environ["PATH"]}, "cpus": [],
             "log_max_bytes": 1 << 20, "mounts": []}
     handle = nodes.NodeHandle.start(tmp_path, 0, spec)
-    assert handle.popen is ahead[0], "the first keeper started ahead takes the first node"
-    keepers.release_keepers_ahead()
-    assert ahead[1].returncode == 0, "the other one ended at the end of its stdin, saying nothing"
+    assert handle.popen is warm[0], "the first warm keeper takes the first node"
+    warm_keepers.release_warm_keepers()
+    assert warm[1].returncode == 0, "the other one ended at the end of its stdin, saying nothing"
     deadline = time.monotonic() + 30
     while os.getsid(handle.pid) != handle.pid and time.monotonic() < deadline:
         time.sleep(0.02)

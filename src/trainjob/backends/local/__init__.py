@@ -4,7 +4,7 @@
 
     CLI / SDK process                     client/        LocalBackend: submit, admit from the queue, read, stop
     └── supervisor, one per job           supervisor/    python -m trainjob.backends.local.supervisor HOME NAME
-        │                                                (``trainjob run``'s: ... --standby, started before the
+        │                                                (``trainjob run``'s: ... --warm, started before the
         │                                                job is read and handed the job when it is created)
         ├── rendezvous store (shrinkable              python -m trainjob.backends.local.supervisor.rendezvous
         │   elastic jobs only)                              JOB_DIR PORT
@@ -25,7 +25,7 @@ Modules at this level are shared by several of these processes:
 :mod:`.process_specs`    how each node becomes a process (command, environment, CPUs, GPUs, ports): worked out
                          at submit, stored with the job, carried out by the supervisor
 :mod:`.node_env`         what a node process gets of the environment the job is created from (light enough for
-                         the processes that start ahead of a job)
+                         the warm processes, started before their job)
 :mod:`.volumes`          the pod template's volumes as host paths: worked out at submit, mounted by the keepers
 :mod:`.log_writer`       node logs as the keepers write them
 :mod:`.log_reader`       node logs as the CLI, the SDK, the UI and the supervisor's failure report read them
@@ -34,7 +34,7 @@ Modules at this level are shared by several of these processes:
 =======================  ===========================================================================================
 
 The CLI and the dashboard reach the local backend through this package only: :func:`local_backend`,
-:func:`supervisor_standby` and :func:`check_module`, each importing what it needs when called, so that
+:func:`warm_supervisor` and :func:`check_module`, each importing what it needs when called, so that
 ``python -m`` of any process above imports nothing more than its own modules.
 """
 
@@ -57,17 +57,17 @@ def local_backend(home: str | Path | None = None) -> LocalBackend:
 
 
 @contextlib.contextmanager
-def supervisor_standby(nodes: int = 1) -> Iterator[None]:
-    """A supervisor in standby from now, with keepers for ``nodes`` nodes, for the job this process is about to
+def warm_supervisor(nodes: int = 1) -> Iterator[None]:
+    """A warm supervisor from now, with warm keepers for ``nodes`` nodes, for the job this process is about to
     create; stopped when the block ends without a job created for it (bad input, a queued job, a failed
-    creation) (:mod:`~trainjob.backends.local.supervisor.standby`)."""
-    from trainjob.backends.local.supervisor import standby
+    creation) (:mod:`~trainjob.backends.local.supervisor.warm`)."""
+    from trainjob.backends.local.supervisor import warm
 
-    standby.start(nodes)
+    warm.start(nodes)
     try:
         yield
     finally:
-        standby.release()
+        warm.release()
 
 
 def check_module(module: str, cwd: str) -> None:

@@ -1,8 +1,8 @@
 """What a local job's node process gets of the environment it is created from, and the Python settings every node
 process has (see :mod:`~trainjob.backends.local.process_specs` for the whole environment of a node).
 
-Imported by the processes that start ahead of a job (a supervisor in standby, its keepers), so it imports only
-what they already have.
+Imported by the warm processes, started before their job exists (a warm supervisor, its warm keepers), so it
+imports only what they already have.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from trainjob.backends.local.processes import JOB_DIR_ENV
 from trainjob.backends.local.worker_site import SITE_DIR
 from trainjob.constants import PET_PREFIX
 
@@ -47,10 +48,10 @@ def with_python(env: dict[str, str], python: str) -> dict[str, str]:
     return env
 
 
-def launcher_env(environ: Mapping[str, str], python: str) -> dict[str, str]:
-    """The environment a node's launcher started before its job exists starts with
-    (:mod:`~trainjob.backends.local.node_keeper.warm`): what a node of a job created now from ``environ`` would
+def warm_node_env(environ: Mapping[str, str], python: str) -> dict[str, str]:
+    """The environment a node's warm torchrun, started before its job exists, starts with
+    (:mod:`~trainjob.backends.local.node_keeper.warm_torchrun`): what a node of a job created now from ``environ`` would
     get, but for the job's own variables."""
-    env = {key: value for key, value in passed_env(environ).items() if key != "TRAINJOB_JOB_DIR"}
+    env = {key: value for key, value in passed_env(environ).items() if key != JOB_DIR_ENV}
     return with_python(env, python)
 

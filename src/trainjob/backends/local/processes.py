@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:  # psutil (8 ms to import) is imported where used: listing finished jobs never needs it
     import psutil
 
+#: Environment variable naming the job's directory: every process of the job has it (what process sweeps look for).
 JOB_DIR_ENV = "TRAINJOB_JOB_DIR"
 SUPERVISOR_LOCK_FILE = "supervisor.lock"
 
 
 def join_job(job_dir: Path) -> None:
-    """For a process started before its job existed (a standby supervisor, a keeper started ahead), once it is
+    """For a process started before its job existed (a warm supervisor, a warm keeper), once it is
     given the job in ``job_dir``: from then on its output goes to the job's ``supervisor.log`` (its stdin is
     done) and its environment names the job's directory (for what it starts), as for one started for the job."""
     os.environ[JOB_DIR_ENV] = str(job_dir)

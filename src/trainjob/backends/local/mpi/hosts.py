@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainjob.backends.local.mpi.output import RankLines, RankRelay, failure_report
+from trainjob.backends.local.processes import JOB_DIR_ENV
 
 MODULE = "trainjob.backends.local.mpi"
 RSH_MODULE = "trainjob.backends.local.mpi.rsh"
@@ -74,7 +75,7 @@ def host_tmpdir(job_dir: Path, node: int | None) -> Path:
 def _gave_tmpdir(environ: Mapping[str, str], node: int) -> bool:
     """Whether ``TMPDIR`` in ``environ`` is the one :func:`host_tmpdir` gave host ``node`` (a job may name its
     own, which is then left as it is)."""
-    job_dir = environ.get("TRAINJOB_JOB_DIR")
+    job_dir = environ.get(JOB_DIR_ENV)
     return bool(job_dir) and environ.get("TMPDIR") == str(host_tmpdir(Path(job_dir), node))
 
 
@@ -194,7 +195,7 @@ def _stop_when_closed(conn: socket.socket, process: subprocess.Popen[bytes]) -> 
 
 def run_node() -> int:
     """A node that is not the launcher: serve ``mpirun`` until the launcher is done."""
-    job_dir, node = os.environ["TRAINJOB_JOB_DIR"], int(os.environ[NODE_ENV])
+    job_dir, node = os.environ[JOB_DIR_ENV], int(os.environ[NODE_ENV])
     _make_own_tmpdir(job_dir, node)
     server = HostServer(job_dir, node, sys.stdout)
     server.note(f"host {json.loads(os.environ[HOSTS_ENV])[node]} is ready for mpirun")
@@ -205,7 +206,7 @@ def run_node() -> int:
 
 def run_launcher(command: list[str]) -> int:
     """Node 0: serve host 0, wait for every host, run ``command`` (``mpirun ...``) and report how it ended."""
-    job_dir, hosts = os.environ["TRAINJOB_JOB_DIR"], json.loads(os.environ[HOSTS_ENV])
+    job_dir, hosts = os.environ[JOB_DIR_ENV], json.loads(os.environ[HOSTS_ENV])
     _make_own_tmpdir(job_dir, 0)
     _make_own_tmpdir(job_dir, None)
     server = HostServer(job_dir, 0, sys.stdout)
@@ -232,7 +233,7 @@ def mpirun_env(environ: dict[str, str]) -> dict[str, str]:
     temporary folder apart from host 0's (:func:`host_tmpdir`) unless the job named its own."""
     env = dict(environ)
     if _gave_tmpdir(environ, 0):
-        env["TMPDIR"] = str(host_tmpdir(Path(environ["TRAINJOB_JOB_DIR"]), None))
+        env["TMPDIR"] = str(host_tmpdir(Path(environ[JOB_DIR_ENV]), None))
     env.update(
         OMPI_MCA_plm_rsh_agent=f"{sys.executable} -m {RSH_MODULE}",
         OMPI_MCA_orte_tag_output="1",

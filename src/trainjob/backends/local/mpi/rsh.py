@@ -17,6 +17,7 @@ import os
 import sys
 
 from trainjob.backends.local.mpi.hosts import HOSTS_ENV, request
+from trainjob.backends.local.processes import JOB_DIR_ENV
 
 #: ssh options that take a value (``-o Key=Value``, ``-p 22`` ...); any other option is a flag.
 _OPTIONS_WITH_VALUE = set("BbcDEeFIiJLlmOoPpQRSWw")
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainjob rsh agent: unknown host {host!r}; this job's hosts: {', '.join(hosts)}", file=sys.stderr)
         return SSH_FAILED
     try:
-        answer = request(os.environ["TRAINJOB_JOB_DIR"], hosts.index(host), {"op": "run", "command": " ".join(words)})
+        answer = request(os.environ[JOB_DIR_ENV], hosts.index(host), {"op": "run", "command": " ".join(words)})
     except (OSError, ValueError, ConnectionError) as exc:
         print(f"trainjob rsh agent: host {host} did not run the command: {exc}", file=sys.stderr)
         return SSH_FAILED

@@ -22,13 +22,13 @@ moment, and never for long:
 - **Never unsupervised.** When no process holds the job's supervisor lock, the keeper starts a replacement
   supervisor (``supervisor NAME --replace``) that adopts the running nodes; keepers of later nodes wait a little
   longer first, and only one replacement wins the lock. When the replacement says the job is over (exit code
-  :data:`JOB_OVER_EXIT_CODE`), or nothing has supervised the job for :data:`UNSUPERVISED_LIMIT_SECONDS`, the
+  :data:`JOB_OVER_EXIT_CODE`), or nothing has supervised the job for :data:`NODE_UNSUPERVISED_LIMIT_SECONDS`, the
   keeper stops its node.
 
-- **Its node's process, ahead.** A keeper started ahead of its job (``--ahead``, by a supervisor in standby)
-  starts a :class:`Launcher` at once (:mod:`~trainjob.backends.local.node_keeper.warm`): the node's torchrun with
-  its imports under way, which becomes the node's process when the node comes (or ``exec``\ s the node's command
-  when it cannot run it as it would have run).
+- **Its node's process, warm.** A warm keeper (``--warm``, started by a warm supervisor before its job exists)
+  starts a :class:`WarmNode` at once (:mod:`~trainjob.backends.local.node_keeper.warm_torchrun`): the node's
+  torchrun with its imports under way, which becomes the node's process when the node comes (or ``exec``\ s the
+  node's command when it cannot run it as it would have run).
 
 SIGTERM stops the node: its process group gets SIGTERM and, after :data:`STOP_GRACE_SECONDS`, everything below
 the keeper gets SIGKILL. The keeper exits with the node's exit code (128 + N for signal N).
@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from trainjob.backends.local.log_writer import NodeLogWriter, TorchrunCopies
-from trainjob.backends.local.node_keeper.launcher import Launcher
+from trainjob.backends.local.node_keeper.warm_node import WarmNode
 from trainjob.backends.local.processes import join_job, signal_group, stop_processes, supervisor_lock_held
 
 # Nothing here imports psutil or the volumes module before the node is started: a keeper starts torchrun as
@@ -62,7 +62,8 @@ SUPERVISION_CHECK_SECONDS = 0.2
 #: Keeper ``i`` waits ``i`` times this before starting a replacement, so node 0's usually is the only one.
 REPLACEMENT_STAGGER_SECONDS = 1.0
 REPLACEMENT_RETRY_SECONDS = 3.0
-UNSUPERVISED_LIMIT_SECONDS = 30.0
+#: The keeper stops its node after the job has had no supervisor this long (a replacement takes over sooner).
+NODE_UNSUPERVISED_LIMIT_SECONDS = 30.0
 STOP_GRACE_SECONDS = 3.0
 LEFTOVER_GRACE_SECONDS = 1.0
 #: How long a keeper sent SIGTERM may take to stop its node and exit: the node's grace, the leftovers' grace
@@ -88,9 +89,9 @@ def exit_status(code: int) -> int:
 class Keeper:
     """Runs one node to its end; see the module docstring."""
 
-    def __init__(self, spec: dict[str, Any], launcher: Launcher | None = None) -> None:
+    def __init__(self, spec: dict[str, Any], warm_node: WarmNode | None = None) -> None:
         self.spec = spec
-        self.launcher = launcher
+        self.warm_node = warm_node
         self.job_dir = Path(spec["job_dir"])
         self.index: int = spec["node"]
         self.env: dict[str, str] = spec["env"]
@@ -140,11 +141,11 @@ class Keeper:
         cpus = self.spec.get("cpus") or []
         mounts = self.spec["mounts"] if "mounts" in self.spec else _node_mounts(self.job_dir, self.index)
         started = None
-        if self.launcher is not None:
-            usable = not mounts and self.spec.get("launch_ahead", True)  # a namespace's mounts need a new process
-            started = self.launcher.give(self.spec, cpus) if usable else None
+        if self.warm_node is not None:
+            usable = not mounts and self.spec.get("use_warm_node", True)  # a namespace's mounts need a new process
+            started = self.warm_node.give(self.spec, cpus) if usable else None
             if started is None:
-                self.launcher.dismiss()
+                self.warm_node.dismiss()
         if started is None:
             started = self._start_node(cpus, mounts)
         if started is None:
@@ -317,8 +318,8 @@ class Keeper:
         if not starting and waited >= self.index * REPLACEMENT_STAGGER_SECONDS and now >= self.next_replacement:
             self._start_replacement()
             self.next_replacement = now + REPLACEMENT_RETRY_SECONDS
-        if waited > UNSUPERVISED_LIMIT_SECONDS:
-            _note(self.index, f"no supervisor for {UNSUPERVISED_LIMIT_SECONDS:g} s; stopping the node")
+        if waited > NODE_UNSUPERVISED_LIMIT_SECONDS:
+            _note(self.index, f"no supervisor for {NODE_UNSUPERVISED_LIMIT_SECONDS:g} s; stopping the node")
             self.stop_requested = True
 
     def _start_replacement(self) -> None:
@@ -398,19 +399,19 @@ def _note(index: int, message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} keeper of node-{index}: {message}", file=sys.stderr, flush=True)
 
 
-def main(launcher: Launcher | None = None) -> int:
-    """The keeper's process: its node's spec on stdin (after the line that started ``launcher``, for a keeper
-    started ahead)."""
+def main(warm_node: WarmNode | None = None) -> int:
+    """The keeper's process: its node's spec on stdin (after the line that started ``warm_node``, for a warm
+    keeper)."""
     handed = sys.stdin.buffer.read().decode()
-    if not handed.strip():  # started ahead of a job that did not come, or did not need this keeper
-        if launcher is not None:
-            launcher.dismiss()
+    if not handed.strip():  # a warm keeper for a job that did not come, or did not need this keeper
+        if warm_node is not None:
+            warm_node.dismiss()
         return 0
     spec = json.loads(handed)
-    if spec.get("own_output"):  # started ahead of its job, in the standby supervisor's process group
+    if spec.get("own_output"):  # a warm keeper, in the warm supervisor's process group
         os.setsid()
         join_job(Path(spec["job_dir"]))
-    keeper = Keeper(spec, launcher)
+    keeper = Keeper(spec, warm_node)
 
     def stop(signum: int, frame: object) -> None:
         keeper.stop_requested = True

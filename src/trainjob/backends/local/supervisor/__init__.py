@@ -1,5 +1,5 @@
 """The supervisor process of one local job: ``python -m trainjob.backends.local.supervisor HOME NAME`` (or
-``--standby``, started ahead of its job: :mod:`~trainjob.backends.local.supervisor.standby`).
+``--warm``, a warm supervisor started before its job exists: :mod:`~trainjob.backends.local.supervisor.warm`).
 
 :mod:`~trainjob.backends.local.supervisor.supervisor` owns the job from start to end; it starts a keeper per
 node (:mod:`~trainjob.backends.local.supervisor.nodes`), installs the job's packages

@@ -8,9 +8,9 @@ exits (:mod:`trainjob.backends.local.node_keeper`)::
     node = NodeHandle.adopt(job_dir, store.nodes(name)[0])  # a keeper of a lost supervisor
     node.poll()   # None while it runs, else the node's exit code (negative: killed by that signal)
 
-A supervisor in standby (:mod:`~trainjob.backends.local.supervisor.standby`) starts the keepers of the job it
-expects ahead of it too (:mod:`~trainjob.backends.local.supervisor.ahead`); :meth:`NodeHandle.start` hands the
-first ones their nodes (the keeper then writes to the job's ``supervisor.log`` itself).
+A warm supervisor (:mod:`~trainjob.backends.local.supervisor.warm`) starts warm keepers for the job it expects
+too (:mod:`~trainjob.backends.local.supervisor.warm_keepers`); :meth:`NodeHandle.start` hands the first ones
+their nodes (the keeper then writes to the job's ``supervisor.log`` itself).
 """
 
 from __future__ import annotations
@@ -28,16 +28,16 @@ import psutil
 
 from trainjob.backends.local import processes
 from trainjob.backends.local.node_keeper.keeper import exit_record_path
-from trainjob.backends.local.node_keeper.launcher import WARM_SCRIPT
-from trainjob.backends.local.supervisor.ahead import KEEPER_ARGV, keeper_ahead
+from trainjob.backends.local.node_keeper.warm_node import WARM_TORCHRUN_SCRIPT
 from trainjob.backends.local.supervisor.failures import NodeExit
+from trainjob.backends.local.supervisor.warm_keepers import KEEPER_ARGV, take_warm_keeper
 
 
 def _node_processes(keeper: psutil.Process) -> list[psutil.Process]:
     found = []
     for child in keeper.children():
         with contextlib.suppress(psutil.Error):
-            if WARM_SCRIPT not in child.cmdline()[1:2]:
+            if WARM_TORCHRUN_SCRIPT not in child.cmdline()[1:2]:
                 found.append(child)
     return found
 
@@ -58,7 +58,7 @@ class NodeHandle:
         """Start the keeper of node ``index`` with ``spec`` (see :class:`~trainjob.backends.local.node_keeper.keeper.Keeper`)."""
         with contextlib.suppress(FileNotFoundError):
             exit_record_path(job_dir, index).unlink()
-        popen = keeper_ahead()
+        popen = take_warm_keeper()
         if popen is not None:  # started before the job's folder existed: it opens the job's log itself
             spec = {**spec, "own_output": True}
         else:
@@ -116,8 +116,8 @@ class NodeHandle:
             self._pidfd = None
 
     def wait_started(self, timeout: float) -> None:
-        """Wait until the keeper has started its node process (or ended); a launcher it started ahead and is
-        letting go (:class:`~trainjob.backends.local.node_keeper.launcher.Launcher`) is not that process."""
+        """Wait until the keeper has started its node process (or ended); a warm torchrun it is letting go
+        (:class:`~trainjob.backends.local.node_keeper.warm_node.WarmNode`) is not that process."""
         deadline = time.monotonic() + timeout
         with contextlib.suppress(psutil.Error):
             keeper = psutil.Process(self.pid)

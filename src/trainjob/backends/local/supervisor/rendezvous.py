@@ -31,10 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainjob.backends.local.processes import supervisor_lock_held
+from trainjob.backends.local.processes import JOB_DIR_ENV, supervisor_lock_held
 
-#: Environment variable naming the job's directory (also what process sweeps look for).
-JOB_DIR_ENV = "TRAINJOB_JOB_DIR"
 #: ``--rdzv-conf`` of shrinkable local jobs: the store is the supervisor's; a node whose loss the supervisor
 #: recorded is dropped by the others' agents as soon as its agent's process is gone
 #: (:mod:`~trainjob.backends.local.torchrun.elastic_agent`), any other after ``keep_alive_interval x
@@ -42,8 +40,10 @@ JOB_DIR_ENV = "TRAINJOB_JOB_DIR"
 #: than 3 attempts takes live nodes for dead, and 4 leaves room for a busy machine); a round closes 1 s after
 #: ``minNodes`` joined, or, right after a loss, once the nodes that go on have all joined.
 RDZV_CONF = "is_host=false,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=4"
-#: The store ends itself after the job has had no supervisor this long (a replacement takes over sooner).
-UNSUPERVISED_LIMIT_SECONDS = 60.0
+#: The store ends itself after the job has had no supervisor this long (a replacement takes over sooner): twice
+#: the keepers' :data:`~trainjob.backends.local.node_keeper.keeper.NODE_UNSUPERVISED_LIMIT_SECONDS`, so the store
+#: outlives the nodes whose agents meet at it.
+STORE_UNSUPERVISED_LIMIT_SECONDS = 60.0
 CHECK_SECONDS = 1.0
 
 ELASTIC_DIR = "elastic"
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             unsupervised_since = None
         elif unsupervised_since is None:
             unsupervised_since = time.monotonic()
-        elif time.monotonic() - unsupervised_since > UNSUPERVISED_LIMIT_SECONDS:
+        elif time.monotonic() - unsupervised_since > STORE_UNSUPERVISED_LIMIT_SECONDS:
             break
         time.sleep(CHECK_SECONDS)
     del store

@@ -15,16 +15,16 @@ import sys
 
 from trainjob.backends.local import processes, queue
 from trainjob.backends.local.store import Store
-from trainjob.backends.local.supervisor import standby
+from trainjob.backends.local.supervisor import warm
 
 
 def start_supervisor(store: Store, name: str, replacing: bool = False) -> None:
-    """Start the job's supervisor, or hand the job to the one this process started in standby
-    (:mod:`~trainjob.backends.local.supervisor.standby`); a replacement records itself once it holds the
+    """Start the job's supervisor, or hand the job to the warm one this process started
+    (:mod:`~trainjob.backends.local.supervisor.warm`); a replacement records itself once it holds the
     supervisor lock."""
     job_dir = store.job_dir(name)
-    waiting = None if replacing else standby.take()
-    if waiting is not None and standby.hand_over(waiting, str(store.home), name):
+    waiting = None if replacing else warm.take()
+    if waiting is not None and warm.hand_over(waiting, str(store.home), name):
         process = waiting
     else:
         env = {**os.environ, processes.JOB_DIR_ENV: str(job_dir)}

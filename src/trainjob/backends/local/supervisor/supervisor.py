@@ -42,16 +42,11 @@ import psutil
 
 from trainjob.backends.local import process_specs, processes
 from trainjob.backends.local.log_writer import NodeLogWriter, note_stop_reason
-from trainjob.backends.local.node_keeper.keeper import (
-    JOB_OVER_EXIT_CODE,
-    LEFTOVER_GRACE_SECONDS,
-    STOP_GRACE_SECONDS,
-)
+from trainjob.backends.local.node_keeper.keeper import JOB_OVER_EXIT_CODE, KEEPER_STOP_SECONDS
 from trainjob.backends.local.node_keeper.mounts import node_mounts
 from trainjob.backends.local.process_specs import ProcessSpec
 from trainjob.backends.local.store import ACTIVE_STATUSES, Store
-from trainjob.backends.local.supervisor import rendezvous, standby
-from trainjob.backends.local.supervisor.ahead import release_keepers_ahead
+from trainjob.backends.local.supervisor import rendezvous, warm
 from trainjob.backends.local.supervisor.environment import (
     InstallStopped,
     PackageInstallError,
@@ -60,6 +55,7 @@ from trainjob.backends.local.supervisor.environment import (
 )
 from trainjob.backends.local.supervisor.failures import node_failures, pick_root_cause
 from trainjob.backends.local.supervisor.nodes import NodeHandle
+from trainjob.backends.local.supervisor.warm_keepers import release_warm_keepers
 from trainjob.backends.local.supervisor.watchdog import Stall, StallEnded, StallWatchdog
 from trainjob.constants import COMPLETE, CREATED, FAILED, QUEUED, RUNNING, SUSPENDED
 from trainjob.errors import NotFoundError, is_disk_full
@@ -73,8 +69,6 @@ STOPPING_POLL_SECONDS = 0.05
 DISK_FULL_RETRY_SECONDS = 1.0
 #: After the first node fails, how long to wait for the others' own reports before choosing the root cause.
 FAILURE_SETTLE_SECONDS = 1.5
-#: How long stopped keepers get to stop their nodes (they SIGKILL what is left after their own grace).
-KEEPER_STOP_SECONDS = STOP_GRACE_SECONDS + LEFTOVER_GRACE_SECONDS + 2.0
 NODE_STOP_GRACE_SECONDS = 3.0
 #: How long a returning node waits for the ranks to checkpoint for it before it is started anyway.
 GROW_WAIT_SECONDS = 600.0
@@ -240,7 +234,7 @@ class Supervisor:
                 handle.wait_started(timeout=5)
             self.nodes.append(handle)
             started.append(time.time())
-        release_keepers_ahead(wait=False)  # those no node took: the job has all it needs
+        release_warm_keepers(wait=False)  # those no node took: the job has all it needs
         where = self.rendezvous_port if self.spec.shrinkable else port
         with self.store.transaction():  # the nodes, the event and the job's status: one write
             for handle, when in zip(self.nodes, started, strict=True):
@@ -265,9 +259,9 @@ class Supervisor:
             "mounts": node_mounts(self.job_dir, node.index),  # read here, so the keeper starts its node sooner
             # node-0's log of this attempt starts with the package install: the keeper appends to it
             "continue_log": self.continue_log and node.index == 0,
-            # c10d rendezvous ranks an elastic job's nodes by their torchrun's pid (see _start_nodes): a launcher a
-            # keeper started ahead has the pid it got then, so those nodes start when their turn comes instead
-            "launch_ahead": not self.spec.elastic,
+            # c10d rendezvous ranks an elastic job's nodes by their torchrun's pid (see _start_nodes): a warm
+            # torchrun has the pid it got at its start, so those nodes start when their turn comes instead
+            "use_warm_node": not self.spec.elastic,
         }
         if node.index == 0:
             self.continue_log = False
@@ -444,7 +438,7 @@ class Supervisor:
             return
         with contextlib.suppress(psutil.Error, KeyError, TypeError):
             process = psutil.Process(info["pid"])
-            if process.environ().get(rendezvous.JOB_DIR_ENV) == str(self.job_dir):
+            if process.environ().get(processes.JOB_DIR_ENV) == str(self.job_dir):
                 process.terminate()
                 with contextlib.suppress(psutil.TimeoutExpired):
                     process.wait(3)
@@ -629,16 +623,16 @@ class Supervisor:
 
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
-    in_standby = standby.keepers_ahead(args) is not None
-    if in_standby:  # started ahead of its job (its keepers too, by the entry point): wait to be handed one
-        handed = standby.wait_for_job()
+    is_warm = warm.warm_keeper_count(args) is not None
+    if is_warm:  # started before its job exists (its warm keepers too, by the entry point): wait to be handed one
+        handed = warm.wait_for_job()
         if handed is None:
-            release_keepers_ahead()
+            release_warm_keepers()
             return 0
         args = list(handed)
     home, name = [arg for arg in args if arg != "--replace"]
     store = Store.open(home)
-    if in_standby:
+    if is_warm:
         processes.join_job(store.job_dir(name))
     supervisor = Supervisor(store, name, replacing="--replace" in args)
 
@@ -655,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
         supervisor._finish(FAILED, "SupervisorError", f"{type(exc).__name__}: {exc}")
         raise
     finally:
-        release_keepers_ahead()
+        release_warm_keepers()
         admit_next(store)
 
 

@@ -52,8 +52,8 @@ import sys
 _WORKER_MARK = "TRAINJOB_SITE_WORKER_PID"
 _NODE_MARK = "TRAINJOB_SITE_NODE_PID"
 _STACK_DUMP_FILE = None
-#: The ``sitecustomize`` this one loaded after itself, if any (a launcher that started before its node was known
-#: runs no node whose start such a module might have seen differently: :mod:`trainjob.backends.local.node_keeper.warm`).
+#: The ``sitecustomize`` this one loaded after itself, if any (a warm torchrun runs no node whose start such a
+#: module might have seen differently: :mod:`trainjob.backends.local.node_keeper.warm_torchrun`).
 SHADOWED = None
 
 
@@ -393,8 +393,9 @@ def _main():
 
 
 def node_started():
-    """What a node's torchrun gets: at its start, or when a launcher started before its node was known becomes
-    the node's (:mod:`trainjob.backends.local.node_keeper.warm`, torch's tailer module already imported)."""
+    """What a node's torchrun gets: at its start, or when a warm torchrun, started before its node was known,
+    becomes the node's (:mod:`trainjob.backends.local.node_keeper.warm_torchrun`, torch's tailer module already
+    imported)."""
     env = os.environ
     if _NODE_MARK in env or "TRAINJOB_JOB_DIR" not in env or "LOCAL_RANK" in env:
         return

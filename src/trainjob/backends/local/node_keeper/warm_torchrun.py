@@ -1,26 +1,27 @@
-"""A node's torchrun, started with its imports under way before the node is known: ``python warm.py``.
+"""A warm torchrun: a node's torchrun, started with its imports under way before the node is known:
+``python warm_torchrun.py``.
 
-A keeper started ahead of its job (:mod:`~trainjob.backends.local.supervisor.standby`) starts this launcher at
-once, with the environment a node of a job created now would start with (the job's own variables aside). While
-the command still reads, checks and creates the job, the launcher imports what ``torch.distributed.run`` imports (about a
+A warm keeper (:mod:`~trainjob.backends.local.supervisor.warm_keepers`) starts this process at once, with the
+environment a node of a job created now would start with (the job's own variables aside). While the command still
+reads, checks and creates the job, the warm torchrun imports what ``torch.distributed.run`` imports (about a
 second of CPU: torchrun's own start, which every node otherwise pays before its first rank starts). The keeper
 then writes the node on its stdin, one JSON line (``argv``, ``cwd``, ``env``, ``cpus``; an empty line or the end
-of stdin: no node, exit), and the launcher becomes that node's process, with the pid the keeper watches:
+of stdin: no node, exit), and the warm torchrun becomes that node's process, with the pid the keeper watches:
 
 - **torchrun, warm**: when ``argv`` is this Python's ``-m torch.distributed.run``, the node's environment differs
-  from the launcher's only in what a node sets for torchrun (:func:`differences`), the node's directory shadows
-  no module already imported (:func:`shadowed_modules`), and no other ``sitecustomize`` or ``usercustomize`` ran
-  at the launcher's start, the launcher takes the node's environment, directory and CPUs and runs
+  from the one this process started with only in what a node sets for torchrun (:func:`differences`), the node's
+  directory shadows no module already imported (:func:`shadowed_modules`), and no other ``sitecustomize`` or
+  ``usercustomize`` ran at this process's start, it takes the node's environment, directory and CPUs and runs
   ``torch.distributed.run`` as ``python -m`` does (as ``__main__``: torchrun's own modules, not that one, were
-  imported ahead); the node's ``sitecustomize`` (:mod:`~trainjob.backends.local.worker_site`) does for it what it
+  imported warm); the node's ``sitecustomize`` (:mod:`~trainjob.backends.local.worker_site`) does for it what it
   does at a node's start.
-- **anything else, cold**: the launcher takes the node's directory and CPUs and ``exec``\\ s ``argv`` with the
-  node's environment, as ``subprocess`` would have started it (signals as a new process has them), so the node
-  is exactly the process it would have been, only with this pid. A command that cannot be started writes why
-  into the node's output and exits 127.
+- **anything else, cold**: it takes the node's directory and CPUs and ``exec``\\ s ``argv`` with the node's
+  environment, as ``subprocess`` would have started it (signals as a new process has them), so the node is
+  exactly the process it would have been, only with this pid. A command that cannot be started writes why into
+  the node's output and exits 127.
 
-The launcher dies with its keeper until it is given a node (``PR_SET_PDEATHSIG``), so a command that made no job
-leaves none behind. Only the standard library is imported here: a node imports nothing of trainjob's but its
+A warm torchrun dies with its keeper until it is given a node (``PR_SET_PDEATHSIG``), so a command that made no
+job leaves none behind. Only the standard library is imported here: a node imports nothing of trainjob's but its
 ``sitecustomize``.
 """
 
@@ -39,28 +40,29 @@ TORCHRUN_IMPORTS = (
     "torch.distributed.elastic.utils.logging", "torch.distributed.launcher.api", "torch.numa.binding",
     "torch.utils.backend_registration",
 )
-#: The variables that may differ between the launcher's start and the node: what a node sets for torchrun and
-#: its ranks, read once torchrun runs, never while it is imported. ``OMP_NUM_THREADS`` sizes the OpenMP pool of
-#: the launcher, which computes nothing (its ranks are new processes and read the node's value);
-#: ``CUDA_VISIBLE_DEVICES`` is read when CUDA is first initialised, which the launcher does only after it has the
-#: node's environment (``--nproc-per-node gpu``); ``NCCL_*`` only by a process group, which the launcher has none
-#: of. Any other difference (``LOGLEVEL``, which torch's loggers read as they are made; a job's own variables,
-#: which a user's ``sitecustomize`` may read) starts the node cold.
+#: The variables that may differ between the warm torchrun's start and the node: what a node sets for torchrun
+#: and its ranks, read once torchrun runs, never while it is imported. ``OMP_NUM_THREADS`` sizes the OpenMP pool
+#: of the warm torchrun, which computes nothing (its ranks are new processes and read the node's value);
+#: ``CUDA_VISIBLE_DEVICES`` is read when CUDA is first initialised, which the warm torchrun does only after it has
+#: the node's environment (``--nproc-per-node gpu``); ``NCCL_*`` only by a process group, which the warm torchrun
+#: has none of. Any other difference (``LOGLEVEL``, which torch's loggers read as they are made; a job's own
+#: variables, which a user's ``sitecustomize`` may read) starts the node cold.
 MAY_DIFFER = frozenset({"OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT"})
 MAY_DIFFER_PREFIXES = ("PET_", "TORCHELASTIC_", "TRAINJOB_", "NCCL_")
 _PR_SET_PDEATHSIG = 1
 _CANNOT_START = 127
 
 
-def differences(launcher: dict[str, str], node: dict[str, str]) -> list[str]:
-    """Names whose values differ between ``launcher`` and ``node`` that are not :data:`MAY_DIFFER`.
+def differences(started: dict[str, str], node: dict[str, str]) -> list[str]:
+    """Names whose values differ between ``started`` (the warm torchrun's start) and ``node`` that are not
+    :data:`MAY_DIFFER`.
 
     >>> differences({"HOME": "/h"}, {"HOME": "/h", "PET_NNODES": "2", "OMP_NUM_THREADS": "1", "NCCL_DEBUG": "INFO"})
     []
     >>> differences({"HOME": "/h"}, {"HOME": "/g", "LD_PRELOAD": "x.so", "EPOCHS": "3"})
     ['EPOCHS', 'HOME', 'LD_PRELOAD']
     """
-    names = sorted(name for name in set(launcher) | set(node) if launcher.get(name) != node.get(name))
+    names = sorted(name for name in set(started) | set(node) if started.get(name) != node.get(name))
     return [
         name for name in names
         if name.startswith("TRAINJOB_SITE_") or not (name in MAY_DIFFER or name.startswith(MAY_DIFFER_PREFIXES))
@@ -85,7 +87,7 @@ def shadowed_modules(directory: str) -> list[str]:
     return sorted({entry.partition(".")[0] for entry in entries} & loaded)
 
 
-class Launcher:
+class WarmTorchrun:
     def __init__(self, keeper: int) -> None:
         self.keeper = keeper
         self.imported = threading.Event()
@@ -126,11 +128,11 @@ class Launcher:
                 os.sched_setaffinity(0, node["cpus"])
         except OSError as exc:
             return self.cannot_start(node, exc, exc.filename if exc.filename is not None else node["cwd"])
-        if self.warm(argv, env):
+        if self.can_run_warm(argv, env):
             return self.run_torchrun(argv, env)
         return self.exec(node, argv, env)
 
-    def warm(self, argv: list[str], env: dict[str, str]) -> bool:
+    def can_run_warm(self, argv: list[str], env: dict[str, str]) -> bool:
         """Whether the node can run in this process as it would have run in a new one."""
         if argv[:3] != [sys.executable, "-m", TORCHRUN_MODULE] or differences(self.started_env, env):
             return False
@@ -183,4 +185,4 @@ def _max_fd() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(Launcher(int(sys.argv[1])).run())
+    sys.exit(WarmTorchrun(int(sys.argv[1])).run())
