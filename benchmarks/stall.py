@@ -1,4 +1,4 @@
-"""The stall watchdog, measured on real jobs of the local backend: how long after a rank gets stuck the job is caught,
+"""The stall watch, measured on real jobs of the local backend: how long after a rank gets stuck the job is caught,
 and whether the stuck rank is the one named.
 
 Each trial is a 2-node job (one process per node, gloo) that reports every ``--step-seconds`` (0.1 s: the issue's
@@ -10,14 +10,14 @@ pace); at step 12 rank 1 gets stuck in one of three ways, in turn:
   rank-dependent branch around a collective).
 
 Every trial checks the ``Stalled`` event names rank 1 (``rank 1 is ...``) and measures, from the job's own last
-progress report, the seconds until the watchdog fired (the figure in the message) and until the job was Failed.
+progress report, the seconds until the stall watch fired (the figure in the message) and until the job was Failed.
 ``--trials`` of them use ``trainjob/stall-timeout: --timeout``; ``--default-trials`` more run with no annotation,
 so the limit is derived from the job's pace (the floor: 60 s)::
 
     python benchmarks/stall.py --trials 9 --default-trials 1 --json /tmp/stall.json
 
 With ``--kubernetes`` the same trials run as TrainJobs on the test control plane (built from Go modules, as the
-tests build it; root) under trainjob's operator: the watchdog works from the progress the pods push to the
+tests build it; root) under trainjob's operator: the stall watch works from the progress the pods push to the
 operator's status endpoint, and the stuck rank is named from the stacks each rank wrote to its own log
 (``trainjob.torch.watchdog``); the seconds are from the last progress report the pod stamped to the job's
 ``Failed`` condition, by the API server's clock (whole seconds)::

@@ -1,4 +1,4 @@
-"""The stall watchdog on scripts that never report progress (plain torchrun scripts, no ``trainjob.torch``), on
+"""The stall watch on scripts that never report progress (plain torchrun scripts, no ``trainjob.torch``), on
 real jobs of the local backend: how long after rank 1 gets stuck the stall is announced, whether rank 1 is the
 rank named, and what the per-rank collective signal costs each collective.
 

@@ -74,10 +74,10 @@ NCCL_PROFILE_ANNOTATION = f"{ANNOTATION_PREFIX}nccl-profile"
 RESIZE_ANNOTATION = f"{ANNOTATION_PREFIX}last-resize"
 CONVERTED_FROM_ANNOTATION = f"{ANNOTATION_PREFIX}converted-from"
 CONVERSION_WARNINGS_ANNOTATION = f"{ANNOTATION_PREFIX}conversion-warnings"
-#: The stall watchdog (:mod:`trainjob.backends.stall`): how long without progress is a stall, and what follows it.
+#: The stall watch (:mod:`trainjob.backends.stall`): how long without progress is a stall, and what follows it.
 STALL_TIMEOUT_ANNOTATION = f"{ANNOTATION_PREFIX}stall-timeout"
 STALL_ACTION_ANNOTATION = f"{ANNOTATION_PREFIX}stall-action"
-#: The stall watchdog's derived limit: this many times the longest interval between two reports, at least the floor.
+#: The stall watch's derived limit: this many times the longest interval between two reports, at least the floor.
 STALL_INTERVAL_FACTOR = 10.0
 STALL_FLOOR_SECONDS = 60.0
 #: In a Kubernetes job's pods: when a rank that stops reporting dumps its own stacks to its log

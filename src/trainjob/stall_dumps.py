@@ -22,7 +22,7 @@ _REQUEST_HEADER = "stacks on request "
 def dump_after(setting: str | None, longest: float | None) -> float | None:
     """Seconds without a report after which a rank dumps its own stacks (``TRAINJOB_STALL_DUMP`` is ``setting``,
     ``longest`` the longest interval between its reports so far); ``None``: not yet, or never. ``auto`` is half
-    the watchdog's derived limit, so the stacks are in the log before the job is found stalled.
+    the stall watch's derived limit, so the stacks are in the log before the job is found stalled.
 
     >>> dump_after("auto", 0.1), dump_after("auto", 12.0), dump_after("auto", None), dump_after("7.5", None)
     (30.0, 60.0, None, 7.5)

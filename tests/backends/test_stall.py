@@ -1,4 +1,4 @@
-"""The stall watchdog's rules (trainjob.backends.stall): the annotations, the limit a job's pace gives, the action."""
+"""The stall watch's rules (trainjob.backends.stall): the annotations, the limit a job's pace gives, the action."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A rank's own stall watchdog (what a Kubernetes job's ranks run): silent past its limit, it writes every thread's
+"""A rank's own watchdog (what a Kubernetes job's ranks run): silent past its limit, it writes every thread's
 stack to stderr once, prefixed with its rank, in the form the operator reads back (``dumps_in_log``)."""
 
 from __future__ import annotations

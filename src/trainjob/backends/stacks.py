@@ -1,5 +1,5 @@
 """Every rank's Python stacks, and which ranks a stalled job waits for: for ``trainjob stacks`` and the stall
-watchdog (:mod:`trainjob.backends.stall`).
+watch (:mod:`trainjob.backends.stall`).
 
 A backend collects one dump per rank in :mod:`faulthandler`'s format (the local backend:
 :mod:`trainjob.backends.local.stacks`) and hands them to :func:`find_stuck_ranks`, which reads each rank's main

@@ -1,10 +1,10 @@
-"""The stall watchdog's rules, for both backends: when a running job that makes no progress has stalled, and what
+"""The stall watch's rules, for both backends: when a running job that makes no progress has stalled, and what
 follows.
 
 Two signals say a job makes progress:
 
 - **Reports** from rank 0 (``trainjob.torch.report`` or ``update_trainjob_status``: :mod:`trainjob.progress`). The
-  first report of each run of the node group arms the watchdog on them: before it, nothing says how fast the job
+  first report of each run of the node group arms the stall watch on them: before it, nothing says how fast the job
   goes (start-up, data loading and compilation take what they take). Once armed, the job has stalled when no report
   came for longer than its limit (:meth:`ProgressClock.overdue`). Where reports come, they are the only signal.
 - **Collectives**, for a job that does not report: each rank says when a collective it took part in last completed

@@ -145,7 +145,7 @@ def test_each_pods_token_writes_its_own_jobs_status_and_nothing_else(
                      and r["objectRef"].get("subresource") == "status"]
     progress_writes = [r for r in status_writes if r["objectRef"].get("name") == "job-a"]
     assert len(progress_writes) == 2, [r["requestURI"] for r in status_writes]  # 10%, then 40% (30% replaced)
-    # the reports are stamped a day before this machine's clock (a pod on a skewed node): the stall watchdog goes
+    # the reports are stamped a day before this machine's clock (a pod on a skewed node): the stall watch goes
     # by when reports arrive, so job-a is not taken for stuck
     conditions = k8s.api.get(TRAINJOBS, namespace, "job-a")["status"].get("conditions") or []
     assert not [c for c in conditions if c["type"] == "Failed"], conditions

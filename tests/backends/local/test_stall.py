@@ -1,4 +1,4 @@
-"""The stall watchdog and ``trainjob stacks`` on the local backend: real ranks, one of them stuck.
+"""The stall watch and ``trainjob stacks`` on the local backend: real ranks, one of them stuck.
 
 A rank blocked in its data loader leaves its peer waiting in ``all_reduce``; the job is caught within its stall
 limit (a few seconds here, through ``trainjob/stall-timeout``) instead of gloo's 30 minutes, and the stuck rank is

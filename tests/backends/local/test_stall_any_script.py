@@ -1,4 +1,4 @@
-"""The stall watchdog on scripts that never report progress: plain torchrun scripts (gloo, no ``trainjob.torch``)
+"""The stall watch on scripts that never report progress: plain torchrun scripts (gloo, no ``trainjob.torch``)
 and a DDP script with no explicit collective. Their collectives are the signal: each rank's ``sitecustomize`` reads
 torch's flight recorder, and the supervisor finds a rank waiting in a collective while none completes.
 
@@ -16,7 +16,7 @@ import pytest
 from jobtest.local import trainjob_resource, wait_until
 
 from trainjob.backends.local.client.backend import LocalBackend
-from trainjob.backends.local.supervisor.watchdog import rank_collectives
+from trainjob.backends.local.supervisor.stall_watch import rank_collectives
 from trainjob.errors import JobFailedError
 
 #: A plain torchrun script: an all_reduce every 0.1 s, rank 0 printing every fifth step. At step 20 rank 1 either
@@ -77,7 +77,7 @@ DDP = """
 
 #: Slow by design, each phase past or near the limit LIMIT, then a real stall: loading data before any
 #: collective (not watched yet), every rank computing (nobody waits), rank 0 evaluating while rank 1 waits at a
-#: barrier (within the limit). Then rank 1 blocks for good: the watchdog was armed all along.
+#: barrier (within the limit). Then rank 1 blocks for good: the stall watch was armed all along.
 SLOW = """
     import os, sys, time
     import torch, torch.distributed as dist
@@ -180,7 +180,7 @@ def test_a_ddp_script_whose_rank_stops_is_caught_and_fails_when_the_action_says_
     assert 4.0 < announced_after < 4.0 + 15.0, announced_after  # the nodes were stopped before the job failed
 
 
-def test_slow_by_design_phases_are_not_stalls_and_the_watchdog_was_armed_all_along(backend, script):
+def test_slow_by_design_phases_are_not_stalls_and_the_stall_watch_was_armed_all_along(backend, script):
     slow = script("slow.py", SLOW)
     backend.apply(_job("slow", [slow, "5"], {"trainjob/stall-timeout": "5s", "trainjob/stall-action": "fail"}))
 

@@ -30,7 +30,7 @@ Modules at this level are shared by several of these processes:
 :mod:`.log_writer`       node logs as the keepers write them
 :mod:`.log_reader`       node logs as the CLI, the SDK, the UI and the supervisor's failure report read them
 :mod:`.stacks`           every running rank's Python stacks, read by ``trainjob stacks`` and by the supervisor's
-                         stall watchdog (:mod:`.supervisor.watchdog`)
+                         stall watch (:mod:`.supervisor.stall_watch`)
 =======================  ===========================================================================================
 
 The CLI and the dashboard reach the local backend through this package only: :func:`local_backend`,

@@ -136,7 +136,7 @@ class ProcessSpec:
     base_env: dict[str, str] = field(default_factory=dict)
     #: ``base_env`` is the whole environment, not only :data:`PASSED_ENV`.
     inherit_env: bool = False
-    #: The stall watchdog's settings (:mod:`trainjob.backends.stall`).
+    #: The stall watch's settings (:mod:`trainjob.backends.stall`).
     stall: StallPolicy = field(default_factory=StallPolicy)
 
     def to_dict(self) -> dict[str, Any]:

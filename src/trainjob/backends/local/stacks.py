@@ -1,4 +1,4 @@
-"""Every rank's Python stacks from a running local job: ``trainjob stacks NAME``, and the stall watchdog's evidence.
+"""Every rank's Python stacks from a running local job: ``trainjob stacks NAME``, and the stall watch's evidence.
 
 At start-up each training process of a local job registers :mod:`faulthandler` for
 :data:`~trainjob.backends.local.worker_site.STACKS_SIGNAL` (a real-time signal), writing to
@@ -33,7 +33,7 @@ from trainjob.backends.stacks import RankStacks
 __all__ = ["STACKS_DIR", "dump_stacks"]
 
 #: The directory, in a job's directory, that ranks dump their stacks into (and write their collectives' progress
-#: into, for the stall watchdog: :func:`trainjob.backends.local.supervisor.watchdog.rank_collectives`).
+#: into, for the stall watch: :func:`trainjob.backends.local.supervisor.stall_watch.rank_collectives`).
 STACKS_DIR = "stacks"
 #: How long ranks get to write their dumps.
 DUMP_TIMEOUT_SECONDS = 3.0

@@ -11,8 +11,8 @@ group of an elastic job up to ``maxRestarts`` and writes every transition to the
 (``NodeLost``), the node is started again after the job's back-off (``GrowRequested``, ``NodeReturned``), and every
 change of size the ranks report becomes a ``Resized`` event ("Resized 3 -> 2 nodes (node-1 was lost)") and the job's
 message (:mod:`~trainjob.backends.local.supervisor.rendezvous`). A job that stops making progress (its reports, or
-for a job that does not report, its collectives) is caught by the stall watchdog
-(:mod:`~trainjob.backends.local.supervisor.watchdog`): a ``Stalled`` event names the rank the others wait for and its
+for a job that does not report, its collectives) is caught by the stall watch
+(:mod:`~trainjob.backends.local.supervisor.stall_watch`): a ``Stalled`` event names the rank the others wait for and its
 frame, then the job fails, its node group restarts, or (a job that does not report, by default) the warning is
 repeated while the stall lasts. A job's status only moves ``Created ->
 Running -> Complete | Failed`` (or ``Suspended``).
@@ -55,12 +55,12 @@ from trainjob.backends.local.supervisor.environment import (
 )
 from trainjob.backends.local.supervisor.failures import node_failures, pick_root_cause
 from trainjob.backends.local.supervisor.nodes import NodeHandle
+from trainjob.backends.local.supervisor.stall_watch import Stall, StallEnded, StallWatch
 from trainjob.backends.local.supervisor.warm_keepers import release_warm_keepers
-from trainjob.backends.local.supervisor.watchdog import Stall, StallEnded, StallWatchdog
 from trainjob.constants import COMPLETE, CREATED, FAILED, QUEUED, RUNNING, SUSPENDED
 from trainjob.errors import NotFoundError, is_disk_full
 
-#: How often the supervisor looks at what nodes do not wake it for (metrics, requests, the stall watchdog); a
+#: How often the supervisor looks at what nodes do not wake it for (metrics, requests, the stall watch); a
 #: keeper that exits wakes it at once (its pidfd).
 POLL_SECONDS = 0.1
 #: How often it looks while nodes are being stopped or a failure settles.
@@ -115,7 +115,7 @@ class Supervisor:
         if self.row["status"] not in ACTIVE_STATUSES or self.row["request"] == "delete":
             return JOB_OVER_EXIT_CODE
         self.spec = ProcessSpec.from_dict(self.row["launch"])
-        self.watchdog = StallWatchdog(self.job_dir, self.spec.stall)
+        self.stall_watch = StallWatch(self.job_dir, self.spec.stall)
         self.metrics_offset = self.row["metrics_offset"]
         me = os.getpid()
         self.store.update_job(self.name, supervisor_pid=me, supervisor_started=processes.start_time(me),
@@ -219,7 +219,7 @@ class Supervisor:
         self.nodes, self.recorded = [], set()
         self.lost, self.returned, self.grow_requested = {}, set(), None
         self.resize_reasons = ["the node group was restarted"] if restarts else []
-        self.watchdog.reset()
+        self.stall_watch.reset()
         if self.spec.shrinkable:
             rendezvous.clear_grow(self.job_dir)
             self.rendezvous_port = process_specs.free_port()
@@ -298,7 +298,7 @@ class Supervisor:
             if self.spec.shrinkable:
                 self._follow_rounds()
                 codes = self._bring_back(codes)
-            if (stall := self.watchdog.check(time.time())) is not None:
+            if (stall := self.stall_watch.check(time.time())) is not None:
                 if isinstance(stall, StallEnded):
                     self._stall_ended(stall)
                 elif stall.action == "warn":
@@ -357,7 +357,7 @@ class Supervisor:
             self._sweep_node(index)
             rendezvous.record_loss(self.job_dir, index, why, remaining=alive)
             self.lost[index] = now + self.spec.node_backoff_seconds
-            self.watchdog.reset()  # the others pause to go on without it
+            self.stall_watch.reset()  # the others pause to go on without it
             self.returned.discard(index)
             self.resize_reasons.append(f"node-{index} was lost")
             self.store.add_event(
@@ -423,7 +423,7 @@ class Supervisor:
             self.nodes[index] = handle
             codes[index] = None
             self.returned.add(index)
-            self.watchdog.reset()
+            self.stall_watch.reset()
             self.resize_reasons.append(f"node-{index} came back")
             self.store.set_node(self.name, index, pid=handle.pid, pid_started=handle.started, status="Running",
                                 exit_code=None, started=time.time(), finished=None)
@@ -479,7 +479,7 @@ class Supervisor:
                 continue
             why = "; ".join(self.resize_reasons) or "the rendezvous changed"
             self.resize_reasons = []
-            self.watchdog.reset()
+            self.stall_watch.reset()
             message = f"Resized {before} -> {nodes} nodes ({why})"
             self.store.add_event(self.name, "Resized", message, type="Normal" if nodes > before else "Warning")
             self.store.update_job(
@@ -617,7 +617,7 @@ class Supervisor:
                 raise
             self._wait_for_space(exc)
             return
-        self.watchdog.saw(record["time"] for record in records)
+        self.stall_watch.saw(record["time"] for record in records)
         self.metrics_offset += len(complete)
 
 

@@ -11,9 +11,9 @@
 - **A training process** also dumps the Python stacks of all its threads into
   ``TRAINJOB_STACKS_DIR/rank-<RANK>-<pid>.txt`` when it gets ``TRAINJOB_STACKS_SIGNAL`` (:mod:`faulthandler`,
   which writes from the signal handler itself, so a rank blocked in a C call answers too): what ``trainjob
-  stacks`` and the stall watchdog read (:mod:`trainjob.backends.local.stacks`).
+  stacks`` and the stall watch read (:mod:`trainjob.backends.local.stacks`).
 - **A training process** that imports ``torch.distributed`` says whether its collectives complete, for the stall
-  watchdog of a job that does not report progress (:func:`trainjob.backends.stall.collectives_overdue`): torch's
+  watch of a job that does not report progress (:func:`trainjob.backends.stall.collectives_overdue`): torch's
   flight recorder, on by default (``TORCH_FR_BUFFER_SIZE``, 2000 entries unless set), counts per process group the
   collectives enqueued and completed, whoever issued them (the script, or DDP's bucketed all-reduces from C++). A
   thread (:func:`_watch_collectives`) reads the counts every :data:`_COLLECTIVES_POLL_SECONDS` and, when they

@@ -1,11 +1,11 @@
-"""The supervisor's stall watchdog: a running job that stops making progress is caught and the rank it waits for
+"""The supervisor's stall watch: a running job that stops making progress is caught and the rank it waits for
 named, by the rules of :mod:`trainjob.backends.stall`.
 
-The supervisor feeds it the times of the progress records it ingests and asks :meth:`StallWatchdog.check` on every
+The supervisor feeds it the times of the progress records it ingests and asks :meth:`StallWatch.check` on every
 round of its watch. A job that reports is held to its reports; one that does not, to its collectives: every
 rank's ``sitecustomize`` writes when its collectives last completed and since when one waits
 (``stacks/collectives-rank-<RANK>-<pid>.json``, read by :func:`rank_collectives`). Once the job is past its limit,
-the watchdog dumps every rank's stacks (:mod:`~trainjob.backends.local.stacks`), writes them all to
+the stall watch dumps every rank's stacks (:mod:`~trainjob.backends.local.stacks`), writes them all to
 ``stall-stacks.txt`` in the job's directory, and returns the :class:`Stall`, whose message names the ranks not in
 the collective their peers wait in and the frame they are in::
 
@@ -15,8 +15,8 @@ the collective their peers wait in and the frame they are in::
 The supervisor acts on :attr:`Stall.action`: ``fail`` or ``restart`` (a ``Stalled`` event and the job's message,
 then the job fails or its node group restarts), or ``warn`` (a stall of a job that does not report, with no
 ``trainjob/stall-action``: a ``Stalled`` Warning event and the job's message, again every limit while the stall
-lasts, then a :class:`StallEnded` once collectives complete again). The watchdog is disarmed until the next report
-or collective whenever the node group starts again or changes size (:meth:`StallWatchdog.reset`).
+lasts, then a :class:`StallEnded` once collectives complete again). The stall watch is disarmed until the next report
+or collective whenever the node group starts again or changes size (:meth:`StallWatch.reset`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from trainjob.backends.local.stacks import STACKS_DIR, dump_stacks
 from trainjob.backends.stacks import StuckRanks, find_stuck_ranks, format_stacks
 from trainjob.backends.stall import ProgressClock, RankCollectives, StallPolicy, collectives_overdue
 
-__all__ = ["STACKS_FILE", "Stall", "StallEnded", "StallWatchdog", "rank_collectives"]
+__all__ = ["STACKS_FILE", "Stall", "StallEnded", "StallWatch", "rank_collectives"]
 
 #: Where, in the job's directory, the stacks of a stall are kept.
 STACKS_FILE = "stall-stacks.txt"
@@ -85,8 +85,8 @@ def rank_collectives(job_dir: Path) -> list[RankCollectives]:
     return [found[rank] for rank in sorted(found)]
 
 
-class StallWatchdog:
-    """Watches one job's progress: ``StallWatchdog(job_dir, spec.stall)``."""
+class StallWatch:
+    """Watches one job's progress: ``StallWatch(job_dir, spec.stall)``."""
 
     def __init__(self, job_dir: Path, policy: StallPolicy) -> None:
         self.job_dir = job_dir
