@@ -1,4 +1,5 @@
-"""Parse and print sizes: parameter counts, byte sizes, bandwidths (tool command lines, checkpoint messages).
+"""Parse and print sizes: parameter counts, byte sizes, bandwidths (tool command lines, checkpoint messages),
+and durations.
 
 >>> parse_count("7e9", field="params"), parse_count("175B", field="params")
 (7000000000, 175000000000)
@@ -8,6 +9,8 @@
 (300000000000.0, 25000000000.0)
 >>> format_bytes(31.40625e9)
 '31.41 GB'
+>>> duration_seconds("1h30m"), duration_seconds("90s"), duration_seconds("600"), duration_seconds("")
+(5400.0, 90.0, None, None)
 
 Byte sizes follow nccl-tests: a bare ``K``, ``M``, ``G`` is a power of 1024 (``-b 8 -e 128M``); ``Ki``/``Mi``/``Gi``
 (Kubernetes) are too, while ``KB``, ``MB``, ``GB``, ``TB`` are powers of 1000. Parameter counts take ``K``, ``M``,
@@ -20,7 +23,7 @@ import re
 
 from trainjob.errors import ValidationError
 
-__all__ = ["format_bytes", "format_seconds", "parse_bandwidth", "parse_bytes", "parse_count"]
+__all__ = ["duration_seconds", "format_bytes", "format_seconds", "parse_bandwidth", "parse_bytes", "parse_count"]
 
 _NUMBER = r"(?P<number>[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+)"
 _COUNT = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
@@ -31,6 +34,7 @@ _BYTES = {
     "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
     "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
 }  # fmt: skip
+_DURATION = re.compile(r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?$")
 _BANDWIDTH = {"GB/s": 1e9, "MB/s": 1e6, "TB/s": 1e12, "Gbps": 1e9 / 8, "Gb/s": 1e9 / 8, "Mbps": 1e6 / 8}
 
 
@@ -60,6 +64,15 @@ def parse_bytes(text: str | int | float, *, field: str) -> int:
 def parse_bandwidth(text: str | int | float, *, field: str) -> float:
     """Bytes per second from ``300GB/s``, ``25GB/s`` or ``200Gbps`` (bits)."""
     return _parse(text, _BANDWIDTH, field, "a bandwidth such as 300GB/s, 900MB/s or 200Gbps")
+
+
+def duration_seconds(text: str) -> float | None:
+    """Seconds of a duration written with units, ``90s``, ``10m``, ``2h`` or ``1h30m``; ``None`` when ``text`` is
+    not one (a bare number included: whether that means seconds is the caller's to say)."""
+    match = _DURATION.match(text)
+    if not text or match is None or not any(match.groupdict().values()):
+        return None
+    return sum(float(match[unit] or 0) * factor for unit, factor in (("h", 3600), ("m", 60), ("s", 1)))
 
 
 def format_bytes(value: float) -> str:

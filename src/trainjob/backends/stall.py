@@ -74,7 +74,6 @@ job's message.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -86,6 +85,7 @@ from trainjob.constants import (
     STALL_TIMEOUT_ANNOTATION,
 )
 from trainjob.errors import ValidationError
+from trainjob.units import duration_seconds
 
 if TYPE_CHECKING:
     from trainjob.backends.base import CheckedJob
@@ -112,7 +112,6 @@ INTERVAL_FACTOR = STALL_INTERVAL_FACTOR
 #: The limit for a job that does not report: how long a rank may wait in a collective while none completes.
 COLLECTIVE_LIMIT = 300.0
 STALL_ACTIONS = ("restart", "fail")
-_DURATION = re.compile(r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?$")
 _ACCEPTED_TIMEOUTS = 'a duration ("600" seconds, "90s", "10m", "1h30m") greater than 0, or "off"'
 
 
@@ -189,9 +188,7 @@ def parse_stall_timeout(value: str, field: str = f"metadata.annotations[{STALL_T
     try:
         seconds = float(text)
     except ValueError:
-        match = _DURATION.match(text)
-        if text and match and any(match.groupdict().values()):
-            seconds = sum(float(match[unit] or 0) * factor for unit, factor in (("h", 3600), ("m", 60), ("s", 1)))
+        seconds = duration_seconds(text)
     if seconds is None or not seconds > 0 or seconds == float("inf"):
         raise ValidationError(field, f"must be {_ACCEPTED_TIMEOUTS}, got {value!r}")
     return seconds

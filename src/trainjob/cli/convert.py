@@ -19,14 +19,12 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from trainjob.cli.plumbing import EXIT_BAD_INPUT, fail, note
+from trainjob.cli.plumbing import EXIT_BAD_INPUT, STDIN, fail, note
 from trainjob.errors import ValidationError
 
 if TYPE_CHECKING:  # the API (pydantic) loads when the command runs
     from trainjob.api import TrainJob
     from trainjob.convert import Conversion
-
-STDIN = "<stdin>"
 
 
 def register(group: click.Group) -> None:

@@ -56,6 +56,8 @@ EXIT_INTERRUPTED = 130
 
 BACKENDS = ("local", "kubernetes")
 BACKEND_ENV = "TRAINJOB_BACKEND"
+#: What messages call the file ``-`` (``-f -``: standard input).
+STDIN = "<stdin>"
 
 F = TypeVar("F", bound=Callable[..., Any])
 

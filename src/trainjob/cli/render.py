@@ -18,14 +18,12 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from trainjob.cli.plumbing import EXIT_BAD_INPUT, fail
+from trainjob.cli.plumbing import EXIT_BAD_INPUT, STDIN, fail
 from trainjob.errors import NotFoundError, ValidationError
 
 if TYPE_CHECKING:  # the API (pydantic) loads when the command runs, keeping every other command's start fast
     from trainjob.api import TrainJob
     from trainjob.api.io import Resource
-
-STDIN = "<stdin>"
 
 
 def register(group: click.Group) -> None:

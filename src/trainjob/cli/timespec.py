@@ -12,22 +12,19 @@
 
 from __future__ import annotations
 
-import re
 import time
 from datetime import UTC, datetime
 
 from trainjob.errors import ValidationError
-
-_DURATION = re.compile(r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?$")
+from trainjob.units import duration_seconds
 
 
 def parse_since(text: str, now: float | None = None) -> float:
     """The Unix time ``text`` means: ``now`` minus a duration (``30s``, ``5m``, ``2h``, ``1h30m``), or an RFC 3339
     time (``2025-01-02T03:04:05Z``); ``ValidationError`` naming ``--since`` otherwise."""
     value = text.strip()
-    match = _DURATION.match(value)
-    if value and match and any(match.groupdict().values()):
-        seconds = sum(float(match[unit] or 0) * factor for unit, factor in (("h", 3600), ("m", 60), ("s", 1)))
+    seconds = duration_seconds(value)
+    if seconds is not None:
         return (time.time() if now is None else now) - seconds
     try:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))

@@ -57,6 +57,7 @@ from trainjob.constants import (
 from trainjob.convert.container_command import ContainerCommand, read_container_command
 from trainjob.convert.pytorchjob_api import API_VERSION, KIND, MASTER, WORKER, PyTorchJob, ReplicaSpec
 from trainjob.errors import ValidationError
+from trainjob.runtime.catalog import DEFAULT_RUNTIME
 
 #: What a converted TrainJob (and its runtime) was converted from, in its ``trainjob/converted-from`` annotation.
 CONVERTED_FROM = f"{API_VERSION} {KIND}"
@@ -66,7 +67,6 @@ PYTORCH_CONTAINER = "pytorch"
 DEFAULT_MAX_RESTARTS = 6
 #: The rendezvous port of the torch runtime (``PET_MASTER_PORT``).
 RUNTIME_MASTER_PORT = "29500"
-DEFAULT_RUNTIME = "torch-distributed"
 _TRAINER_FIELDS = ("name", "image", "command", "args", "env", "resources")
 _RESTARTING = ("OnFailure", "Always", "ExitCode")
 
