@@ -3,6 +3,7 @@
 The SDK's names are importable from here, as in the Kubeflow SDK (``kubeflow.trainer``)::
 
     from trainjob import TrainerClient, CustomTrainer
+    from trainjob import ContainerBackendConfig        # TrainerClient(ContainerBackendConfig()): nodes as containers
     from trainjob import update_trainjob_status        # inside a training function: progress for the job's status
 """
 
@@ -13,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _CLIENT_NAMES = (
-    "TrainerClient", "CustomTrainer", "CustomTrainerContainer", "LocalProcessBackendConfig", "KubernetesBackendConfig"
+    "TrainerClient", "CustomTrainer", "CustomTrainerContainer", "LocalProcessBackendConfig", "KubernetesBackendConfig",
+    "ContainerBackendConfig",
 )
 
 if TYPE_CHECKING:
     from trainjob.sdk.client import (
+        ContainerBackendConfig,
         CustomTrainer,
         CustomTrainerContainer,
         KubernetesBackendConfig,
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
     from trainjob.torch.metrics import update_trainjob_status
 
 __all__ = [
+    "ContainerBackendConfig",
     "CustomTrainer",
     "CustomTrainerContainer",
     "KubernetesBackendConfig",

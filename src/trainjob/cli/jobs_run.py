@@ -173,6 +173,12 @@ def run_trainjob(
 @click.option("--env", multiple=True, metavar="KEY=VALUE", help="Environment variable for every process; repeatable.")
 @click.option("--name", help="Job name (an RFC 1035 label); default: the script's name plus a random suffix.")
 @click.option("--runtime", default="torch-distributed", show_default=True, help="ClusterTrainingRuntime to use.")
+@click.option("--image", metavar="IMAGE",
+              help="Run in this container image (spec.trainer.image); SCRIPT is then the image's, relative to its "
+                   "WORKDIR. Locally each node is a container of it (Docker or Podman), as --containers.")
+@click.option("--containers", is_flag=True,
+              help="Local jobs: run each node as a container of the job's image (Docker or Podman) instead of a "
+                   "process of this Python environment.")
 @click.option("-d", "--detach", is_flag=True, help="Print the job name and return instead of streaming logs.")
 @click.option("--inherit-env", is_flag=True,
               help="Local jobs: pass every process this shell's whole environment (default: what a pod would get, "
@@ -227,6 +233,8 @@ class RunOptions:
     env: tuple[str, ...] = ()
     name: str | None = None
     runtime: str = "torch-distributed"
+    image: str | None = None
+    containers: bool = False
     detach: bool = False
     inherit_env: bool = False
     priority: int | None = None
@@ -253,7 +261,7 @@ def run_job(options: RunOptions) -> None:
     from trainjob.cli.volume_flags import data_overrides
 
     job = run_trainjob(o.script, o.script_args, o.name, o.runtime, o.nodes, o.nproc_per_node, o.cpu, o.gpu, o.env,
-                       module=o.module, no_python=o.no_python,
+                       module=o.module, no_python=o.no_python, image=o.image,
                        annotations=job_annotations(o.priority, o.oversubscribe, o.ttl, o.strict_resources),
                        labels=queue_labels(o.queue, o.priority_class))
     overrides = data_overrides(o.data)
@@ -270,7 +278,9 @@ def run_job(options: RunOptions) -> None:
             from trainjob.runtime.nccl import apply_nccl_profile
 
             resource = apply_nccl_profile(resource, o.nccl_profile)
-        created = submit(resource, o.backend, inherit_env=o.inherit_env, config_maps=o.config_maps)
+        containers = o.containers or (o.image is not None and o.backend.backend == "local")
+        created = submit(resource, o.backend, inherit_env=o.inherit_env, config_maps=o.config_maps,
+                         containers=containers)
     follow_or_print(o.backend, created, o.detach)
 
 
@@ -304,10 +314,17 @@ def job_annotations(priority: int | None, oversubscribe: bool, ttl: int | None,
     return annotations
 
 
-def apply_options(backend: Target, inherit_env: bool, config_maps: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Keyword arguments for ``apply`` from ``--inherit-env`` (local jobs only: a pod never gets this shell's)
-    and ``--config-map`` (local jobs only: on Kubernetes the configMap is a cluster object)."""
+def apply_options(backend: Target, inherit_env: bool, config_maps: tuple[str, ...] = (),
+                  containers: bool = False) -> dict[str, Any]:
+    """Keyword arguments for ``apply`` from ``--inherit-env`` (local jobs only: a pod never gets this shell's),
+    ``--config-map`` (local jobs only: on Kubernetes the configMap is a cluster object) and ``--containers``
+    (local jobs only: a pod always runs its image)."""
     options: dict[str, Any] = {}
+    if containers:
+        if backend.backend != "local":
+            raise ValidationError("--containers", "applies to local jobs only; on Kubernetes every pod runs its "
+                                  "image (spec.trainer.image)")
+        options["containers"] = True
     if inherit_env:
         if backend.backend != "local":
             raise ValidationError("--inherit-env", "applies to local jobs only; on Kubernetes set spec.trainer.env "
@@ -336,10 +353,26 @@ def warm_supervisor(backend: Target, nodes: int = 1) -> Iterator[None]:
         yield
 
 
-def submit(resource: Any, backend: Target, inherit_env: bool = False, config_maps: tuple[str, ...] = ()) -> Any:
+def submit(resource: Any, backend: Target, inherit_env: bool = False, config_maps: tuple[str, ...] = (),
+           containers: bool = False) -> Any:
     """Create the job (``apply``); the SDK's view of it."""
-    options = apply_options(backend, inherit_env, config_maps)  # a flag the backend cannot take, before reaching it
-    return make_backend(backend).apply(resource, **options)
+    options = apply_options(backend, inherit_env, config_maps, containers)  # a flag the backend cannot take, first
+    created = make_backend(backend).apply(resource, **options)
+    note_image_not_used(backend, [resource], containers)
+    return created
+
+
+def note_image_not_used(backend: Target, jobs: list[Any], containers: bool) -> None:
+    """One line per created local job that names an image it does not run in, and what would run it there."""
+    if backend.backend != "local" or containers:
+        return
+    from trainjob.backends.local import IMAGE_FLAGS
+
+    for job in jobs:
+        image = job.spec.trainer.image if job.spec.trainer is not None else None
+        if image:
+            note(f"trainjob/{job.name}: image {image} is not used here; its nodes run in this Python environment "
+                 f"({IMAGE_FLAGS} run them in it)")
 
 
 def follow_or_print(backend: Target, job: Any, detach: bool) -> None:
@@ -395,10 +428,13 @@ def _report_final(job: types.TrainJob) -> None:
                    "plus PATH, HOME, locale and the Python environment).")
 @click.option("--config-map", "config_maps", multiple=True, metavar="NAME=PATH",
               help="Local jobs: the file or directory behind configMap NAME of the pod templates; repeatable.")
+@click.option("--containers", is_flag=True,
+              help="Local jobs: run each node as a container of the job's image (Docker or Podman) instead of a "
+                   "process of this Python environment.")
 @backend_option
 @handle_errors
 def apply_command(files: tuple[str, ...], dry_run: bool, output: str | None, inherit_env: bool,
-                  config_maps: tuple[str, ...], backend: Target) -> None:
+                  config_maps: tuple[str, ...], containers: bool, backend: Target) -> None:
     """Create the TrainJobs in FILE(s); runtimes in the files are used before the built-in ones.
 
     Everything is checked first (fields, runtimes, names not taken, and locally the script each command runs), so
@@ -406,7 +442,7 @@ def apply_command(files: tuple[str, ...], dry_run: bool, output: str | None, inh
     """
     if output is not None and not dry_run:
         raise ValidationError("-o", "applies with --dry-run (apply prints trainjob/NAME created otherwise)")
-    for name in create_from_files(files, dry_run, output, inherit_env, config_maps, backend):
+    for name in create_from_files(files, dry_run, output, inherit_env, config_maps, backend, containers=containers):
         click.echo(f"trainjob/{name} created")
 
 
@@ -414,8 +450,11 @@ def _run_files(options: RunOptions) -> None:
     """``trainjob run -f job.yaml``: create the file's one TrainJob, then follow it as ``run SCRIPT`` does."""
     if options.script is not None:
         raise ValidationError("SCRIPT", f"give a script or -f FILE, not both (got {options.script!r} and -f)")
+    if options.image is not None:
+        raise ValidationError("--image", "applies to a SCRIPT; with -f the file's spec.trainer.image is the image "
+                              "(--containers runs local nodes in it)")
     (name,) = create_from_files(options.files, False, None, options.inherit_env, options.config_maps,
-                                options.backend, single=True)
+                                options.backend, single=True, containers=options.containers)
     if options.detach:
         click.echo(name)
         return
@@ -423,7 +462,8 @@ def _run_files(options: RunOptions) -> None:
 
 
 def create_from_files(files: tuple[str, ...], dry_run: bool, output: str | None, inherit_env: bool,
-                      config_maps: tuple[str, ...], backend: Target, single: bool = False) -> list[str]:
+                      config_maps: tuple[str, ...], backend: Target, single: bool = False,
+                      containers: bool = False) -> list[str]:
     """Check everything in ``files``, then create every TrainJob in them (or none); the names created.
     ``single``: the files must hold exactly one TrainJob (``run -f``)."""
     from trainjob.api import TrainJob
@@ -442,7 +482,8 @@ def create_from_files(files: tuple[str, ...], dry_run: bool, output: str | None,
     if single and len(jobs) > 1:
         raise ValidationError("-f", f"{len(jobs)} TrainJobs in {', '.join(files)}: run follows one "
                               "(use trainjob apply -f for several)")
-    options = apply_options(backend, inherit_env, config_maps)
+    options = apply_options(backend, inherit_env, config_maps, containers)
+    check_options = {"containers": True} if containers else {}
     client = make_backend(backend)
     seen: set[str] = set()
     checked = []
@@ -456,7 +497,7 @@ def create_from_files(files: tuple[str, ...], dry_run: bool, output: str | None,
             pass
         else:
             raise AlreadyExistsError(f"TrainJob {job.name!r} already exists; delete it first or choose another name")
-        checked.append(client.check(job, runtimes))
+        checked.append(client.check(job, runtimes, **check_options))
     if dry_run:
         _print_dry_run(checked, output)
         return []
@@ -470,6 +511,7 @@ def create_from_files(files: tuple[str, ...], dry_run: bool, output: str | None,
             with contextlib.suppress(NotFoundError):
                 client.delete_job(name)
         raise
+    note_image_not_used(backend, jobs, containers)
     return created
 
 

@@ -12,7 +12,8 @@
 >>> for line in client.get_job_logs(name, follow=True): print(line)        # doctest: +SKIP
 
 The backend follows the config's type: ``LocalProcessBackendConfig`` (the default: processes on this machine,
-state under ``$TRAINJOB_HOME``) or ``KubernetesBackendConfig`` (TrainJobs on a cluster). ``train`` takes the
+state under ``$TRAINJOB_HOME``), ``ContainerBackendConfig`` (the same, each node a container of the job's image,
+on Docker or Podman) or ``KubernetesBackendConfig`` (TrainJobs on a cluster). ``train`` takes the
 Kubeflow SDK's ``options`` (:mod:`trainjob.sdk.options`: ``Name``, ``Labels``, ``Annotations``, ``TrainerCommand``,
 ``TrainerArgs``, ``RuntimePatch``) and a ``CustomTrainer`` or ``CustomTrainerContainer``; inside the job,
 :func:`trainjob.torch.metrics.update_trainjob_status` reports progress (``from trainjob import
@@ -26,7 +27,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from trainjob.backends.base import Backend
-from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
+from trainjob.backends.local.client.backend import (
+    ContainerBackendConfig,
+    LocalBackend,
+    LocalProcessBackendConfig,
+)
 from trainjob.errors import ValidationError
 from trainjob.sdk.types import (
     COMPLETE,
@@ -42,6 +47,8 @@ from trainjob.sdk.types import (
 #: Config class name -> (module, backend class); backends are imported only when used.
 BACKENDS: dict[str, tuple[str, str]] = {
     "LocalProcessBackendConfig": ("trainjob.backends.local.client.backend", "LocalBackend"),
+    # trainjob's or the Kubeflow SDK's: the local backend with its nodes as containers
+    "ContainerBackendConfig": ("trainjob.backends.local.client.backend", "LocalBackend"),
     "KubernetesBackendConfig": ("trainjob.backends.kubernetes", "KubernetesBackend"),
 }
 
@@ -137,6 +144,7 @@ class TrainerClient:
 
 
 __all__ = [
+    "ContainerBackendConfig",
     "CustomTrainer",
     "CustomTrainerContainer",
     "Event",

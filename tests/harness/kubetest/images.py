@@ -258,10 +258,14 @@ class Builder:
         self.buildah("push", "--tls-verify=false", "--disable-compression", "--quiet", local,
                      f"docker://{registry.address}/{remote}", what=f"pushing {local}")
 
+    @staticmethod
+    def base_reference() -> str:
+        stamp = hashlib.sha256(" ".join([*BASE_PACKAGES, DEBIAN_MIRROR]).encode()).hexdigest()[:12]
+        return f"localhost/trainjob-test/debian-python:bookworm-{stamp}"
+
     def base(self) -> str:
         """The Debian base with Python 3.11 (debootstrap), committed once per package list."""
-        stamp = hashlib.sha256(" ".join([*BASE_PACKAGES, DEBIAN_MIRROR]).encode()).hexdigest()[:12]
-        reference = f"localhost/trainjob-test/debian-python:bookworm-{stamp}"
+        reference = self.base_reference()
         if self.exists(reference):
             return reference
         with tempfile.TemporaryDirectory(dir=self.cache) as tmp:
@@ -306,11 +310,22 @@ class Builder:
         """The operator image (``deploy/Dockerfile``) on ``base``."""
         return self._dockerfile("trainjob-operator", OPERATOR_DOCKERFILE, OPERATOR_INPUTS, base, {})
 
+    def training_reference(self) -> str:
+        """The training image's local reference as :meth:`training` tags it, built or not."""
+        return _dockerfile_reference("trainjob-train", TRAINING_INPUTS, self.base_reference(),
+                                     {"EXTRAS": TRAINING_EXTRAS})
+
+    def storage_conf(self, path: Path) -> Path:
+        """A containers-storage config (``CONTAINERS_STORAGE_CONF``) with which Podman finds this cache's images."""
+        storage = self.cache / "buildah"
+        path.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{storage / "storage"}"\n'
+                        f'runroot = "{storage / "run"}"\n')
+        return path
+
     def _dockerfile(self, name: str, dockerfile: Path, inputs: list[str], base: str, args: dict[str, str]) -> str:
         """``dockerfile`` built on ``base`` with the repository as its context, tagged by a hash of ``inputs``."""
         extra = " ".join([base, *(f"{k}={v}" for k, v in sorted(args.items()))])
-        tag = _hash_paths([REPO / p for p in inputs], extra=extra)
-        reference = f"localhost/trainjob-test/{name}:{tag}"
+        reference = _dockerfile_reference(name, inputs, base, args)
         if self.exists(reference):
             return reference
         # A new dependency layer (GBs for the training image) is built when the lock, pyproject.toml or the
@@ -342,6 +357,12 @@ class Builder:
         for line in self.buildah("images", "--format={{.Name}}:{{.Tag}}").split():
             if line.startswith(repository + ":") and line != keep:
                 self.buildah("rmi", line, what=f"removing the older {line}")
+
+
+def _dockerfile_reference(name: str, inputs: list[str], base: str, args: dict[str, str]) -> str:
+    """The local reference of an image built from a Dockerfile: tagged by a hash of its inputs, base and args."""
+    extra = " ".join([base, *(f"{k}={v}" for k, v in sorted(args.items()))])
+    return f"localhost/trainjob-test/{name}:{_hash_paths([REPO / p for p in inputs], extra=extra)}"
 
 
 def build_images(registry: Registry, components: dict[str, Any], log: Path) -> dict[str, str]:

@@ -49,6 +49,11 @@ if TYPE_CHECKING:
     from trainjob.backends.local.client.backend import LocalBackend
 
 
+#: What runs a job's nodes in its image (:mod:`~trainjob.backends.local.containers`), as ``trainjob run`` and the
+#: ``ImageNotUsed`` event name it.
+IMAGE_FLAGS = "trainjob run --image, trainjob apply --containers or TrainerClient(ContainerBackendConfig())"
+
+
 def local_backend(home: str | Path | None = None) -> LocalBackend:
     """The local backend of ``home`` (default ``$TRAINJOB_HOME``, :func:`trainjob.settings.default_home`)."""
     from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig

@@ -61,6 +61,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainjob.backends.local import IMAGE_FLAGS
+from trainjob.backends.local.containers import ContainerSpec, container_env, engine_env, node_host
 from trainjob.backends.local.log_writer import DEFAULT_LOG_MAX_BYTES, log_max_bytes
 from trainjob.backends.local.mpi.hosts import (
     HOSTS_ENV,
@@ -111,6 +113,8 @@ class NodeProcessSpec:
     command: list[str]
     env: dict[str, str]
     cpus: list[int] = field(default_factory=list)
+    #: The node's GPUs when it runs as a container (a process node gets them as ``CUDA_VISIBLE_DEVICES``).
+    gpus: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -138,6 +142,9 @@ class ProcessSpec:
     inherit_env: bool = False
     #: The stall watch's settings (:mod:`trainjob.backends.stall`).
     stall: StallPolicy = field(default_factory=StallPolicy)
+    #: The nodes run as containers of the job's image (:mod:`~trainjob.backends.local.containers`); ``None``:
+    #: as processes of this Python environment.
+    container: ContainerSpec | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; the environment every node shares is stored once (``shared_env``), so a job's stored size
@@ -155,7 +162,7 @@ class ProcessSpec:
         """Elastic with room to shrink, run by ``torchrun``: a lost node does not stop the others."""
         return (
             self.elastic and self.min_nodes is not None and self.min_nodes < len(self.nodes)
-            and bool(self.nodes) and runs_torchrun(self.nodes[0].command)
+            and bool(self.nodes) and runs_torchrun(self.nodes[0].command) and self.container is None
         )
 
     @classmethod
@@ -164,7 +171,8 @@ class ProcessSpec:
         shared = data.pop("shared_env", {})
         nodes = [NodeProcessSpec(**{**node, "env": {**shared, **node["env"]}}) for node in data["nodes"]]
         notes = [tuple(note) for note in data.get("notes", [])]
-        return cls(**{**data, "nodes": nodes, "notes": notes, "stall": StallPolicy.from_dict(data.get("stall"))})
+        return cls(**{**data, "nodes": nodes, "notes": notes, "stall": StallPolicy.from_dict(data.get("stall")),
+                      "container": ContainerSpec.from_dict(data.get("container"))})
 
 
 def build_process_spec(
@@ -174,9 +182,16 @@ def build_process_spec(
     packages: list[str] | None = None,
     pip_index_urls: list[str] | None = None,
     inherit_env: bool = False,
+    containers: ContainerSpec | None = None,
 ) -> ProcessSpec:
-    """The process spec of ``plan``; ``ValidationError`` when the trainer has no command to run here."""
+    """The process spec of ``plan``; ``ValidationError`` when the trainer has no command to run here.
+
+    ``containers`` (its ``image`` left empty: the trainer's is used): the nodes run as containers of the trainer's
+    image (:mod:`~trainjob.backends.local.containers`)."""
     if plan.mpi is not None:  # a launcher and hosts: trainjob.backends.local.mpi
+        if containers is not None:
+            raise ValidationError("containers", "MPI jobs run as processes on this machine, not as containers; "
+                                  "run it without an image (or on Kubernetes)")
         return build_mpi_process_spec(plan, job_dir, cwd, packages, pip_index_urls, inherit_env)
     trainer = plan.trainer()
     container = trainer.container()
@@ -188,8 +203,16 @@ def build_process_spec(
         )
     resources = container.resources.effective()
     notes: list[tuple[str, str]] = []
-    if container.image:
-        notes.append(("ImageNotUsed", f"image {container.image} is not used locally; nodes run in this Python environment"))
+    if containers is not None:
+        if not container.image:
+            raise ValidationError("spec.trainer.image", "containers run the trainer's image, and it names none; set "
+                                  "spec.trainer.image (trainjob run --image IMAGE)")
+        limits = {**container.resources.requests, **container.resources.limits}
+        containers = container_spec(containers, container.image, limits, container.working_dir)
+        notes.append(("ContainersUsed", f"nodes run as {containers.engine} containers of image {container.image}"))
+    elif container.image:
+        notes.append(("ImageNotUsed", f"image {container.image} is not used locally; nodes run in this Python "
+                      f"environment ({IMAGE_FLAGS} run them in it)"))
     for other in plan.pod_sets:
         if other is not trainer:
             notes.append(("PodSetSkipped", f"pod set {other.name} ({other.ancestor_step or 'no step'}) does not run locally"))
@@ -201,7 +224,7 @@ def build_process_spec(
     for index in range(plan.num_nodes):
         env = container.env_dict(index)  # the pod's env, its completion index (PET_NODE_RANK) resolved to ``index``
         env.setdefault("OMP_NUM_THREADS", str(max(1, len(cpu_sets[index]) // max(1, plan.num_proc_per_node))))
-        if gpu_sets is not None:
+        if gpu_sets is not None and containers is None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_sets[index])
         env.update({
             "TRAINJOB_JOB_NAME": plan.job_name,
@@ -215,8 +238,25 @@ def build_process_spec(
         env.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", RANK_PREFIX_TEMPLATE)
         # Pinned only when CPUs were requested; otherwise the nodes float over the machine like plain torchrun.
         pinned = cpu_sets[index] if requested_cpus is not None else []
-        nodes.append(NodeProcessSpec(index=index, command=command, env=env, cpus=pinned))
-    return _process_spec(plan, nodes, container.working_dir or cwd, notes, packages, pip_index_urls, inherit_env)
+        gpus = list(gpu_sets[index]) if gpu_sets is not None and containers is not None else []
+        nodes.append(NodeProcessSpec(index=index, command=command, env=env, cpus=pinned, gpus=gpus))
+    spec = _process_spec(plan, nodes, container.working_dir or cwd, notes, packages, pip_index_urls, inherit_env)
+    if containers is not None:
+        spec.container, spec.base_env, spec.inherit_env = containers, {}, False
+    return spec
+
+
+def container_spec(engine: ContainerSpec, image: str, resources: Mapping[str, str],
+                   working_dir: str | None) -> ContainerSpec:
+    """``engine`` with the trainer's image, working directory and per-node limits (``resources``: the pod's limits,
+    else its requests: a container here is held to what the job asked for)."""
+    from trainjob.api.quantity import parse_quantity
+
+    cpus = float(parse_quantity(resources["cpu"])) if "cpu" in resources else None
+    memory = int(parse_quantity(resources["memory"])) if "memory" in resources else None
+    return ContainerSpec(engine=engine.engine, engine_path=engine.engine_path, image=image, cpus=cpus,
+                         memory_bytes=memory, gpus=_requested_gpus(dict(resources)), working_dir=working_dir,
+                         extra_args=list(engine.extra_args), keep=engine.keep, engine_env=engine_env(os.environ))
 
 
 def _process_spec(plan: Plan, nodes: list[NodeProcessSpec], cwd: str, notes: list[tuple[str, str]],
@@ -493,3 +533,18 @@ def node_environment(
     env.update({var.name: var.value for var in rendezvous if var.value is not None})
     env["TRAINJOB_RESTART_COUNT"] = str(restarts)
     return with_python(env, python)
+
+
+def container_node_environment(node: NodeProcessSpec, port: int, restarts: int = 0,
+                               elastic: bool = False) -> dict[str, str]:
+    """The environment of a node that runs as a container: the node's own (nothing of this machine's), node 0's
+    name on the job's network as the master (:func:`~trainjob.backends.local.containers.node_host`), and trainjob's
+    ``sitecustomize`` first on ``PYTHONPATH``."""
+    env = dict(node.env)
+    job = env.get("TRAINJOB_JOB_NAME", "job")
+    rdzv_id = env.get(PET_RDZV_ID, job)
+    addressing = Addressing(node_host(job, 0), node_rank=node.index, master_port=port, rdzv_id=f"{rdzv_id}-{restarts}")
+    rendezvous = addressing_env(addressing, rendezvous=elastic or PET_RDZV_ENDPOINT in node.env, max_restarts=0)
+    env.update({var.name: var.value for var in rendezvous if var.value is not None})
+    env["TRAINJOB_RESTART_COUNT"] = str(restarts)
+    return container_env(env)

@@ -33,8 +33,11 @@ How the processes see a volume at its ``mountPath`` is picked at submit (``mount
 - ``env`` (not root, or forced): no mounts. Arguments of the command (and values of the pod's env vars, and the
   working directory) that start with a ``mountPath`` are rewritten to the host path; ``readOnly`` and ``sizeLimit``
   are not enforced, and a memory ``emptyDir`` is a directory under ``/dev/shm``.
+- ``container`` (nodes run as containers, :mod:`~trainjob.backends.local.containers`): the container engine
+  bind-mounts each volume at its ``mountPath`` (``readOnly`` as ``:ro``, a memory ``emptyDir`` as a tmpfs of its
+  ``sizeLimit``); nothing is mounted or created at the ``mountPath`` on the host.
 
-Either way every process gets ``TRAINJOB_MOUNT_<VOLUME>`` (the volume's name upper-cased, other characters
+Every process gets ``TRAINJOB_MOUNT_<VOLUME>`` (the volume's name upper-cased, other characters
 ``_``; a second mount of one volume gets ``_2`` ...) with the path at which that mount is visible to it, and
 ``TRAINJOB_PATH_MAP``, a JSON object from each ``mountPath`` to that path, so a script can find its data without
 knowing the mechanism::
@@ -71,6 +74,9 @@ PATH_MAP_ENV = "TRAINJOB_PATH_MAP"
 MOUNT_ENV_PREFIX = "TRAINJOB_MOUNT_"
 NAMESPACE = "namespace"
 ENV = "env"
+#: Nodes that run as containers (:mod:`~trainjob.backends.local.containers`): the engine bind-mounts each volume at
+#: its ``mountPath``, as the namespace mechanism does, but nothing is mounted or created on the host's paths.
+CONTAINER = "container"
 MECHANISMS = ("auto", NAMESPACE, ENV)
 SUPPORTED_KINDS = ("persistentVolumeClaim", "hostPath", "emptyDir", "configMap")
 #: Where a job's host volumes are kept (read by each node's keeper when it starts the node).
@@ -153,7 +159,7 @@ class HostVolumes:
 
     def path_map(self, node: int) -> dict[str, str]:
         """``mountPath`` -> where node ``node``'s processes find it."""
-        if self.mechanism == NAMESPACE:
+        if self.mechanism in (NAMESPACE, CONTAINER):
             return {m.mount_path: m.mount_path for m in self.mounts}
         return {m.mount_path: m.host_path(node) for m in self.mounts}
 
@@ -180,7 +186,7 @@ def resolve_host_volumes(plan: Plan, job_dir: Path, settings: VolumeSettings) ->
     if not mounts_spec:
         return None
     volumes = {v.get("name"): v for v in pod_spec(trainer.template).get("volumes") or []}
-    mechanism = choose_mechanism(settings.mechanism)
+    mechanism = CONTAINER if settings.mechanism == CONTAINER else choose_mechanism(settings.mechanism)
     mounts: list[Mount] = []
     env_names: dict[str, int] = {}
     for index, spec in enumerate(mounts_spec):
@@ -289,7 +295,7 @@ def _empty_dir(mount: Mount, source: dict[str, Any], where: str, plan: Plan, job
         if limit <= 0:
             raise ValidationError(f"{where}.sizeLimit", f"must be more than 0, got {source['sizeLimit']!r}")
     mount.per_node, mount.size_limit = True, limit
-    if medium == "Memory" and mechanism == NAMESPACE:
+    if medium == "Memory" and mechanism in (NAMESPACE, CONTAINER):
         mount.tmpfs_bytes = limit if limit is not None else memory_bytes()
     elif medium == "Memory":  # unique per job: a job of the same name may still be being deleted
         mount.source = str(SHM / f"trainjob-{plan.job_name}-{uuid.uuid4().hex[:8]}" / mount.volume)
@@ -328,7 +334,7 @@ def _check_memory(mounts: list[Mount], num_nodes: int, mechanism: str) -> None:
     memory = [m for m in mounts if m.kind == "emptyDir" and (m.tmpfs_bytes is not None or m.source.startswith(str(SHM)))]
     if not memory:
         return
-    if mechanism == NAMESPACE:
+    if mechanism in (NAMESPACE, CONTAINER):
         capacity, what = memory_bytes(), "memory on this machine"
     else:
         usage = os.statvfs(SHM)
@@ -438,6 +444,7 @@ def host_command(host_volumes: HostVolumes | None, command: list[str], cwd: str)
 def describe(host_volumes: HostVolumes) -> str:
     """The ``VolumesMounted`` event: the mechanism, then each volume -> host path at its mountPath."""
     how = {NAMESPACE: "namespace (bind mounts in a private mount namespace per node)",
+           CONTAINER: "container (bind mounts of the container engine)",
            ENV: f"env (paths rewritten; {PATH_MAP_ENV} and {MOUNT_ENV_PREFIX}* name them; readOnly and sizeLimit "
                 "not enforced)"}[host_volumes.mechanism]
     parts = []

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from trainjob.api import TrainJob as TrainJobResource
     from trainjob.backends.local import volumes
     from trainjob.backends.local.client.scaling import Scaling
+    from trainjob.backends.local.containers import ContainerSpec
     from trainjob.backends.local.process_specs import ProcessSpec
     from trainjob.backends.local.queue import Request
     from trainjob.backends.stacks import RankStacks
@@ -91,6 +92,45 @@ class LocalProcessBackendConfig:
     config_maps: dict[str, str | Path] = field(default_factory=dict)
     mount_mechanism: str | None = None
     strict_resources: bool | None = None
+    #: Run each node as a container of the job's image (:mod:`~trainjob.backends.local.containers`), with
+    #: ``container_runtime`` (``docker`` or ``podman``; default: the one found) and ``pull_policy``.
+    containers: bool = False
+    container_runtime: str | None = None
+    pull_policy: str = "IfNotPresent"
+    #: Containers are removed when their node ends (``False``: kept until the job is deleted, to inspect them).
+    auto_remove: bool = True
+
+
+@dataclass
+class ContainerBackendConfig:
+    """The Kubeflow SDK's ``ContainerBackendConfig``: jobs on this machine with every node a container of the job's
+    image, on Docker or Podman (``container_runtime``; default: Docker where its daemon answers, else Podman)::
+
+        client = TrainerClient(ContainerBackendConfig(container_runtime="podman"))
+        client.train(trainer=CustomTrainer(func=train, num_nodes=2, image="localhost/my-train:1"))
+
+    Everything else is the local backend's (:class:`LocalProcessBackendConfig`); ``container_host`` (a remote
+    daemon) is not supported: the nodes' job directories are bind-mounted from this machine."""
+
+    pull_policy: str = "IfNotPresent"
+    auto_remove: bool = True
+    container_host: str | None = None
+    container_runtime: str | None = None
+    home: str | Path | None = None
+
+
+def local_config(config: Any | None) -> LocalProcessBackendConfig:
+    """The local backend's config for ``config``: itself, or a ``ContainerBackendConfig`` (trainjob's or the
+    Kubeflow SDK's, read by its field names) as the container mode of the local backend."""
+    if config is None or isinstance(config, LocalProcessBackendConfig):
+        return config or LocalProcessBackendConfig()
+    if getattr(config, "container_host", None):
+        raise ValidationError("container_host", f"containers run on this machine's engine (the job's directory is "
+                              f"bind-mounted into them), got {config.container_host!r}; leave it unset")
+    return LocalProcessBackendConfig(home=getattr(config, "home", None), containers=True,
+                                     container_runtime=getattr(config, "container_runtime", None),
+                                     pull_policy=getattr(config, "pull_policy", None) or "IfNotPresent",
+                                     auto_remove=bool(getattr(config, "auto_remove", True)))
 
 
 class LocalBackend(Backend):
@@ -100,16 +140,18 @@ class LocalBackend(Backend):
     check_interval = LOCAL_POLL_SECONDS
     initializer_refusal = "dataset and model initializers are not run by the local backend"
 
-    def __init__(self, config: LocalProcessBackendConfig | None = None) -> None:
-        self.config = config or LocalProcessBackendConfig()
+    def __init__(self, config: LocalProcessBackendConfig | ContainerBackendConfig | None = None) -> None:
+        self.config = local_config(config)
         self.store = Store.open(self.config.home)
         self._supervisors = processes.Watched()
 
     # creating jobs
 
-    def check(self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = ()) -> CheckedJob:
+    def check(self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = (),
+              containers: bool | None = None) -> CheckedJob:
         """``trainjob`` resolved against its runtime (among ``runtimes``, then the built-ins), its name, TTL and,
-        unless it mounts volumes (checked when it is created), the script its command runs checked here."""
+        unless it mounts volumes (checked when it is created) or runs in containers (``containers``, default: the
+        config's; the script is the image's), the script its command runs checked here."""
         from trainjob.backends.local.client.commands import check_command_files
         from trainjob.runtime import find_runtime, resolve
 
@@ -120,7 +162,7 @@ class LocalBackend(Backend):
         checked = CheckedJob(trainjob, plan, runtime)
         checked_stall_policy(checked)  # a bad stall annotation: nothing is created
         container = plan.trainer().container()
-        if not container.volume_mounts:
+        if not container.volume_mounts and not self._containers(containers):
             try:
                 check_command_files([*container.command, *container.args], container.working_dir or os.getcwd(),
                                     provided=self.store.job_dir(name))
@@ -131,15 +173,29 @@ class LocalBackend(Backend):
     def apply(
         self, trainjob: TrainJobResource, runtimes: Sequence[RuntimeResource] = (), *, checked: CheckedJob | None = None,
         inherit_env: bool | None = None, config_maps: Mapping[str, str | Path] | None = None,
+        containers: bool | None = None,
     ) -> types.TrainJob:
         """Create and start ``trainjob``; nothing is created when it is invalid or its name is taken.
 
         ``checked``: what :meth:`check` returned for it (not resolved again). ``inherit_env`` (default: the
         config's) passes the nodes this whole environment, not only what a pod would get; ``config_maps`` (NAME:
-        file or directory) are added to the config's for this job."""
-        checked = checked or self.check(trainjob, runtimes)
-        self._submit(checked, inherit_env=inherit_env, config_maps=config_maps)
+        file or directory) are added to the config's for this job; ``containers`` (default: the config's) runs
+        its nodes as containers of its image."""
+        checked = checked or self.check(trainjob, runtimes, containers=containers)
+        self._submit(checked, inherit_env=inherit_env, config_maps=config_maps, containers=containers)
         return self.get_job(trainjob.name)
+
+    def _containers(self, containers: bool | None) -> bool:
+        return self.config.containers if containers is None else containers
+
+    def _container_engine(self, containers: bool | None) -> ContainerSpec | None:
+        """The engine a job's nodes run with, found and checked now (``None``: they run as processes)."""
+        if not self._containers(containers):
+            return None
+        from trainjob.backends.local.containers import ContainerSpec, find_engine
+
+        engine = find_engine(self.config.container_runtime)
+        return ContainerSpec(engine=engine.name, engine_path=engine.path, image="", keep=not self.config.auto_remove)
 
     def _create_trainjob(self, job: dict[str, Any], function: TrainerFunction | None) -> str:
         """Create ``job``; a ``CustomTrainer``'s function is written next to the job and run with torchrun
@@ -151,8 +207,14 @@ class LocalBackend(Backend):
         if function is None:
             self._submit(self.check(TrainJob.from_dict(job)))
             return name
-        job["spec"]["trainer"]["command"] = ["torchrun", str(self.store.job_dir(name) / SCRIPT_NAME)]
-        self._submit(self.check(TrainJob.from_dict(job)), packages=function.packages,
+        command = ["torchrun", str(self.store.job_dir(name) / SCRIPT_NAME)]
+        packages = function.packages
+        if self.config.containers and packages:  # installed in each container, as the Kubeflow SDK's backend does
+            from trainjob.backends.local.containers import install_first
+
+            command, packages = install_first(command, packages, function.pip_index_urls), []
+        job["spec"]["trainer"]["command"] = command
+        self._submit(self.check(TrainJob.from_dict(job)), packages=packages,
                      pip_index_urls=function.pip_index_urls, files={SCRIPT_NAME: function.script})
         return name
 
@@ -178,6 +240,7 @@ class LocalBackend(Backend):
         files: dict[str, str] | None = None,
         inherit_env: bool | None = None,
         config_maps: Mapping[str, str | Path] | None = None,
+        containers: bool | None = None,
     ) -> None:
         from trainjob.backends.local import queue, volumes
         from trainjob.backends.local.client import scaling
@@ -189,11 +252,18 @@ class LocalBackend(Backend):
         name = trainjob.name
         job_dir = self.store.job_dir(name)
         inherit = self.config.inherit_env if inherit_env is None else inherit_env
-        spec = build_process_spec(plan, job_dir, os.getcwd(), packages, pip_index_urls, inherit_env=inherit)
+        engine = self._container_engine(containers)
+        spec = build_process_spec(plan, job_dir, os.getcwd(), packages, pip_index_urls, inherit_env=inherit,
+                                  containers=engine)
         spec.stall = checked_stall_policy(checked)
         host_volumes = self._resolve_host_volumes(plan, job_dir, spec, config_maps)
-        check_command_files(*volumes.host_command(host_volumes, spec.nodes[0].command, spec.cwd),
-                            provided=job_dir)  # a missing script: nothing starts
+        if spec.container is None:
+            check_command_files(*volumes.host_command(host_volumes, spec.nodes[0].command, spec.cwd),
+                                provided=job_dir)  # a missing script: nothing starts
+        else:  # a missing image: nothing starts (pulled now when the policy says so)
+            from trainjob.backends.local.containers import ensure_image
+
+            ensure_image(spec.container.tool, spec.container.image, self.config.pull_policy)
         ttl = ttl_seconds(trainjob.metadata.annotations)
         priority, queue_name = queue.job_priority(trainjob), queue.queue_name(trainjob)
         request = queue.job_request(plan)
@@ -281,6 +351,8 @@ class LocalBackend(Backend):
         settings = volumes.VolumeSettings.resolve(self.store.home, self.config.volumes_root,
                                                   {**self.config.config_maps, **(config_maps or {})},
                                                   self.config.mount_mechanism)
+        if spec.container is not None:
+            settings.mechanism = volumes.CONTAINER
         host_volumes = volumes.resolve_host_volumes(plan, job_dir, settings)
         if host_volumes is not None:
             volumes.apply_to_process_spec(host_volumes, spec)
@@ -472,6 +544,7 @@ class LocalBackend(Backend):
             while processes.is_alive(row["supervisor_pid"], row["supervisor_started"]) and time.monotonic() < deadline:
                 time.sleep(0.05)
         self._stop_job_processes(name, row)
+        _remove_containers(name, job_dir, row)
         self.store.delete_job(name)
         volumes.release(job_dir, self.store.jobs_dir)  # claims are kept; emptyDirs go with the job's directory
         shutil.rmtree(job_dir, ignore_errors=True)
@@ -588,3 +661,13 @@ class LocalBackend(Backend):
 
 
 __all__ = ["LocalBackend", "LocalProcessBackendConfig"]
+
+
+def _remove_containers(name: str, job_dir: Path, row: dict[str, Any]) -> None:
+    """Remove a deleted job's containers and network, if its nodes ran as containers."""
+    from trainjob.backends.local.containers import ContainerSpec, remove_job_containers
+
+    launch = row.get("launch")
+    spec = ContainerSpec.from_dict((launch or {}).get("container") if isinstance(launch, dict) else None)
+    if spec is not None:
+        remove_job_containers(spec.tool, name, str(job_dir))

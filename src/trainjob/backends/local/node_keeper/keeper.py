@@ -107,6 +107,9 @@ class Keeper:
         self.unsupervised_since: float | None = None
         self.next_replacement = 0.0
         self.replacement: subprocess.Popen[bytes] | None = None
+        #: The node runs as a container (:mod:`~trainjob.backends.local.containers`): its name, engine and limit.
+        self.container: dict[str, Any] | None = spec.get("container")
+        self.container_state: dict[str, Any] | None = None
 
     def _start_node(self, cpus: list[int],
                     mounts: list[Any] | None) -> tuple[subprocess.Popen[bytes], int] | None:
@@ -147,6 +150,8 @@ class Keeper:
             if started is None:
                 self.warm_node.dismiss()
         if started is None:
+            if self.container is not None:  # one of this name left by a killed keeper would refuse the new one
+                self._remove_container()
             started = self._start_node(cpus, mounts)
         if started is None:
             self._write_exit(127, time.time())
@@ -184,6 +189,8 @@ class Keeper:
                 due["supervision"] = now + SUPERVISION_CHECK_SECONDS
         os.close(node_fd)
         ended = self.node_ended or time.time()
+        if self.container is not None:
+            self._end_container()
         self._stop_leftovers()
         self._drain_output()
         if self.unreported_loss:
@@ -232,7 +239,9 @@ class Keeper:
     # training processes
 
     def _scan_workers(self) -> None:
-        for pid in _children(self.node.pid):
+        # A container's processes are not the engine client's children: they are below the keeper (its runtime
+        # monitor, orphaned, comes to the keeper, a subreaper), with RANK in their environment as anywhere.
+        for pid in self._below() if self.container is not None else _children(self.node.pid):
             if pid in self.workers:
                 continue
             try:
@@ -285,6 +294,8 @@ class Keeper:
             self.killed = True
             signal_group(self.node.pid, signal.SIGKILL)
             _kill(self._below())
+            if self.container is not None:
+                self._remove_container()
 
     def _stop_leftovers(self) -> None:
         for _ in range(3):
@@ -342,8 +353,41 @@ class Keeper:
             signal_group(node.pid, signal.SIGKILL)
         _kill(self._below())
 
+    # a node that runs as a container
+
+    def _engine(self) -> Any:
+        from trainjob.backends.local.containers import Engine
+
+        assert self.container is not None
+        return Engine(self.container["engine"], self.container["engine_path"])
+
+    def _remove_container(self) -> None:
+        from trainjob.backends.local.containers import remove_container
+
+        assert self.container is not None
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            remove_container(self._engine(), self.container["name"])
+
+    def _end_container(self) -> None:
+        """Learn how the node's container ended (OOM-killed?), say so in its log, and remove it unless kept."""
+        from trainjob.backends.local.containers import container_state, memory_words
+
+        assert self.container is not None
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            self.container_state = container_state(self._engine(), self.container["name"])
+        if self.container_state and self.container_state["oom_killed"]:
+            limit = self.container["memory_bytes"]
+            words = f" its memory limit of {memory_words(limit)}" if limit else " the memory it could get"
+            self.log.write(f"[trainjob] container {self.container['name']} of node-{self.index} was OOMKilled: a "
+                           f"process in it went over{words}\n".encode())
+        if not self.container.get("keep"):
+            self._remove_container()
+
     def _write_exit(self, code: int, ended: float) -> None:
         record = {"code": code, "time": ended, "stopped": self.stop_requested, "ranks": list(self.workers.values())}
+        if self.container is not None:
+            record["container"] = {"name": self.container["name"], "memory_bytes": self.container["memory_bytes"],
+                                   "oom_killed": bool(self.container_state and self.container_state["oom_killed"])}
         path = exit_record_path(self.job_dir, self.index)
         temporary = path.with_suffix(".tmp")
         with contextlib.suppress(OSError):  # the job's directory may be gone already

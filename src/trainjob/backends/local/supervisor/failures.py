@@ -35,6 +35,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from trainjob.backends.local.containers import memory_words
 from trainjob.backends.local.log_reader import log_tail, parse_line
 from trainjob.rootcause import exception_line, first_line, root_cause_line
 
@@ -59,14 +60,25 @@ class NodeExit:
     ranks: list[dict[str, Any]]
     #: The keeper itself was killed, so nothing was recorded.
     lost: bool = False
+    #: A node that ran as a container: ``{"name", "memory_bytes", "oom_killed"}``.
+    container: dict[str, Any] | None = None
 
     @classmethod
     def read(cls, path: Path) -> NodeExit | None:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            return cls(code=int(data["code"]), time=float(data["time"]), ranks=list(data.get("ranks", [])))
+            return cls(code=int(data["code"]), time=float(data["time"]), ranks=list(data.get("ranks", [])),
+                       container=data.get("container"))
         except (OSError, ValueError, KeyError, TypeError):
             return None
+
+    def oom_detail(self) -> str | None:
+        """``OOMKilled: container X went over its memory limit of 600Mi`` when the kernel OOM-killed in it."""
+        if not self.container or not self.container.get("oom_killed"):
+            return None
+        limit = self.container.get("memory_bytes")
+        over = f"its memory limit of {memory_words(limit)}" if limit else "the memory it could get"
+        return f"OOMKilled: container {self.container.get('name')} went over {over}"
 
 
 @dataclass
@@ -120,13 +132,20 @@ def node_failures(job_dir: Path, node: int, exit: NodeExit | None, code: int) ->
             pid=pid,
             exception=_error_file_message(error_file) or _last_exception_line(tail, node, rank),
         ))
+    oom = exit.oom_detail() if exit is not None else None
     if failures and not _reported_earlier(failures, exit):
+        if oom:  # the OOM killer's SIGKILL: the ranks it killed say why
+            for failure in failures:
+                if failure.exit_code == -signal.SIGKILL:
+                    failure.detail = oom
+            if not any(f.detail for f in failures):
+                failures[0].detail = oom
         return failures
     if exit is not None and exit.lost:
         return [NodeFailure(node=node, exit_code=code, time=exit.time,
                             detail="its keeper was killed before it recorded how the node ended")]
-    return [NodeFailure(node=node, exit_code=code, time=exit.time if exit else None,
-                        exception=_last_exception_line(tail, node, None))]
+    return [NodeFailure(node=node, exit_code=code, time=exit.time if exit else None, detail=oom,
+                        exception=None if oom else _last_exception_line(tail, node, None))]
 
 
 def _reported_earlier(failures: list[NodeFailure], exit: NodeExit | None) -> bool:

@@ -37,10 +37,11 @@ import select
 import signal
 import sys
 import time
+from typing import Any
 
 import psutil
 
-from trainjob.backends.local import process_specs, processes
+from trainjob.backends.local import containers, process_specs, processes
 from trainjob.backends.local.log_writer import NodeLogWriter, note_stop_reason
 from trainjob.backends.local.node_keeper.keeper import JOB_OVER_EXIT_CODE, KEEPER_STOP_SECONDS
 from trainjob.backends.local.node_keeper.mounts import node_mounts
@@ -57,6 +58,7 @@ from trainjob.backends.local.supervisor.failures import node_failures, pick_root
 from trainjob.backends.local.supervisor.nodes import NodeHandle
 from trainjob.backends.local.supervisor.stall_watch import Stall, StallEnded, StallWatch
 from trainjob.backends.local.supervisor.warm_keepers import release_warm_keepers
+from trainjob.backends.local.volumes import read_host_volumes
 from trainjob.constants import COMPLETE, CREATED, FAILED, QUEUED, RUNNING, SUSPENDED
 from trainjob.errors import NotFoundError, is_disk_full
 
@@ -134,6 +136,8 @@ class Supervisor:
         finally:
             if self.spec.shrinkable:
                 self._stop_rendezvous_store()
+            if self.spec.container is not None and not self.spec.container.keep:
+                containers.remove_job_containers(self.spec.container.tool, self.name, str(self.job_dir))
         return 0
 
     def _supervise(self, adopted: bool) -> None:
@@ -226,6 +230,8 @@ class Supervisor:
             self.rendezvous_store = rendezvous.start_store(self.job_dir, self.rendezvous_port, python,
                                                           self.spec.base_env or process_specs.passed_env(os.environ))
         self.python, self.port, self.restarts = python, port, restarts
+        if self.spec.container is not None:
+            containers.create_network(self.spec.container.tool, self.name, str(self.job_dir))
         started = []
         for node in self.spec.nodes:
             handle = self._start_node(node.index)
@@ -240,14 +246,24 @@ class Supervisor:
             for handle, when in zip(self.nodes, started, strict=True):
                 self.store.set_node(self.name, handle.index, pid=handle.pid, pid_started=handle.started,
                                     status="Running", exit_code=None, started=when, finished=None)
-            self.store.add_event(self.name, "NodesStarted",
-                                 f"started {len(self.nodes)} node process(es), rendezvous at 127.0.0.1:{where}")
+            if self.spec.container is not None:
+                started_what = f"started {len(self.nodes)} node container(s) on network " \
+                    f"{containers.network_name(self.name, str(self.job_dir))}, rendezvous at " \
+                    f"{containers.node_host(self.name, 0)}:{port}"
+            else:
+                started_what = f"started {len(self.nodes)} node process(es), rendezvous at 127.0.0.1:{where}"
+            self.store.add_event(self.name, "NodesStarted", started_what)
             self.store.transition(self.name, RUNNING, "NodesStarted", f"{len(self.nodes)} node(s) running",
                                   from_statuses=(CREATED,), started=job_started)
 
     def _start_node(self, index: int) -> NodeHandle:
         """Start the keeper of node ``index`` (after :meth:`_start_nodes` set the group's ports)."""
         node = self.spec.nodes[index]
+        if self.spec.container is not None:
+            keeper_spec = self._container_keeper_spec(node)
+            if node.index == 0:
+                self.continue_log = False
+            return NodeHandle.start(self.job_dir, node.index, keeper_spec)
         env = process_specs.node_environment(node, self.port, self.python, restarts=self.restarts, elastic=self.spec.elastic,
                                         base_env=self.spec.base_env or None,
                                         rendezvous_port=self.rendezvous_port if self.spec.shrinkable else None,
@@ -266,6 +282,26 @@ class Supervisor:
         if node.index == 0:
             self.continue_log = False
         return NodeHandle.start(self.job_dir, node.index, keeper_spec)
+
+    def _container_keeper_spec(self, node: process_specs.NodeProcessSpec) -> dict[str, Any]:
+        """The keeper spec of a node that runs as a container: the keeper runs the engine's ``run``, attached."""
+        container = self.spec.container
+        assert container is not None
+        env = process_specs.container_node_environment(node, self.port, self.restarts, self.spec.elastic)
+        host_volumes = read_host_volumes(self.job_dir)
+        mounts = [(m.mount_path, m.host_path(node.index), m.read_only, m.tmpfs_bytes)
+                  for m in (host_volumes.mounts if host_volumes is not None else [])]
+        argv, engine_env = containers.node_command(container, self.name, str(self.job_dir), node.index, node.command,
+                                                   env, mounts, node.cpus, node.gpus)
+        return {
+            "home": str(self.store.home), "name": self.name, "job_dir": str(self.job_dir), "node": node.index,
+            "argv": argv, "env": engine_env, "cwd": str(self.job_dir), "cpus": [],
+            "log_max_bytes": self.spec.log_max_bytes, "mounts": None, "use_warm_node": False,
+            "continue_log": self.continue_log and node.index == 0,
+            "container": {"engine": container.engine, "engine_path": container.engine_path, "keep": container.keep,
+                          "name": containers.container_name(self.name, str(self.job_dir), node.index),
+                          "memory_bytes": container.memory_bytes},
+        }
 
     def _adopt_nodes(self) -> bool:
         """Take over the keepers a lost supervisor started; ``False`` when none of its nodes was running."""
