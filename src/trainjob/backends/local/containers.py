@@ -332,6 +332,44 @@ def container_state(engine: Engine, name: str) -> dict[str, Any] | None:
     return None
 
 
+def memory_cgroup(pid: int) -> str | None:
+    """The memory cgroup directory of process ``pid`` (a container's), ``None`` when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    for _, controllers, path in lines:
+        if "memory" in controllers.split(","):
+            return f"/sys/fs/cgroup/memory{path}"
+    for hierarchy, _, path in lines:
+        if hierarchy == "0":
+            return f"/sys/fs/cgroup{path}"
+    return None
+
+
+def namespace_pid(pid: int) -> int | None:
+    """Process ``pid``'s pid in its own (the container's) pid namespace, ``None`` when it cannot be read."""
+    with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/status", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    return None
+
+
+def oom_kills(cgroup: str) -> int:
+    """How many processes the kernel's OOM killer has killed in ``cgroup`` (v1 ``memory.oom_control``, v2
+    ``memory.events``); 0 when it cannot be read. The engines report ``OOMKilled`` only when the container's first
+    process is the one killed, and a container's ranks are its first process's children."""
+    for name in ("memory.oom_control", "memory.events"):
+        with contextlib.suppress(OSError, ValueError), open(f"{cgroup}/{name}", encoding="ascii") as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    return 0
+
+
 def remove_container(engine: Engine, name: str) -> None:
     """Remove a container (stopping it first), and its anonymous volumes; nothing when there is none."""
     engine.command("rm", "--force", "--volumes", name)

@@ -10,9 +10,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from trainjob.backends.local.processes import JOB_DIR_ENV
 from trainjob.backends.local.worker_site import SITE_DIR
-from trainjob.constants import PET_PREFIX
+from trainjob.constants import JOB_DIR_ENV, PET_PREFIX
 
 #: Inherited variables that would confuse the node processes (a job started from inside another job).
 INHERITED_DROP_PREFIXES = (PET_PREFIX, "TORCHELASTIC_", "TRAINJOB_SITE_")

@@ -79,11 +79,10 @@ from trainjob.backends.local.node_env import (  # noqa: F401  (part of this modu
     passed_env,
     with_python,
 )
-from trainjob.backends.local.processes import JOB_DIR_ENV
 from trainjob.backends.local.supervisor.rendezvous import RDZV_CONF
 from trainjob.backends.local.worker_site import STACKS_DIR_ENV, STACKS_SIGNAL, STACKS_SIGNAL_ENV
 from trainjob.backends.stall import StallPolicy
-from trainjob.constants import PET_RDZV_ENDPOINT, PET_RDZV_ID
+from trainjob.constants import JOB_DIR_ENV, METRICS_FILE_ENV, PET_RDZV_ENDPOINT, PET_RDZV_ID
 from trainjob.errors import ValidationError
 from trainjob.runtime.launch import Addressing, addressing_env
 
@@ -229,7 +228,7 @@ def build_process_spec(
         env.update({
             "TRAINJOB_JOB_NAME": plan.job_name,
             JOB_DIR_ENV: str(job_dir),
-            "TRAINJOB_METRICS_FILE": str(job_dir / "metrics.jsonl"),
+            METRICS_FILE_ENV: str(job_dir / "metrics.jsonl"),
             "TORCHELASTIC_ERROR_FILE": str(job_dir / "logs" / f"node-{index}.error.json"),
         })
         env.update({STACKS_DIR_ENV: str(job_dir / "stacks"), STACKS_SIGNAL_ENV: str(int(STACKS_SIGNAL))})
@@ -340,7 +339,7 @@ def build_mpi_process_spec(
             SLOTS_ENV: str(policy.slots),
             "TRAINJOB_JOB_NAME": plan.job_name,
             JOB_DIR_ENV: str(job_dir),
-            "TRAINJOB_METRICS_FILE": str(job_dir / "metrics.jsonl"),
+            METRICS_FILE_ENV: str(job_dir / "metrics.jsonl"),
         })
         role = ["launcher", *command] if index == 0 else ["node"]
         pinned = cpu_sets[index] if requested_cpus is not None else []

@@ -24,11 +24,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from trainjob.constants import JOB_DIR_ENV
+
 if TYPE_CHECKING:  # psutil (8 ms to import) is imported where used: listing finished jobs never needs it
     import psutil
 
-#: Environment variable naming the job's directory: every process of the job has it (what process sweeps look for).
-JOB_DIR_ENV = "TRAINJOB_JOB_DIR"
 SUPERVISOR_LOCK_FILE = "supervisor.lock"
 
 

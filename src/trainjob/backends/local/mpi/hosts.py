@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainjob.backends.local.mpi.output import RankLines, RankRelay, failure_report
-from trainjob.backends.local.processes import JOB_DIR_ENV
+from trainjob.constants import JOB_DIR_ENV
 
 MODULE = "trainjob.backends.local.mpi"
 RSH_MODULE = "trainjob.backends.local.mpi.rsh"

@@ -17,7 +17,7 @@ import os
 import sys
 
 from trainjob.backends.local.mpi.hosts import HOSTS_ENV, request
-from trainjob.backends.local.processes import JOB_DIR_ENV
+from trainjob.constants import JOB_DIR_ENV
 
 #: ssh options that take a value (``-o Key=Value``, ``-p 22`` ...); any other option is a flag.
 _OPTIONS_WITH_VALUE = set("BbcDEeFIiJLlmOoPpQRSWw")

@@ -110,6 +110,9 @@ class Keeper:
         #: The node runs as a container (:mod:`~trainjob.backends.local.containers`): its name, engine and limit.
         self.container: dict[str, Any] | None = spec.get("container")
         self.container_state: dict[str, Any] | None = None
+        #: The container's memory cgroup (from its first rank), where the OOM killer's kills are counted.
+        self.container_cgroup: str | None = None
+        self.oom_killed = False
 
     def _start_node(self, cpus: list[int],
                     mounts: list[Any] | None) -> tuple[subprocess.Popen[bytes], int] | None:
@@ -253,11 +256,21 @@ class Keeper:
             self.workers[pid] = {"pid": pid, "rank": rank, "local_rank": local_rank, "time": None}
             self.worker_fds[fd] = pid
             self.poller.register(fd, select.POLLIN)
+            if self.container is not None:  # torchrun's report names the container's pids
+                from trainjob.backends.local.containers import memory_cgroup, namespace_pid
+
+                self.workers[pid]["ns_pid"] = namespace_pid(pid)
+                if self.container_cgroup is None:
+                    self.container_cgroup = memory_cgroup(pid)
 
     def _worker_ended(self, fd: int, when: float) -> None:
         self.workers[self.worker_fds.pop(fd)]["time"] = when
         self.poller.unregister(fd)
         os.close(fd)
+        if self.container_cgroup is not None and not self.oom_killed:  # read while the cgroup still exists
+            from trainjob.backends.local.containers import oom_kills
+
+            self.oom_killed = oom_kills(self.container_cgroup) > 0
 
     # processes below the keeper
 
@@ -375,7 +388,8 @@ class Keeper:
         assert self.container is not None
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             self.container_state = container_state(self._engine(), self.container["name"])
-        if self.container_state and self.container_state["oom_killed"]:
+        self.oom_killed = self.oom_killed or bool(self.container_state and self.container_state["oom_killed"])
+        if self.oom_killed:
             limit = self.container["memory_bytes"]
             words = f" its memory limit of {memory_words(limit)}" if limit else " the memory it could get"
             self.log.write(f"[trainjob] container {self.container['name']} of node-{self.index} was OOMKilled: a "
@@ -387,7 +401,7 @@ class Keeper:
         record = {"code": code, "time": ended, "stopped": self.stop_requested, "ranks": list(self.workers.values())}
         if self.container is not None:
             record["container"] = {"name": self.container["name"], "memory_bytes": self.container["memory_bytes"],
-                                   "oom_killed": bool(self.container_state and self.container_state["oom_killed"])}
+                                   "oom_killed": self.oom_killed}
         path = exit_record_path(self.job_dir, self.index)
         temporary = path.with_suffix(".tmp")
         with contextlib.suppress(OSError):  # the job's directory may be gone already

@@ -117,7 +117,9 @@ class NodeFailure:
 def node_failures(job_dir: Path, node: int, exit: NodeExit | None, code: int) -> list[NodeFailure]:
     """The failures of one node that failed by itself (``code`` its exit code), each timed as precisely as known."""
     tail = log_tail(job_dir, node, _TAIL_BYTES)
-    ended = {int(r["pid"]): float(r["time"]) for r in (exit.ranks if exit else []) if r.get("time") is not None}
+    # a container's ranks: torchrun's report names their pids in the container (``ns_pid``)
+    ended = {int(r.get("ns_pid") or r["pid"]): float(r["time"])
+             for r in (exit.ranks if exit else []) if r.get("time") is not None}
     failures = []
     for report in _REPORTED_FAILURE.finditer(tail[tail.rfind("\nFailures:") + 1 :] if "\nFailures:" in tail else ""):
         pid = int(report["pid"]) if report["pid"] else None
@@ -155,7 +157,7 @@ def _reported_earlier(failures: list[NodeFailure], exit: NodeExit | None) -> boo
     seen: dict[int, set[int]] = {}
     for rank in exit.ranks if exit else []:
         with contextlib.suppress(KeyError, TypeError, ValueError):
-            seen.setdefault(int(rank["rank"]), set()).add(int(rank["pid"]))
+            seen.setdefault(int(rank["rank"]), set()).add(int(rank.get("ns_pid") or rank["pid"]))
     return any(f.rank in seen and f.pid is not None and f.pid not in seen[f.rank] for f in failures)
 
 

@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainjob.backends.local.processes import JOB_DIR_ENV, supervisor_lock_held
+from trainjob.backends.local.processes import supervisor_lock_held
+from trainjob.constants import JOB_DIR_ENV
 
 #: ``--rdzv-conf`` of shrinkable local jobs: the store is the supervisor's; a node whose loss the supervisor
 #: recorded is dropped by the others' agents as soon as its agent's process is gone

@@ -35,8 +35,8 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
-from trainjob.backends.local.processes import JOB_DIR_ENV
 from trainjob.backends.local.supervisor.rendezvous import losses_since
+from trainjob.constants import JOB_DIR_ENV
 
 #: How long failed ranks wait for the supervisor to say whether a node was lost (it notices within 0.1 s).
 LOSS_WAIT_SECONDS = 3.0
