@@ -117,6 +117,8 @@ FINISHED_STATUSES = (COMPLETE, FAILED)
 # --- trainjob's own environment in training processes -----------------------------------------------------------
 #: The JSON-lines file ``trainjob.torch.report`` appends metrics to (set by the local backend).
 METRICS_FILE_ENV = "TRAINJOB_METRICS_FILE"
+#: A local job's directory: every process of the job has it (the local backend's process sweeps look for it).
+JOB_DIR_ENV = "TRAINJOB_JOB_DIR"
 #: What each node of a Ray job offers Ray (``ray start --num-cpus/--num-gpus``), set by the Ray runtime plugin from
 #: ``resourcesPerNode``; without them Ray counts the machine's.
 RAY_NUM_CPUS_ENV = "TRAINJOB_RAY_NUM_CPUS"

@@ -34,7 +34,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.optim import Optimizer
 
-from trainjob.constants import PET_NODE_RANK
+from trainjob.constants import JOB_DIR_ENV, PET_NODE_RANK
 from trainjob.errors import ValidationError
 from trainjob.torch import env
 
@@ -42,8 +42,6 @@ __all__ = ["LR_SCALINGS", "ElasticConfig", "lr_factor", "scale_learning_rate"]
 
 #: The accepted ``lr_scaling`` values besides ``None``.
 LR_SCALINGS = ("linear", "sqrt")
-#: Where the local backend tells the ranks about rounds and grows (see ``trainjob.backends.local.supervisor.rendezvous``).
-_JOB_DIR_ENV = "TRAINJOB_JOB_DIR"
 _ROUNDS_FILE = "elastic.jsonl"
 _GROW_REQUEST = os.path.join("elastic", "grow-request")
 _GROW_READY = os.path.join("elastic", "grow-ready")
@@ -158,7 +156,7 @@ def record_round(step: int, saved: dict[str, Any] | None) -> dict[str, Any]:
                 f"{ctx.world_size}), resuming at step {step}",
                 flush=True,
             )
-        job_dir = os.environ.get(_JOB_DIR_ENV)
+        job_dir = os.environ.get(JOB_DIR_ENV)
         if job_dir and os.path.isdir(job_dir):
             with open(os.path.join(job_dir, _ROUNDS_FILE), "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
@@ -169,7 +167,7 @@ def grow_gate(step: int, config: ElasticConfig, before: Callable[[], None] | Non
     """After the checkpoint of ``step``: if a node waits to come back, finish the save (``before``), tell the
     supervisor and wait to be restarted (at most ``config.grow_wait_seconds``). Collective; whether it waited."""
     ctx = env.init()
-    job_dir = os.environ.get(_JOB_DIR_ENV)
+    job_dir = os.environ.get(JOB_DIR_ENV)
     if not job_dir:
         return False
     request = os.path.join(job_dir, _GROW_REQUEST)

@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Any
 
+from trainjob.constants import JOB_DIR_ENV
+
 TENSORBOARD_ENV = "TRAINJOB_TENSORBOARD"
 TENSORBOARD_DIR_ENV = "TRAINJOB_TENSORBOARD_DIR"
 #: How often the writer flushes to disk, so a running job's curves show up in TensorBoard without waiting long.
@@ -30,7 +32,7 @@ def enabled() -> bool:
 
 def log_dir() -> str | None:
     """Where this process's run goes; ``None`` means SummaryWriter's own default (``./runs/...``)."""
-    return os.environ.get(TENSORBOARD_DIR_ENV) or os.environ.get("TRAINJOB_JOB_DIR") or None
+    return os.environ.get(TENSORBOARD_DIR_ENV) or os.environ.get(JOB_DIR_ENV) or None
 
 
 def write_scalars(values: dict[str, float], step: int | None) -> None:

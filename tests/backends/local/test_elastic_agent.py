@@ -19,10 +19,10 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     _RendezvousState,
 )
 
-from trainjob.backends.local.processes import JOB_DIR_ENV
 from trainjob.backends.local.supervisor.rendezvous import record_loss
 from trainjob.backends.local.torchrun import elastic_agent
 from trainjob.backends.local.torchrun.elastic_agent import ShrinkingAgent, _ClosingJoinOp, _drop_dead_nodes
+from trainjob.constants import JOB_DIR_ENV
 
 #: Above the largest pid_max Linux allows (2**22): no process has it.
 NO_SUCH_PID = 2**22 + 1
