@@ -38,7 +38,8 @@ DEFAULT_PIP_INDEX_URLS = ("https://pypi.org/simple",)
 class CustomTrainer:
     """A self-contained training function, shipped as source and called with ``**func_args`` on every rank.
 
-    ``image`` replaces the runtime's trainer image (on a cluster; local jobs run in this Python environment).
+    ``image`` replaces the runtime's trainer image (on a cluster, and for local jobs with
+    ``ContainerBackendConfig``, whose nodes run in it; process nodes run in this Python environment).
     ``resources_per_node`` takes ``cpu``, ``memory``, ``gpu`` (meaning ``nvidia.com/gpu``) or any Kubernetes
     resource name; ``packages_to_install`` (PEP 508 requirements, never pip options) go into a per-job
     environment that still sees the installed torch, from ``pip_index_urls`` (the first is the index, the others

@@ -203,3 +203,32 @@ def test_bad_input_is_refused_naming_it_and_creates_nothing(backend, image, monk
     with pytest.raises(NotFoundError):
         backend.get_job("refused")
     assert _leftovers()["networks"] == []
+
+
+def train_pytorch():
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    device, backend = ("cuda", "nccl") if torch.cuda.is_available() else ("cpu", "gloo")
+    dist.init_process_group(backend=backend)
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    model = DDP(torch.nn.Linear(10, 10).to(device))
+    model(torch.randn(4, 10)).sum().backward()
+    print(f"Training on rank {dist.get_rank()}/{dist.get_world_size()} (local rank {local_rank})")
+    dist.destroy_process_group()
+
+
+def test_the_seed_000_sdk_example_runs_in_its_image_with_container_backend_config(backend, image):
+    from trainjob import ContainerBackendConfig, CustomTrainer, TrainerClient
+
+    client = TrainerClient(ContainerBackendConfig(container_runtime="podman"))
+    job_id = client.train(trainer=CustomTrainer(func=train_pytorch, num_nodes=2, image=image,
+                                                resources_per_node={"cpu": 1, "memory": "2Gi"}))
+    job = client.wait_for_job_status(job_id, timeout=300)
+    assert job.status == "Complete"
+    logs = [line for step in ("node-0", "node-1") for line in client.get_job_logs(job_id, step=step, follow=True)]
+    assert any("Training on rank 0/2" in line for line in logs) and any("Training on rank 1/2" in line for line in logs)
+    assert any(e.reason == "ContainersUsed" for e in client.get_job_events(job_id))
