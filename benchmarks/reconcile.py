@@ -211,7 +211,7 @@ def backlog(args: argparse.Namespace) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as tmp, ControlPlane.start(Path(tmp) / "cluster", nodes=0) as cp:
         cluster = TrainJobCluster(cp, Path(tmp))
-        cluster.install()
+        reconcile_kwok.install(cluster)
         api: KubeApi = cluster.api
         namespaces = ("baseline", "bench", "bench-kubeflow")
         cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in namespaces])

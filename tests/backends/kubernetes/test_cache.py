@@ -60,3 +60,14 @@ def test_deleted_objects_are_remembered_up_to_a_bound(monkeypatch: Any) -> None:
     for i in range(5):
         cache.observe(JOBSETS, obj(f"j{i}", str(i), uid=f"u{i}"), deleted=True)
     assert [cache.last_deleted(JOBSETS, "ml", f"j{i}") is not None for i in range(5)] == [False, False, True, True, True]
+
+
+def test_managed_fields_are_not_kept_and_the_watched_object_is_not_changed() -> None:
+    cache = ObjectCache()
+    event = obj("a", "1", status={"ok": True})
+    event["metadata"]["managedFields"] = [{"manager": "jobset", "fieldsV1": {"f:status": {}}}]
+    cache.observe(JOBSETS, event)
+    cache.store(TRAINJOBS, {**obj("a", "2"), "metadata": {**obj("a", "2")["metadata"], "managedFields": []}})
+    assert cache.get(JOBSETS, "ml", "a") == obj("a", "1", status={"ok": True})
+    assert "managedFields" not in cache.get(TRAINJOBS, "ml", "a")["metadata"]
+    assert "managedFields" in event["metadata"]

@@ -13,15 +13,22 @@ import time
 import urllib.request
 from typing import Any
 
+import kopf
 import pytest
+from kopf._cogs.structs import references
 from kubetest.cluster import TrainJobCluster, wait_for
 from kubetest.controlplane import free_port
 
+from trainjob.backends.kubernetes.operator import configure
+from trainjob.backends.kubernetes.pytorchjob import OPERATOR_NAME, OPERATOR_NAME_LABEL
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
     JOBSETS,
+    PODS,
     RUNTIME_SNAPSHOT_ANNOTATION,
+    TRAINJOB_NAME_LABEL,
     TRAINJOBS,
+    ResourceRef,
 )
 from trainjob.backends.kubernetes.status import find_condition
 from trainjob.constants import LAUNCH_ANNOTATION
@@ -198,3 +205,16 @@ def test_trainjob_operator_command_serves_probes_reconciles_and_stops_on_sigint(
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, output[-3000:]
+
+
+@pytest.mark.parametrize(("resource", "selector"), [
+    (JOBSETS, TRAINJOB_NAME_LABEL),
+    (PODS, f"{OPERATOR_NAME_LABEL}={OPERATOR_NAME}"),
+    (TRAINJOBS, ""),
+], ids=["jobsets-of-trainjobs", "pods-of-pytorchjobs", "every-trainjob"])
+def test_the_api_server_filters_the_watched_pods_and_jobsets(resource: ResourceRef, selector: str) -> None:
+    settings = kopf.OperatorSettings()
+    configure(settings)
+    watched = references.Resource(group=resource.group, version=resource.version, plural=resource.plural,
+                                  kind=resource.kind, namespaced=True)
+    assert ",".join(settings.watching.label_selectors.collect(watched)) == selector

@@ -78,8 +78,12 @@ class ObjectCache:
         return f"{ref.plural}.{ref.group}" in self._kinds
 
     def observe(self, ref: ResourceRef, obj: dict[str, Any], deleted: bool = False) -> None:
-        """What a watch delivered: the object as it now is, or as it was when deleted."""
+        """What a watch delivered: the object as it now is, or as it was when deleted (kept without
+        ``metadata.managedFields``, which nothing here reads and which is often the largest part of it)."""
         meta = obj.get("metadata") or {}
+        if "managedFields" in meta:
+            meta = {k: v for k, v in meta.items() if k != "managedFields"}
+            obj = {**obj, "metadata": meta}
         key = _key(ref, meta.get("namespace"), str(meta.get("name")))
         with self._lock:
             if deleted:
