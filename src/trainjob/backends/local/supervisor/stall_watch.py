@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainjob.backends.local.stacks import STACKS_DIR, dump_stacks, rank_process
+from trainjob.backends.local.stacks import STACKS_DIR, dump_stacks
 from trainjob.backends.stacks import StuckRanks, find_stuck_ranks, format_stacks
 from trainjob.backends.stall import ProgressClock, RankCollectives, StallPolicy, collectives_overdue
 
@@ -75,10 +75,11 @@ def rank_collectives(job_dir: Path) -> list[RankCollectives]:
     for path in sorted(directory.glob("collectives-rank-*.json")) if directory.is_dir() else []:
         with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
             data = json.loads(path.read_text(encoding="utf-8"))
-            rank = int(data["rank"])
-            if rank_process(job_dir, rank, int(data["pid"])) is None:
+            # A rank in a container names its pid there; a new run's ranks write files of their own either way.
+            if not psutil.pid_exists(int(data["pid"])):
                 path.unlink()
                 continue
+            rank = int(data["rank"])
             found[rank] = RankCollectives(rank, data["completed_at"], data["waiting_since"])
     return [found[rank] for rank in sorted(found)]
 
