@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from trainjob.backends.local.stacks import STACKS_DIR, dump_stacks
 from trainjob.backends.stacks import StuckRanks, find_stuck_ranks, format_stacks
 from trainjob.backends.stall import ProgressClock, RankCollectives, StallPolicy, collectives_overdue
