@@ -71,3 +71,12 @@ def test_managed_fields_are_not_kept_and_the_watched_object_is_not_changed() -> 
     assert cache.get(JOBSETS, "ml", "a") == obj("a", "1", status={"ok": True})
     assert "managedFields" not in cache.get(TRAINJOBS, "ml", "a")["metadata"]
     assert "managedFields" in event["metadata"]
+
+
+def test_holds_is_true_for_the_very_version_cached_only() -> None:
+    cache = ObjectCache()
+    cache.store(TRAINJOBS, obj("a", "7"))  # our write's answer
+    assert cache.holds(TRAINJOBS, obj("a", "7"))
+    assert not cache.holds(TRAINJOBS, obj("a", "8"))
+    assert not cache.holds(TRAINJOBS, obj("b", "7"))
+    assert not cache.holds(JOBSETS, obj("a", "7"))

@@ -218,3 +218,31 @@ def test_the_api_server_filters_the_watched_pods_and_jobsets(resource: ResourceR
     watched = references.Resource(group=resource.group, version=resource.version, plural=resource.plural,
                                   kind=resource.kind, namespaced=True)
     assert ",".join(settings.watching.label_selectors.collect(watched)) == selector
+
+
+@pytest.mark.parametrize(("event_type", "version", "queued"), [
+    ("MODIFIED", "7", False),
+    ("MODIFIED", "8", True),
+    ("ADDED", "7", True),
+    (None, "7", True),
+], ids=["the-echo-of-our-write-is-not-queued", "a-newer-version-is-queued", "an-added-one-is-queued",
+        "the-initial-listing-is-queued"])
+def test_trainjob_events_queue_the_job_unless_they_echo_our_own_write(event_type: str | None, version: str,
+                                                                         queued: bool) -> None:
+    import asyncio
+
+    from trainjob.backends.kubernetes.operator import OperatorState, enqueue_trainjob
+
+    def job(rv: str) -> dict[str, Any]:
+        return {"apiVersion": TRAINJOBS.api_version, "kind": TRAINJOBS.kind,
+                "metadata": {"name": "mnist", "namespace": "ml", "resourceVersion": rv, "uid": "u"}}
+
+    async def deliver() -> OperatorState:
+        memo = OperatorState(api=None, reconciler=None)  # type: ignore[arg-type]  # the handler uses neither
+        memo.cache.store(TRAINJOBS, job("7"))  # the answer to our status write
+        await enqueue_trainjob(body=kopf.Body(job(version)), event={"type": event_type, "object": job(version)},
+                               memo=memo)
+        return memo
+
+    memo = asyncio.run(deliver())
+    assert len(memo.queue) == (1 if queued else 0)

@@ -41,26 +41,32 @@ def test_merge_patch_is_what_changed_and_applies_to_the_new_status(old: dict, ne
 
 
 SETTLING = [
-    # (id, seconds since the last write (None: never written), old, new, seconds to wait (None: write now))
+    # (id, seconds since the last write (None: never written; "created S": since the JobSet's create), old, new,
+    #  seconds to wait (None: write now))
     ("never-written-writes-now", None, RUNNING, BOTH_ACTIVE, None),
     ("pod-counts-just-after-a-write-wait", 0.25, RUNNING, BOTH_ACTIVE, STATUS_SETTLE_SECONDS - 0.25),
     ("pod-counts-once-settled-write-now", STATUS_SETTLE_SECONDS, RUNNING, BOTH_ACTIVE, None),
     ("a-condition-is-never-held-back", 0.25, RUNNING, {**BOTH_ACTIVE, "conditions": [FAILED]}, None),
     ("a-report-is-never-held-back", 0.25, RUNNING, {**BOTH_ACTIVE, "trainerStatus": REPORT}, None),
     ("no-change-has-nothing-to-wait-for", 0.25, RUNNING, RUNNING, None),
+    ("pod-counts-just-after-the-jobset-was-created-wait", "created 0.25", {}, RUNNING, STATUS_SETTLE_SECONDS - 0.25),
+    ("pod-counts-once-the-new-jobset-settled-write-now", f"created {STATUS_SETTLE_SECONDS}", {}, RUNNING, None),
 ]
 
 
 @pytest.mark.parametrize(("since", "old", "new", "wait"), [case[1:] for case in SETTLING],
                          ids=[case[0] for case in SETTLING])
-def test_settling_holds_back_only_pod_counts_just_after_a_write(since: float | None, old: dict, new: dict,
+def test_settling_holds_back_only_pod_counts_just_after_a_write(since: float | str | None, old: dict, new: dict,
                                                                  wait: float | None) -> None:
     clock = [NOW]
     api = MemoryApi(lambda: clock[0])
     api.seed({"apiVersion": TRAINJOBS.api_version, "kind": TRAINJOBS.kind,
               "metadata": {"name": "mnist", "namespace": "ml"}, "status": old})
     writer = StatusWriter(api, CachedReads(api), clock=lambda: clock[0])
-    if since is not None:
+    if isinstance(since, str):  # "created S": the job's JobSet was created S seconds ago, no status written
+        writer.jobset_created("ml", "mnist")
+        clock[0] += float(since.split()[1])
+    elif since is not None:
         writer.write("ml", "mnist", {}, old)
         clock[0] += since
     assert writer.settling("ml", "mnist", old, new, clock[0]) == wait

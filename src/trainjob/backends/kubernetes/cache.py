@@ -101,6 +101,15 @@ class ObjectCache:
             if _newer(obj, self._objects.get(key)):
                 self._objects[key] = obj
 
+    def holds(self, ref: ResourceRef, obj: dict[str, Any]) -> bool:
+        """Whether the cache has this very version of ``obj`` already (the answer to one of our own writes, whose
+        watch event comes back to us)."""
+        meta = obj.get("metadata") or {}
+        version = meta.get("resourceVersion")
+        with self._lock:
+            cached = self._objects.get(_key(ref, meta.get("namespace"), str(meta.get("name"))))
+        return version is not None and cached is not None and cached["metadata"].get("resourceVersion") == version
+
     def store(self, ref: ResourceRef, obj: dict[str, Any] | None) -> None:
         """What one of our writes returned (``None``: the object was gone), unless the cache has newer."""
         if obj is not None and obj.get("metadata"):

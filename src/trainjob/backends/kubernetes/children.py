@@ -200,6 +200,7 @@ class Children:
                     return None
                 raise
         if made_jobset:
+            self.writer.jobset_created(job["metadata"]["namespace"], job["metadata"]["name"])
             for change in limits_set:
                 self.api.post_event(job, "Normal", "ExtendedResourceLimitsSet", change)
             self.events.announce(job, created)

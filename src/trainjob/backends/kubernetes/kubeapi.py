@@ -241,7 +241,8 @@ class KubeApi:
             "count": 1,
         }
         try:
-            self.core.create_namespaced_event(meta["namespace"], event)
+            # read as bytes, not made into the client's V1Event model (its timestamps parsed by dateutil)
+            self.core.create_namespaced_event(meta["namespace"], event, _preload_content=False).read()
         except Exception as exc:
             if name and _status(exc) == 409:
                 return

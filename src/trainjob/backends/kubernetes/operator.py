@@ -3,7 +3,7 @@
 their CRD is the one ``trainjob install`` put there (not the Training Operator's).
 
 Watch events keep the operator's cache (:mod:`.cache`: TrainJobs, JobSets, runtimes) and put the job's key into
-the queue; the reconciler reads the current state from that cache and converges it, so missed or repeated events
+the queue (not for the echo of the operator's own write, whose answer the cache holds already); the reconciler reads the current state from that cache and converges it, so missed or repeated events
 do no harm and a restarted operator picks every job up again from the initial listing (which requests a pass makes
 besides its writes: :mod:`.reconcile`). Failed passes are retried with backoff; jobs with a deadline are queued
 again for it::
@@ -112,6 +112,14 @@ async def start_workers(memo: OperatorState, **_: Any) -> None:
             memo.pytorchjob_queue.run_workers(handle_pytorchjob, memo.workers), name="pytorchjob-workers"))
 
 
+async def warm_framework(**_: Any) -> None:
+    """On startup: build the runtime framework (its plugins, entry points of every installed distribution
+    included: half a CPU-second) before the watches start, not in the first job's reconcile."""
+    from trainjob.runtime.framework import default_framework
+
+    await asyncio.to_thread(default_framework)
+
+
 async def _measured(memo: OperatorState, kind: str, queue: WorkQueue,
                     reconcile: Callable[[str, str], float | None], namespace: str, name: str) -> float | None:
     """One reconcile in a worker thread, its duration and result counted in the metrics."""
@@ -146,15 +154,23 @@ async def stop_workers(memo: OperatorState, **_: Any) -> None:
     memo.tasks.clear()
 
 
-def _cache(memo: OperatorState, ref: Any, event: dict[str, Any]) -> None:
+def _cache(memo: OperatorState, ref: Any, event: dict[str, Any]) -> bool:
+    """Keep what the event carries; ``False`` when it is news to no one: the cache holds that version already,
+    the answer to our own write, which the pass that made it has seen."""
     obj = event.get("object")
-    if isinstance(obj, dict):
-        memo.cache.observe(ref, obj, deleted=event.get("type") == "DELETED")
+    if not isinstance(obj, dict):
+        return True
+    if event.get("type") == "MODIFIED" and memo.cache.holds(ref, obj):
+        return False
+    memo.cache.observe(ref, obj, deleted=event.get("type") == "DELETED")
+    return True
 
 
 async def enqueue_trainjob(body: kopf.Body, event: dict[str, Any], memo: OperatorState, **_: Any) -> None:
-    """Any event about a TrainJob (including the initial listing after a restart) is cached and queues it."""
-    _cache(memo, TRAINJOBS, event)
+    """Any event about a TrainJob (including the initial listing after a restart) is cached and queues it, but for
+    the echo of the operator's own status write."""
+    if not _cache(memo, TRAINJOBS, event):
+        return
     memo.queue.add((body.metadata.namespace, body.metadata.name))
     if memo.metrics is not None:
         memo.metrics.set_queue_depth(TRAINJOBS.kind, len(memo.queue))
@@ -169,8 +185,10 @@ async def cache_runtime(event: dict[str, Any], memo: OperatorState, **_: Any) ->
 
 
 async def enqueue_jobset_owner(body: kopf.Body, event: dict[str, Any], memo: OperatorState, **_: Any) -> None:
-    """A JobSet changed (status from the JobSet controller, deletion): cache it, queue the TrainJob that owns it."""
-    _cache(memo, JOBSETS, event)
+    """A JobSet changed (status from the JobSet controller, deletion): cache it, queue the TrainJob that owns it
+    (not for the echo of the operator's own write)."""
+    if not _cache(memo, JOBSETS, event):
+        return
     for ref in body.metadata.get("ownerReferences") or []:
         if ref.get("kind") == TRAINJOBS.kind and ref.get("apiVersion") == TRAINJOBS.api_version:
             memo.queue.add((body.metadata.namespace, ref["name"]))
@@ -246,6 +264,7 @@ def make_registry(pytorchjobs: bool = False) -> kopf.OperatorRegistry:
     ``pytorchjobs``: also PyTorchJobs and their pods."""
     registry = kopf.OperatorRegistry()
     kopf.on.startup(registry=registry)(configure)
+    kopf.on.startup(registry=registry)(warm_framework)
     kopf.on.startup(registry=registry)(start_workers)
     kopf.on.startup(registry=registry)(start_status_server)
     kopf.on.cleanup(registry=registry)(stop_workers)

@@ -130,12 +130,14 @@ class Reconciler:
             return _sooner(remaining, settle)
         self.writer.write(namespace, name, status, new)
         if st.finished_condition(new) is not None:
+            self._forget(namespace, name)
             return self._expire({**job, "status": new}, now)
         return remaining if suspend or not polled else _sooner(remaining, progress.RESYNC_SECONDS)
 
     def _forget(self, namespace: str, name: str) -> None:
         """Drop what this process remembered of a job that finished or went."""
         self.events.forget(namespace, name)
+        self.writer.forget(namespace, name)
         self.stalls.forget(namespace, name)
         self.pod_starts.forget(namespace, name)
 

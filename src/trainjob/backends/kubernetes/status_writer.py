@@ -3,6 +3,7 @@
 The reconciler derives the status (:mod:`.status`); this module writes it::
 
     writer = StatusWriter(api, CachedReads(api, cache), clock=time.time)
+    writer.jobset_created("ml", "mnist")                     # its JobSet's first counts settle like a write's
     wait = writer.settling("ml", "mnist", old, new, now)   # seconds to hold a pod-count-only change back, or None
     if wait is None:
         writer.write("ml", "mnist", old, new)              # one PATCH of trainjobs/status, nothing when equal
@@ -22,8 +23,9 @@ from trainjob.backends.kubernetes.resources import TRAINJOBS
 
 log = logging.getLogger("trainjob.operator")
 
-#: Pod counts (``jobsStatus``) of one job are written at most this often: a burst of JobSet updates while its
-#: pods start becomes one write. Conditions are written at once.
+#: Pod counts (``jobsStatus``) of one job are written at most this often, counted from its last status write or
+#: its JobSet's creation: a burst of JobSet updates while its pods start becomes one write. Conditions are written
+#: at once.
 STATUS_SETTLE_SECONDS = 1.0
 _REMEMBERED = 50_000  # jobs whose last write time is kept; past it the oldest half is forgotten
 
@@ -56,7 +58,8 @@ class StatusWriter:
                  now: float) -> float | None:
         """Seconds to wait before writing ``new`` when it differs from ``old`` only in ``jobsStatus`` (pods
         starting or ending one by one, which JobSet reports in bursts) and the job's status was written less than
-        :data:`STATUS_SETTLE_SECONDS` ago; ``None``: write now. Conditions are never held back."""
+        :data:`STATUS_SETTLE_SECONDS` ago (or its JobSet created: :meth:`jobset_created`); ``None``: write now.
+        Conditions are never held back."""
         if new == old or {k: v for k, v in new.items() if k != "jobsStatus"} != \
                 {k: v for k, v in old.items() if k != "jobsStatus"}:
             return None
@@ -65,14 +68,26 @@ class StatusWriter:
             return None
         return STATUS_SETTLE_SECONDS - (now - last)
 
-    def write(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
-        """Patch the job's status from ``old`` to ``new`` (:func:`merge_patch`); nothing when they are equal."""
-        if new == old:
-            return
+    def jobset_created(self, namespace: str, name: str) -> None:
+        """The job's JobSet was just created: the counts its status fills in next (jobs, then pods, within a
+        second) settle into one write, as after a status write."""
+        self._remember(namespace, name)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop the write time of a job that finished or went."""
+        self._written.pop((namespace, name), None)
+
+    def _remember(self, namespace: str, name: str) -> None:
         self._written[(namespace, name)] = self.clock()
         if len(self._written) > _REMEMBERED:
             for key in sorted(self._written, key=self._written.__getitem__)[:_REMEMBERED // 2]:
                 del self._written[key]
+
+    def write(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+        """Patch the job's status from ``old`` to ``new`` (:func:`merge_patch`); nothing when they are equal."""
+        if new == old:
+            return
+        self._remember(namespace, name)
         self.reads.stored(TRAINJOBS, self.api.patch_status(TRAINJOBS, namespace, name, merge_patch(old, new)))
 
     def fail(self, job: dict[str, Any], status: dict[str, Any], reason: str, message: str, now: float) -> None:
