@@ -46,8 +46,10 @@ if ! command -v mpirun >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/
 fi
 # The test cluster's real nodes: containerd, runc and the CNI plugins run the pods; buildah builds their images,
 # Debian's docker-registry serves them on loopback, debootstrap makes the Debian base; kube-proxy programs iptables,
-# conntrack cleans its entries. Installed the same way (CI requires the cluster tests).
-node_packages=(containerd runc containernetworking-plugins buildah docker-registry debootstrap iptables conntrack)
+# conntrack cleans its entries. Podman (with netavark, aardvark-dns for names on a job's network, catatonit for
+# --init) runs local jobs' nodes as containers of their image. Installed the same way (CI requires these tests).
+node_packages=(containerd runc containernetworking-plugins buildah docker-registry debootstrap iptables conntrack
+               podman netavark aardvark-dns catatonit)
 missing=()
 for package in "${node_packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
