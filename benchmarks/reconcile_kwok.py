@@ -35,8 +35,11 @@ Figures per run, all from the moment the first TrainJob is created (jobs are cre
 
 With ``--profile DIR`` py-spy samples trainjob's operator (``benchmarks/cpu_profile.py``) from the first create until
 all are Complete, into ``DIR/trainjob-<scenario>.txt`` (collapsed stacks), and prints its top frames.
-``--json PATH`` writes every run's figures, by ``<scenario>.<controller>``, and trainjob / Kubeflow ratios by
-``<scenario>.ratio``, so that ``benchmarks/compare.py`` holds one run against another.
+``--baseline-src DIR`` also runs the operator of another checkout's ``src`` (a git worktree of the previous
+release), first, as controller ``base``: a change measured against its baseline on the same cluster in one run.
+``--json PATH`` writes every run's figures, by ``<scenario>.<controller>``, and the ratios trainjob / Kubeflow by
+``<scenario>.ratio`` (trainjob / base by ``<scenario>.change.ratio``), so that ``benchmarks/compare.py`` holds one
+run against another.
 
 JobSet's published throughput, 266 pods/s, is printed as the reference line. Kubeflow's controller runs as its
 project publishes it (its API client: 50 queries per second, burst 100), trainjob's operator with ``--workers``.
@@ -47,6 +50,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -99,19 +103,27 @@ class Controller(Protocol):
 
 
 class TrainJobOperator:
-    """``trainjob operator`` with the operator ServiceAccount's token, ready once its health probe answers."""
+    """``trainjob operator`` with the operator ServiceAccount's token, ready once its health probe answers; with
+    ``src``, the trainjob of that folder (another checkout's ``src``), named ``base``."""
 
-    name = "trainjob"
     user = AUDITED_ACCOUNTS[0]
 
-    def __init__(self, cluster: TrainJobCluster, workers: int) -> None:
+    def __init__(self, cluster: TrainJobCluster, workers: int, src: Path | None = None) -> None:
         self.cluster = cluster
         self.workers = workers
+        self.src = src
+        self.name = "trainjob" if src is None else "base"
         self.popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log(self) -> Path:
+        return self.cluster.cp.root / "logs" / f"operator-kwok-{self.name}.log"
 
     def start(self) -> int:
         port, status_port = free_port(), free_port()
-        log = self.cluster.cp.root / "logs" / "operator-kwok.log"
+        log = self.log
+        env = os.environ if self.src is None else \
+            {**os.environ, "PYTHONPATH": os.pathsep.join([str(self.src), os.environ.get("PYTHONPATH", "")])}
         with log.open("ab") as out:
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "trainjob.cli.main", "operator",
@@ -119,7 +131,7 @@ class TrainJobOperator:
                  f"--liveness=http://127.0.0.1:{port}/healthz",
                  # as deployed: progress is pushed to the status endpoint, never read from the pods' logs
                  f"--status-url=https://127.0.0.1:{status_port}", f"--status-port={status_port}"],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env,
             )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -326,7 +338,7 @@ def measure(cluster: TrainJobCluster, controller: Controller, scenario: Scenario
     before = wait_watching(cp, controller, started_at)
     wait_admitted(api, job_body("webhook-probe", namespace, scenario.nodes_per_job))  # Kubeflow's webhooks
     cpu_before = cpu_seconds(process)
-    profiling = contextlib.nullcontext() if profile is None or controller.name != "trainjob" else \
+    profiling = contextlib.nullcontext() if profile is None or not isinstance(controller, TrainJobOperator) else \
         Sampling(pid, profile / f"{controller.name}-{scenario.name}.txt")
     with profiling:
         start = time.time()
@@ -338,9 +350,8 @@ def measure(cluster: TrainJobCluster, controller: Controller, scenario: Scenario
         result["cpu_s"] = cpu_seconds(process) - cpu_before
     if isinstance(profiling, Sampling) and profiling.out.exists():
         print(top_frames(profiling.out), flush=True)
-        log = cp.root / "logs" / "operator-kwok.log"
-        if log.exists():  # beside the profile: the control plane's folder goes with it
-            (profiling.out.parent / f"{controller.name}-{scenario.name}.log").write_bytes(log.read_bytes())
+        if isinstance(controller, TrainJobOperator) and controller.log.exists():  # the cluster's folder goes
+            (profiling.out.parent / f"{controller.name}-{scenario.name}.log").write_bytes(controller.log.read_bytes())
     result["cpu_ms_per_job"] = 1000 * result["cpu_s"] / scenario.jobs
     result["peak_rss_mib"] = peak_rss(pid) / 2**20
     time.sleep(2)  # the last requests reach the audit log
@@ -382,7 +393,8 @@ def table(results: list[dict[str, Any]]) -> str:
                      f"{r['peak_rss_mib']:>9.0f}{r['cpu_s']:>8.1f}{r['cpu_ms_per_job']:>8.0f}")
     lines.append(f"{'reference':<9} {'JobSet (published)':<51}{'':>12}{'':>8}{JOBSET_PODS_PER_S:>8}")
     for name, r in ratios(results).items():
-        lines.append(f"{name}: trainjob / Kubeflow: time to Running {r['running_s']:.2f}x, to Complete "
+        against = "base" if name.endswith(".change") else "Kubeflow"
+        lines.append(f"{name.removesuffix('.change')}: trainjob / {against}: time to Running {r['running_s']:.2f}x, to Complete "
                      f"{r['complete_s']:.2f}x, CPU per job {r['cpu_ms_per_job']:.2f}x, peak RSS "
                      f"{r['peak_rss_mib']:.2f}x, requests per job {r['requests_per_job']:.2f}x (without the event "
                      f"{r['requests_per_job_without_events']:.2f}x), status writes {r['status_writes_per_job']:.2f}x")
@@ -396,15 +408,17 @@ RATIOS = ("running_s", "complete_s", "pods_per_s", "cpu_ms_per_job", "peak_rss_m
 
 
 def ratios(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """trainjob's figure / Kubeflow's, by scenario, for the scenarios both finished."""
+    """trainjob's figure / Kubeflow's by scenario, and / the base operator's by ``<scenario>.change``, where
+    both finished."""
     by_scenario: dict[str, dict[str, dict[str, Any]]] = collections.defaultdict(dict)
     for r in results:
         by_scenario[r["scenario"]][r["controller"]] = r
     out = {}
     for name, runs in by_scenario.items():
-        ours, theirs = runs.get("trainjob"), runs.get("kubeflow")
-        if ours and theirs and "error" not in ours and "error" not in theirs:
-            out[name] = {k: ours[k] / max(theirs[k], 1e-9) for k in RATIOS}
+        for against, key in (("kubeflow", name), ("base", f"{name}.change")):
+            ours, theirs = runs.get("trainjob"), runs.get(against)
+            if ours and theirs and "error" not in ours and "error" not in theirs:
+                out[key] = {k: ours[k] / max(theirs[k], 1e-9) for k in RATIOS}
     return out
 
 
@@ -425,6 +439,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--client-qps", type=int, default=500,
                        help="API rate limit of kube-controller-manager and kube-scheduler (default 500)")
     group.add_argument("--timeout", type=float, default=1800, help="seconds a run may take (default 1800)")
+    group.add_argument("--baseline-src", type=Path, metavar="DIR",
+                       help="also run the operator of another checkout's src folder (e.g. a git worktree of the "
+                            "previous release), as controller 'base', first, on the same cluster")
     group.add_argument("--profile", type=Path, metavar="DIR",
                        help="sample trainjob's operator with py-spy during each run, into DIR (collapsed stacks)")
 
@@ -445,6 +462,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         install(cluster)
         wait_admitted(cluster.api, PROBE_JOBSET)
         controllers: dict[str, Controller] = {"trainjob": TrainJobOperator(cluster, args.workers),
+                                              "base": TrainJobOperator(cluster, args.workers, args.baseline_src),
                                               "kubeflow": Kubeflow(cp)}
         with SimulatedNodes.start(cp, run_seconds=args.run_seconds, log_level="WARN", delete_on_stop=False) as kwok:
             started = time.monotonic()
@@ -454,7 +472,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                   f"operator workers {args.workers}", flush=True)
             try:
                 for scenario in chosen:
-                    for name in args.controllers.split(","):
+                    for name in (["base"] if args.baseline_src else []) + args.controllers.split(","):
                         print(f"{scenario.name}: {scenario.jobs} TrainJobs x {scenario.nodes_per_job} nodes under "
                               f"{name}", flush=True)
                         results.append(run(cluster, controllers[name], scenario, args.timeout, args.profile))
