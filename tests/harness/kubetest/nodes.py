@@ -368,13 +368,16 @@ class Nodes:
         ])
 
     def pull(self, node: Node, image: str) -> None:
-        """Pull ``image`` into the node's store, and drop older builds of it (another tag of its repository)."""
+        """Pull ``image`` into the node's store, and drop older builds of it (another tag of its repository) and
+        what an earlier session's tests pulled from registries of their own (the store outlives the session)."""
         crictl = self.bins["crictl"]
         node.crictl("pull", image, crictl=crictl, timeout=1800)
         repository = image.rsplit(":", 1)[0]
         for listed in json.loads(node.crictl("images", "-o", "json", crictl=crictl)).get("images") or []:
             tags = listed.get("repoTags") or []
-            if tags and all(t.startswith(repository + ":") and t != image for t in tags):
+            older = all(t.startswith(repository + ":") and t != image for t in tags)
+            foreign = not any(t.startswith(REGISTRY_HOST + "/") for t in tags)
+            if tags and (older or foreign):
                 node.crictl("rmi", listed["id"], crictl=crictl, check=False)
 
     def stop_node(self, name: str, graceful: bool = True) -> None:
