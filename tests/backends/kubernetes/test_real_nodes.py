@@ -12,7 +12,7 @@ from typing import Any
 
 from kubeflow.common.types import KubernetesBackendConfig
 from kubeflow.trainer import TrainerClient
-from kubetest.cluster import TrainJobCluster, no_retries
+from kubetest.cluster import TrainJobCluster, no_retries, wait_for
 from kubetest.controlplane import NODE_NAME, SECOND_NODE
 
 DDP_SCRIPT = str(Path(__file__).resolve().parent / "ddp_script.py")
@@ -138,3 +138,42 @@ def test_ranks_on_two_nodes_rendezvous_through_cluster_dns_and_train_to_the_loca
     assert local.returncode == 0 and local_loss, local.stdout + local.stderr
     print(f"final loss: {cluster_loss.group(1)} on two nodes, {local_loss.group(1)} in one local torchrun")
     assert cluster_loss.group(1) == local_loss.group(1)
+
+
+#: A plain torchrun script (no trainjob): rank 1 stops in its "data loader" while rank 0 waits in a collective.
+PLAIN_STALL = """
+import time
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+def load_next_batch():
+    time.sleep(600)
+print("ready", flush=True)
+if dist.get_rank() == 1:
+    load_next_batch()
+dist.all_reduce(torch.ones(1))
+"""
+
+
+def test_stacks_of_a_script_without_trainjob_are_read_by_an_ephemeral_py_spy_container(
+    k8s: TrainJobCluster, namespace: str, workdir: Path
+) -> None:
+    script = workdir / "plain_stall.py"
+    script.write_text(PLAIN_STALL)
+    k8s.create_job("plain", namespace, trainer={
+        "numNodes": 2, "command": ["torchrun", str(script)], "resourcesPerNode": {"requests": {"cpu": "100m"}}})
+    def ready() -> bool:
+        pods = k8s.pods("plain", namespace)
+        running = len(pods) == 2 and all((p.get("status") or {}).get("phase") == "Running" for p in pods)
+        return running and _logs(k8s, namespace, "plain").count("ready") == 2
+
+    wait_for(ready, timeout=180, what="both ranks ready")
+    done = k8s.trainjob("stacks", "plain", "--backend", "kubernetes", f"--kubeconfig={k8s.kubeconfig}",
+                        "-n", namespace, "--main-thread", "--debug-image", k8s.cp.stacks_image, timeout=180)
+    print(done.stdout)
+    assert "--- rank 0" in done.stdout and "--- rank 1" in done.stdout, done.stdout + done.stderr
+    assert "in load_next_batch" in done.stdout and "all_reduce" in done.stdout, done.stdout
+    assert "rank 1 is not in the all_reduce that rank 0 waits in" in done.stdout, done.stdout
+    pod = k8s.pods("plain", namespace)[0]
+    debug = pod["spec"]["ephemeralContainers"][0]
+    assert debug["targetContainerName"] == "node" and debug["image"] == k8s.cp.stacks_image

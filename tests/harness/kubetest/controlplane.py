@@ -637,6 +637,11 @@ class ControlPlane:
         """The operator image (``deploy/Dockerfile``) that ``trainjob install --image`` deploys."""
         return self.images["trainjob-operator"]
 
+    @property
+    def stacks_image(self) -> str:
+        """The stack dumper (``deploy/stacks.Dockerfile``: py-spy) that ``trainjob stacks --debug-image`` runs."""
+        return self.images["trainjob-stacks"]
+
     def lose_node(self, name: str = SECOND_NODE) -> None:
         """Node ``name``'s machine is gone: its kubelet, containerd and every container SIGKILLed at once. The Node
         and its pods stay in the API server until Kubernetes' node lifecycle acts (NotReady after the grace period,

@@ -8,7 +8,9 @@ Nothing can be pulled from outside, so every image is built on this machine, eac
   ``scripts/cluster/build.sh``;
 - ``coredns``: the cluster DNS, CoreDNS's static binary (``scripts/cluster/build.sh``);
 - ``trainjob-train``: ``deploy/training.Dockerfile`` on the repo, as users build it (torch and trainjob at the lock's
-  versions, the examples), with Ray for the ray-distributed runtime too.
+  versions, the examples), with Ray for the ray-distributed runtime too;
+- ``trainjob-operator``: ``deploy/Dockerfile``, the operator;
+- ``trainjob-stacks``: ``deploy/stacks.Dockerfile``, py-spy for ``trainjob stacks --debug-image``.
 
 Each image is tagged by a hash of what goes into it, kept in buildah's storage and in the registry's
 (``$TRAINJOB_IMAGE_CACHE``, by default ``~/.cache/trainjob/images``), and built again only when that hash is new::
@@ -53,6 +55,7 @@ TRAINING_EXTRAS = "examples,ray"
 #: What the training image's context holds (the rest of the repo is left out by .dockerignore).
 TRAINING_INPUTS = ["deploy/training.Dockerfile", "requirements/dev.lock", "pyproject.toml", "README.md", "src",
                    "examples", ".dockerignore"]
+STACKS_DOCKERFILE = REPO / "deploy" / "stacks.Dockerfile"
 OPERATOR_DOCKERFILE = REPO / "deploy" / "Dockerfile"
 #: What the operator image's context holds.
 OPERATOR_INPUTS = ["deploy/Dockerfile", "requirements/dev.lock", "pyproject.toml", "README.md", "src", ".dockerignore"]
@@ -306,6 +309,10 @@ class Builder:
         return self._dockerfile("trainjob-train", TRAINING_DOCKERFILE, TRAINING_INPUTS, base,
                                 {"EXTRAS": TRAINING_EXTRAS})
 
+    def stacks(self, base: str) -> str:
+        """The stack dumper (``deploy/stacks.Dockerfile``: py-spy) on ``base``, for ``trainjob stacks --debug-image``."""
+        return self._dockerfile("trainjob-stacks", STACKS_DOCKERFILE, ["deploy/stacks.Dockerfile"], base, {})
+
     def operator(self, base: str) -> str:
         """The operator image (``deploy/Dockerfile``) on ``base``."""
         return self._dockerfile("trainjob-operator", OPERATOR_DOCKERFILE, OPERATOR_INPUTS, base, {})
@@ -377,6 +384,7 @@ def build_images(registry: Registry, components: dict[str, Any], log: Path) -> d
             "coredns": lambda: builder.from_binary("coredns", Path(bins["coredns"])),
             "trainjob-train": lambda: builder.training(builder.base()),
             "trainjob-operator": lambda: builder.operator(builder.base()),
+            "trainjob-stacks": lambda: builder.stacks(builder.base()),
         }
         for name, build in wanted.items():
             local = build()

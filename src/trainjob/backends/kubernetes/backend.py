@@ -12,6 +12,7 @@ only talks to the API server::
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import math
@@ -308,8 +309,13 @@ class KubernetesBackend(Backend):
     def _trainer_pods(self, name: str) -> dict[int, dict[str, Any]]:
         return views.trainer_pods(self.api.list_pods(self.namespace, f"{TRAINJOB_NAME_LABEL}={name}"))
 
-    def get_job_stacks(self, name: str, timeout: float = STACKS_WAIT_SECONDS) -> list[RankStacks]:
+    def get_job_stacks(self, name: str, timeout: float = STACKS_WAIT_SECONDS,
+                       debug_image: str | None = None) -> list[RankStacks]:
         """Every running rank's Python stacks, asked for through the pods and read back from their logs.
+
+        With ``debug_image`` (an image with Python and ``py-spy``), an ephemeral container of it beside each pod's
+        training container reads them, whatever the training image and script
+        (:mod:`~trainjob.backends.kubernetes.pod_stacks`). Otherwise:
 
         The job's running pods get the annotation ``trainjob/stacks-request`` set to a new value; the kubelet writes
         it into the pods' status-client volume, where each rank's watchdog (:mod:`trainjob.torch.watchdog`, started
@@ -317,7 +323,6 @@ class KubernetesBackend(Backend):
         request. Waits up to ``timeout`` seconds for every rank (a real kubelet refreshes the volume within its sync
         period, up to a minute or so); a rank that did not answer is listed with why it may not have. Needs the
         operator's status endpoint, which mounts that volume."""
-        from trainjob.backends.stacks import RankStacks
         from trainjob.errors import BackendError, ValidationError
         from trainjob.stall_dumps import dumps_in_log
 
@@ -330,6 +335,10 @@ class KubernetesBackend(Backend):
                 if (pod.get("status") or {}).get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")}
         if not pods:
             raise BackendError(f"TrainJob {name} has no pod running now (starting or restarting)")
+        # a static job's ranks are known: node i runs ranks i x n .. i x n + n - 1
+        per_node = job.num_proc_per_node if not launch.get("elastic") and job.num_proc_per_node else None
+        if debug_image:
+            return self._stacks_through_debug_containers(pods, per_node, debug_image, timeout)
         if not any(_asks_through_volume(pod) for pod in pods.values()):
             raise BackendError(f"the pods of TrainJob {name} have no way to be asked for their stacks: the operator "
                                "runs without its status endpoint (`trainjob operator --status-url`), which "
@@ -338,8 +347,6 @@ class KubernetesBackend(Backend):
         asked_at = time.time()
         for pod in pods.values():
             self.api.annotate_pod(self.namespace, pod["metadata"]["name"], {STACKS_REQUEST_ANNOTATION: request})
-        # a static job's ranks are known: node i runs ranks i x n .. i x n + n - 1
-        per_node = job.num_proc_per_node if not launch.get("elastic") and job.num_proc_per_node else None
         answers: dict[int, dict[int, str]] = {}
         deadline = time.monotonic() + timeout
         while True:
@@ -354,14 +361,45 @@ class KubernetesBackend(Backend):
             if complete or time.monotonic() >= deadline:
                 break
             time.sleep(STACKS_POLL_SECONDS)
-        stacks = [RankStacks(rank, text, node=index) for index, ranks in answers.items() for rank, text in ranks.items()]
-        why = (f"no answer in {timeout:g} s: its script does not use trainjob.torch (init or report), it holds the "
-               "GIL (a long C call that does not release it), or the kubelet has not refreshed the pod's volume yet")
-        for index in pods:
-            got = answers.get(index) or {}
-            wanted = range(index * per_node, (index + 1) * per_node) if per_node else ([] if got else [index])
-            stacks += [RankStacks(rank, None, node=index, problem=why) for rank in wanted if rank not in got]
-        return sorted(stacks, key=lambda s: s.rank)
+        why = (f"no answer in {timeout:g} s: its script does not use trainjob.torch (init or report; "
+               f"--debug-image reads any script's), it holds the GIL (a long C call that does not release it), or "
+               "the kubelet has not refreshed the pod's volume yet")
+        return _rank_stacks(answers, pods, per_node, why)
+
+    def _stacks_through_debug_containers(self, pods: dict[int, dict[str, Any]], per_node: int | None, image: str,
+                                         timeout: float) -> list[RankStacks]:
+        """The ranks' stacks read by an ephemeral container of ``image`` in each pod (see :mod:`.pod_stacks`)."""
+        from trainjob.backends.kubernetes.pod_stacks import dumper_state, ephemeral_container
+        from trainjob.stall_dumps import dumps_in_log
+
+        request = str(time.time_ns())
+        container = ephemeral_container(request, image)
+        asked = {index: pod for index, pod in pods.items()
+                 if self.api.add_ephemeral_container(self.namespace, pod["metadata"]["name"], container)}
+        answers: dict[int, dict[int, str]] = {}
+        problems: dict[int, str] = {}
+        deadline = time.monotonic() + timeout
+        while asked and time.monotonic() < deadline:
+            for index in list(asked):
+                pod_name = asked[index]["metadata"]["name"]
+                current = self.api.read_pod(self.namespace, pod_name)
+                state = dumper_state(current, container["name"]) if current is not None else {"gone": True}
+                if state is None or "terminated" not in state and "gone" not in state:
+                    waiting = (state or {}).get("waiting") or {}
+                    if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName"):
+                        problems[index] = f"the debug image {image} cannot be pulled: {waiting.get('message', '')}"
+                        del asked[index]
+                    continue
+                with contextlib.suppress(TrainJobError):
+                    text = self.api.read_pod_log(self.namespace, pod_name, container=container["name"])
+                    answers[index] = dumps_in_log(text, request=request)
+                    if not answers[index]:
+                        problems[index] = f"the debug container found no training process: {text.strip()[-300:]}"
+                del asked[index]
+            if asked:
+                time.sleep(STACKS_POLL_SECONDS)
+        why = f"the debug container of its pod did not answer in {timeout:g} s"
+        return _rank_stacks(answers, pods, per_node, why, problems)
 
     # -- changing ---------------------------------------------------------------------------------------------------
 
@@ -444,6 +482,20 @@ with open(program, "w") as f:
     f.write(os.environ["TRAINJOB_PROGRAM"])
 os.execvp("torchrun", ["torchrun", program])
 """
+
+
+def _rank_stacks(answers: dict[int, dict[int, str]], pods: dict[int, Any], per_node: int | None, why: str,
+                 problems: dict[int, str] | None = None) -> list[RankStacks]:
+    """The stacks each pod's ranks answered, and each rank expected of a pod that did not answer, with why."""
+    from trainjob.backends.stacks import RankStacks
+
+    stacks = [RankStacks(rank, text, node=index) for index, ranks in answers.items() for rank, text in ranks.items()]
+    for index in pods:
+        got = answers.get(index) or {}
+        wanted = range(index * per_node, (index + 1) * per_node) if per_node else ([] if got else [index])
+        stacks += [RankStacks(rank, None, node=index, problem=(problems or {}).get(index, why))
+                   for rank in wanted if rank not in got]
+    return sorted(stacks, key=lambda s: s.rank)
 
 
 def _asks_through_volume(pod: dict[str, Any]) -> bool:

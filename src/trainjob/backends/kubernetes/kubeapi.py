@@ -172,6 +172,27 @@ class KubeApi:
             raise _backend_error(exc, f"annotate pod {name}") from exc
         return True
 
+    def add_ephemeral_container(self, namespace: str, name: str, container: dict[str, Any]) -> bool:
+        """Add an ephemeral container to a pod (its ``ephemeralcontainers`` subresource, as ``kubectl debug``);
+        ``False`` when the pod is gone."""
+        try:
+            self.core.patch_namespaced_pod_ephemeralcontainers(
+                name, namespace, {"spec": {"ephemeralContainers": [container]}})
+        except Exception as exc:
+            if _status(exc) == 404:
+                return False
+            raise _backend_error(exc, f"add an ephemeral container to pod {name}") from exc
+        return True
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod as a dict; ``None`` when it is gone."""
+        try:
+            return json.loads(self.core.read_namespaced_pod(name, namespace, _preload_content=False).data)
+        except Exception as exc:
+            if _status(exc) == 404:
+                return None
+            raise _backend_error(exc, f"read pod {name}") from exc
+
     def read_log(self, namespace: str, pod: dict[str, Any], container: str, tail_lines: int = 200) -> str:
         """The last ``tail_lines`` lines of a container's log (through the API server's ``pods/log``)."""
         try:
