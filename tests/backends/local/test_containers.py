@@ -232,3 +232,11 @@ def test_the_seed_000_sdk_example_runs_in_its_image_with_container_backend_confi
     logs = [line for step in ("node-0", "node-1") for line in client.get_job_logs(job_id, step=step, follow=True)]
     assert any("Training on rank 0/2" in line for line in logs) and any("Training on rank 1/2" in line for line in logs)
     assert any(e.reason == "ContainersUsed" for e in client.get_job_events(job_id))
+
+
+def test_a_script_the_image_does_not_have_fails_the_job_naming_the_path(backend, image, capsys):
+    code = main(["run", "train_typo.py", "--image", image, "--name", "typo"])
+    assert code != 0
+    job = backend.get_job("typo")
+    assert job.status == "Failed"
+    assert "can't open file '/workspace/train_typo.py'" in job.message, job.message  # the image's WORKDIR

@@ -146,8 +146,25 @@ def node_failures(job_dir: Path, node: int, exit: NodeExit | None, code: int) ->
     if exit is not None and exit.lost:
         return [NodeFailure(node=node, exit_code=code, time=exit.time,
                             detail="its keeper was killed before it recorded how the node ended")]
-    return [NodeFailure(node=node, exit_code=code, time=exit.time if exit else None, detail=oom,
-                        exception=None if oom else _last_exception_line(tail, node, None))]
+    detail = oom
+    if detail is None and exit is not None and exit.container and code in ENGINE_EXIT_CODES:
+        detail = _engine_error(tail)  # the container never ran its command: the engine says why
+    return [NodeFailure(node=node, exit_code=code, time=exit.time if exit else None, detail=detail,
+                        exception=None if detail else _last_exception_line(tail, node, None))]
+
+
+#: What ``docker run`` and ``podman run`` exit with when they could not run the command (125: the engine failed,
+#: 126: the command cannot be run, 127: it was not found), rather than the command's own status.
+ENGINE_EXIT_CODES = (125, 126, 127)
+
+
+def _engine_error(tail: str) -> str | None:
+    """The container engine's last ``Error: ...`` line in a node's log."""
+    for line in reversed(tail.splitlines()):
+        text = line.strip()
+        if text.startswith("Error: ") or text.startswith("docker: "):
+            return text
+    return None
 
 
 def _reported_earlier(failures: list[NodeFailure], exit: NodeExit | None) -> bool:
@@ -202,6 +219,11 @@ def _error_file_message(error_file: str) -> str | None:
 
 
 def _last_exception_line(tail: str, node: int, rank: int | None) -> str | None:
-    """The last root exception in the node's output: of ``rank``'s lines only, when a rank is known."""
-    lines = (parse_line(node, raw) for raw in tail.splitlines())
-    return exception_line("\n".join(line.text for line in lines if rank is None or line.rank == rank))
+    """The last root exception in the node's output: of ``rank``'s lines only, when a rank is known; else
+    Python's own word that it could not open the script (a path that is not in the image, say)."""
+    lines = [line.text for line in (parse_line(node, raw) for raw in tail.splitlines())
+             if rank is None or line.rank == rank]
+    found = exception_line("\n".join(lines))
+    if found is None:
+        found = next((text.strip() for text in reversed(lines) if ": can't open file " in text), None)
+    return found
