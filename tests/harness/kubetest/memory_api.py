@@ -201,6 +201,22 @@ class MemoryApi(KubeApi):
         pod["metadata"].setdefault("annotations", {}).update(annotations)
         return True
 
+    def add_ephemeral_container(self, namespace: str, name: str, container: dict[str, Any]) -> bool:
+        """Added to the pod's ``spec.ephemeralContainers`` (by name, as the strategic merge patch does); no kubelet
+        here runs it."""
+        self._record("patch", "pods/ephemeralcontainers", f"{namespace}/{name}")
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            return False
+        ephemeral = pod.setdefault("spec", {}).setdefault("ephemeralContainers", [])
+        ephemeral[:] = [c for c in ephemeral if c.get("name") != container.get("name")] + [copy.deepcopy(container)]
+        return True
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._record("get", "pods", f"{namespace}/{name}")
+        pod = self.pods.get((namespace, name))
+        return copy.deepcopy(pod) if pod is not None else None
+
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         self._record("list", "pods", namespace)
         return [

@@ -12,8 +12,8 @@ Which pods get which (the docs say the same):
 
 ========================================  ===========================================================================
 a script that calls ``trainjob.torch``    its ranks answer ``trainjob stacks NAME`` themselves, through the pod's
-(``init``, ``report``), image with        downward-API volume (:meth:`~trainjob.backends.kubernetes.backend.
-trainjob                                  KubernetesBackend.get_job_stacks`), and dump when they stop reporting
+(``init``, ``report``), image with        downward-API volume (``KubernetesBackend.get_job_stacks``), and dump when
+trainjob                                  they stop reporting
 any other Python image or script          ``trainjob stacks NAME --debug-image IMAGE``: this module
 ========================================  ===========================================================================
 
