@@ -97,8 +97,8 @@ def test_a_pods_cpu_limit_is_its_cgroups_quota_and_auto_processes_follow_it(
         "resourcesPerNode": {"requests": {"cpu": "1500m"}, "limits": {"cpu": "1500m"}},
     })
     k8s.wait_for_condition("cpu", "Complete", namespace=namespace, timeout=180)
-    probes = [json.loads(line.split("probe ", 1)[1]) for line in _logs(k8s, namespace, "cpu").splitlines()
-              if "probe {" in line]
+    # two ranks print at once into one pod's log: a line may hold both probes
+    probes = [json.loads(found) for found in re.findall(r"probe (\{[^}]*\})", _logs(k8s, namespace, "cpu"))]
     assert sorted(p["rank"] for p in probes) == [0, 1], probes  # auto: 1.5 CPUs round up to 2 processes
     for probe in probes:
         assert probe["nproc"] == 2 and probe["quota"] == probe["period"] * 3 // 2, probe
