@@ -213,6 +213,7 @@ def backlog(args: argparse.Namespace) -> dict[str, Any]:
         cluster = TrainJobCluster(cp, Path(tmp))
         reconcile_kwok.install(cluster)
         api: KubeApi = cluster.api
+        reconcile_kwok.wait_admitted(api, reconcile_kwok.PROBE_JOBSET)
         namespaces = ("baseline", "bench", "bench-kubeflow")
         cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in namespaces])
         base = baseline(api, args.jobs)
