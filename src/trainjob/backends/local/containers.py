@@ -75,16 +75,6 @@ class Engine:
         return subprocess.run([self.path, *args], capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
 
-    def check(self, what: str, *args: str, timeout: float = ENGINE_TIMEOUT_SECONDS) -> str:
-        """Run ``args``; :class:`EngineError` naming ``what`` and the engine's own words when it fails."""
-        try:
-            done = self.command(*args, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise EngineError(what, f"{self.name} {' '.join(args[:2])} did not finish in {timeout:.0f} s") from None
-        if done.returncode != 0:
-            raise EngineError(what, f"{self.name} {args[0]} failed: {_last_words(done.stderr or done.stdout)}")
-        return done.stdout
-
 
 def memory_words(count: int) -> str:
     """A byte count as a pod's limit would say it: ``600Mi``, ``2Gi`` (``1500000b`` when neither is exact)."""
@@ -191,7 +181,6 @@ class ContainerSpec:
     gpus: int = 0
     #: The pod template's ``workingDir`` (``None``: the image's ``WORKDIR``).
     working_dir: str | None = None
-    extra_args: list[str] = field(default_factory=list)
     #: Keep each container when its node ends (removed with the job) instead of removing it then.
     keep: bool = False
     #: What the engine's own process gets of the environment the job was created from (:func:`engine_env`).
@@ -279,7 +268,7 @@ def run_argv(
         argv += ["-w", spec.working_dir]
     for name in env_args:
         argv += ["-e", name]
-    return [*argv, *spec.extra_args, spec.image, *command]
+    return [*argv, spec.image, *command]
 
 
 def _ulimits(engine: str) -> list[str]:

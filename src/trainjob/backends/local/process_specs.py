@@ -255,7 +255,7 @@ def container_spec(engine: ContainerSpec, image: str, resources: Mapping[str, st
     memory = int(parse_quantity(resources["memory"])) if "memory" in resources else None
     return ContainerSpec(engine=engine.engine, engine_path=engine.engine_path, image=image, cpus=cpus,
                          memory_bytes=memory, gpus=_requested_gpus(dict(resources)), working_dir=working_dir,
-                         extra_args=list(engine.extra_args), keep=engine.keep, engine_env=engine_env(os.environ))
+                         keep=engine.keep, engine_env=engine_env(os.environ))
 
 
 def _process_spec(plan: Plan, nodes: list[NodeProcessSpec], cwd: str, notes: list[tuple[str, str]],
