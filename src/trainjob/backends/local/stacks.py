@@ -59,29 +59,21 @@ def handles_signal(pid: int, signum: int) -> bool:
     return bool(caught >> (signum - 1) & 1)
 
 
-#: Host pids of ranks that run in containers, by (job directory, rank, pid in the container).
-_CONTAINER_PIDS: dict[tuple[str, int, int], int] = {}
-
-
-def rank_process(job_dir: Path, rank: int, pid: int) -> psutil.Process | None:
+def _rank_process(job_dir: Path, rank: int, pid: int) -> psutil.Process | None:
     """The live training process of the job with ``rank`` that calls itself ``pid``: that pid here, or, for a rank
     in a container (whose files name its pid in the container's namespace), the job's process with that rank whose
     innermost pid it is; ``None`` when there is none."""
-    for candidate in (pid, _CONTAINER_PIDS.get((str(job_dir), rank, pid))):
-        if candidate is None:
-            continue
-        with contextlib.suppress(psutil.Error):
-            process = psutil.Process(candidate)
-            env = process.environ()
-            if env.get(JOB_DIR_ENV) == str(job_dir) and env.get("RANK") == str(rank):
-                return process if process.status() != psutil.STATUS_ZOMBIE else None
     from trainjob.backends.local.containers import namespace_pid
     from trainjob.backends.local.processes import job_processes
 
+    with contextlib.suppress(psutil.Error):
+        process = psutil.Process(pid)
+        env = process.environ()
+        if env.get(JOB_DIR_ENV) == str(job_dir) and env.get("RANK") == str(rank):
+            return process if process.status() != psutil.STATUS_ZOMBIE else None
     for process in job_processes(str(job_dir)):
         with contextlib.suppress(psutil.Error):
             if process.environ().get("RANK") == str(rank) and process.pid != pid and namespace_pid(process.pid) == pid:
-                _CONTAINER_PIDS[(str(job_dir), rank, pid)] = process.pid
                 return process if process.status() != psutil.STATUS_ZOMBIE else None
     return None
 
@@ -93,7 +85,7 @@ def _live_rank(path: Path, job_dir: Path) -> tuple[int, int, int | None] | str |
     if match is None:
         return None
     rank = int(match["rank"])
-    process = rank_process(job_dir, rank, int(match["pid"]))
+    process = _rank_process(job_dir, rank, int(match["pid"]))
     if process is None:
         return None
     try:
