@@ -3,18 +3,23 @@ certificate they verify the endpoint by (a real TLS handshake on loopback)."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 import threading
 from typing import Any
 
 import pytest
+from kubetest.memory_api import MemoryApi
 
+from trainjob.backends.kubernetes.cache import ObjectCache
+from trainjob.backends.kubernetes.resources import TRAINJOBS
 from trainjob.backends.kubernetes.status_server import (
     CA_ANNOTATION,
     VOLUME,
     Refused,
     StatusEndpoint,
+    StatusServer,
     inject_status_client,
     trainer_status_of,
 )
@@ -52,6 +57,31 @@ def test_a_malformed_report_is_refused_naming_the_field(body: Any, words: str) -
     with pytest.raises(Refused) as refused:
         trainer_status_of(body)
     assert refused.value.status == 400 and words in str(refused.value)
+
+
+def test_a_written_report_is_handed_on_though_its_watch_event_will_be_an_echo() -> None:
+    """The operator queues nothing for the watch event of its own write, so the server says when it wrote a report:
+    the stall watch times the silence between reports and must see each one."""
+    api = MemoryApi(clock=lambda: 0.0)
+    cache = ObjectCache()
+    cache.store(TRAINJOBS, api.seed({"apiVersion": TRAINJOBS.api_version, "kind": TRAINJOBS.kind,
+                                     "metadata": {"name": "mnist", "namespace": "ml"}, "spec": {}}))
+    written: list[tuple[str, str]] = []
+    now = [100.0]
+    server = StatusServer(api, cache, tls=None, min_interval=5.0, clock=lambda: now[0],
+                          on_written=lambda namespace, name: written.append((namespace, name)))
+    report = trainer_status_of({"trainerStatus": {"progressPercentage": 5}})
+
+    async def reports() -> None:
+        await server._accept(("ml", "mnist"), report)
+        await server._accept(("ml", "mnist"), report)  # within the interval: waits, and is then the same
+        await asyncio.sleep(0.01)
+
+    asyncio.run(reports())
+    stored = api.objects[(TRAINJOBS.group, TRAINJOBS.plural, "ml", "mnist")]
+    assert stored["status"]["trainerStatus"] == report
+    assert cache.holds(TRAINJOBS, stored), "the write's watch event is an echo the operator does not queue"
+    assert written == [("ml", "mnist")]
 
 
 def jobset(env: list[dict[str, str]] | None = None) -> dict[str, Any]:

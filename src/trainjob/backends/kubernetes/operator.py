@@ -338,17 +338,19 @@ async def operate(options: OperatorOptions) -> None:
     key = await asyncio.to_thread(load_or_create_key, api, home)
     cache = ObjectCache()
     metrics.job_counts = lambda: jobs_by_state(cache)
+    queue = WorkQueue(on_take=lambda _key, waited: metrics.observe_queue_wait(TRAINJOBS.kind, waited))
     endpoint = server = None
     if o.status_url:
         tls = await asyncio.to_thread(load_or_create_serving_tls, api, home, status_hosts(o.status_url, home))
         endpoint = StatusEndpoint(o.status_url, tls.ca_pem)
         server = StatusServer(api, cache, tls, host=o.status_host, port=o.status_port,
-                              on_report=lambda result: metrics.observe_status_report(result == "accepted"))
+                              on_report=lambda result: metrics.observe_status_report(result == "accepted"),
+                              on_written=lambda namespace, name: queue.add((namespace, name)))
     state = OperatorState(
         api=api, reconciler=Reconciler(api, SnapshotSigner(key), cache=cache, status_endpoint=endpoint,
                                        pending_progress=server.pending_report if server is not None else None),
         cache=cache, workers=o.workers, status_server=server, metrics=metrics,
-        queue=WorkQueue(on_take=lambda _key, waited: metrics.observe_queue_wait(TRAINJOBS.kind, waited)),
+        queue=queue,
         pytorchjob_queue=WorkQueue(on_take=lambda _key, waited: metrics.observe_queue_wait(PYTORCHJOBS.kind, waited)))
     if await asyncio.to_thread(owns_crd, api, f"{PYTORCHJOBS.plural}.{PYTORCHJOBS.group}"):
         state.pytorchjobs = PyTorchJobReconciler(api)

@@ -185,10 +185,15 @@ class StatusServer:
 
     def __init__(self, api: KubeApi, cache: ObjectCache, tls: ServingTLS | None, host: str = "0.0.0.0",
                  port: int = 8443, min_interval: float = 5.0, clock: Callable[[], float] = time.time,
-                 on_report: Callable[[str], None] | None = None) -> None:
+                 on_report: Callable[[str], None] | None = None,
+                 on_written: Callable[[str, str], None] | None = None) -> None:
         self.api, self.cache, self.tls = api, cache, tls
         self.host, self.port, self.min_interval, self.clock = host, port, min_interval, clock
         self.on_report = on_report or (lambda result: None)
+        #: Called with the job's namespace and name once its new progress is written. The watch event of that
+        #: write is the operator's own echo, which queues nothing, yet the reconciler must see each report (its
+        #: stall watch times the silence between them): the operator queues the job here.
+        self.on_written = on_written or (lambda namespace, name: None)
         #: sha256(token) -> (trusted until, namespace, job name) of the reviewed pod
         self._reviewed: dict[str, tuple[float, str, str]] = {}
         self._last_write: dict[tuple[str, str], float] = {}
@@ -340,6 +345,7 @@ class StatusServer:
             log.warning("cannot write the progress of TrainJob %s/%s: %s", namespace, name, exc)
             return
         self.cache.store(TRAINJOBS, written)
+        self.on_written(namespace, name)
         if len(self._last_write) > 10_000:  # forget jobs not heard from for a while
             cutoff = self.clock() - 10 * self.min_interval
             self._last_write = {k: t for k, t in self._last_write.items() if t > cutoff}
