@@ -34,14 +34,16 @@ import statistics
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from compare import report
 
 from trainjob.backends.kubernetes.resources import TRAINJOBS
 
 KINDS = ("loader", "sleep", "skip")
+T = TypeVar("T")
 
 SCRIPT = """
 import os, sys, time
@@ -154,7 +156,9 @@ def trial_kubernetes(cluster: Any, workdir: Path, index: int, kind: str, step_se
     return result
 
 
-def run_kubernetes(plan: list[tuple[str, str | None]], step_seconds: float, tmp: Path) -> list[dict[str, Any]]:
+def on_test_cluster(tmp: Path, work: Callable[[Any, Path], T]) -> T:
+    """``work(cluster, workdir)`` on the test control plane with two real nodes and trainjob's operator (built as
+    the tests build them; root), its namespace ``stall`` made; ``workdir`` is where the pods read scripts from."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "harness"))
@@ -172,10 +176,14 @@ def run_kubernetes(plan: list[tuple[str, str | None]], step_seconds: float, tmp:
         cluster.operator.start()
         try:
             cp.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "stall"}}])
-            return [trial_kubernetes(cluster, workdir, i, kind, step_seconds, timeout)
-                    for i, (kind, timeout) in enumerate(plan)]
+            return work(cluster, workdir)
         finally:
             cluster.operator.stop()
+
+
+def run_kubernetes(plan: list[tuple[str, str | None]], step_seconds: float, tmp: Path) -> list[dict[str, Any]]:
+    return on_test_cluster(tmp, lambda cluster, workdir: [
+        trial_kubernetes(cluster, workdir, i, kind, step_seconds, timeout) for i, (kind, timeout) in enumerate(plan)])
 
 
 def trial_plan(kinds: list[str], trials: int, default_trials: int, timeout: str) -> list[tuple[str, str | None]]:

@@ -16,6 +16,14 @@ so the default limit for a job that does not report (5 minutes, ``trainjob.backe
 ``--slow-by-design`` adds one job in which rank 0 evaluates for ``--eval-seconds`` (90) while rank 1 waits at a
 barrier, with a limit of ``--eval-limit`` (120 s): no ``Stalled`` event may come.
 
+With ``--kubernetes`` the trials (and ``--slow-by-design``'s job) run as TrainJobs of 2 pods on the test cluster's
+real nodes (built from Go modules as the tests build them; root) under trainjob's operator, from the training image,
+which has trainjob and ``trainjob-site.pth``: each rank posts its collectives to the operator and writes its stacks
+to its log when they stop (``trainjob.pod_site``). Rank 1's stall time comes from its pod's log, the announcement is
+when the first ``Stalled`` event is seen (polled every second); no overhead runs::
+
+    python benchmarks/stall_any_script.py --kubernetes --trials 10 --timeout 20s --slow-by-design
+
 **Overhead.** A gloo job under plain ``torchrun`` (1 rank, where a collective costs only its own bookkeeping, and
 2 ranks) runs ``--collectives`` 1-element ``all_reduce`` calls and half as many DDP steps of a small model (whose
 all-reduces DDP issues from C++), in three set-ups, in turn, ``--overhead-runs`` times each: ``baseline``, plain
@@ -43,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from compare import report
-from stall import trial_plan
+from stall import on_test_cluster, trial_plan
 
 KINDS = ("sleep", "loader", "skip", "ddp")
 
@@ -55,6 +63,9 @@ from torch.utils.data import DataLoader, Dataset
 KIND, STALL_STEP, TOTAL = sys.argv[1], 20, 100_000
 
 def stuck():
+    if "TRAINJOB_JOB_DIR" not in os.environ:  # a pod: the time goes to its log
+        print(f"rank 1 stalls at {time.time()!r}", flush=True)
+        return
     with open(os.path.join(os.environ["TRAINJOB_JOB_DIR"], "stalled-at"), "w") as f:
         f.write(repr(time.time()))
 
@@ -178,6 +189,60 @@ def trial(backend: Any, workdir: Path, index: int, kind: str, timeout: str | Non
     return result
 
 
+def trial_kubernetes(cluster: Any, workdir: Path, index: int, kind: str, timeout: str | None,
+                     wait: float) -> dict[str, Any]:
+    """One trial as a TrainJob on the test cluster: the time rank 1 got stuck from its pod's log, the announcement
+    when the first ``Stalled`` event is seen (polled every second)."""
+    name, namespace = f"stall-{index}-{kind}", "stall"
+    script = workdir / "hang.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    cluster.create_job(name, namespace, annotations={"trainjob/stall-timeout": timeout} if timeout else None,
+                       trainer={"numNodes": 2, "command": ["torchrun", str(script), kind],
+                                "resourcesPerNode": {"requests": {"cpu": "100m"}}})
+    deadline = time.monotonic() + wait + 120  # and the pods' start
+    events: list[dict[str, Any]] = []
+    stalled_at: float | None = None
+    seen_at: float | None = None
+    while not events and time.monotonic() < deadline:
+        time.sleep(1.0)
+        if stalled_at is None:
+            logs = cluster.kubectl("logs", "-n", namespace, "-l", f"jobset.sigs.k8s.io/jobset-name={name}",
+                                   "--tail=-1", check=False).stdout
+            found = re.search(r"rank 1 stalls at ([0-9.]+)", logs)
+            stalled_at = float(found[1]) if found else None
+        listed = cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                 f"involvedObject.name={name},reason=Stalled", "-o", "json", check=False).stdout
+        events = json.loads(listed or '{"items": []}')["items"]
+        seen_at = time.time() if events else None
+    message = events[0]["message"] if events else f"not announced in {wait:g} s"
+    silent = re.match(r"no collective completed for ([0-9.]+) s ", message)
+    result = {
+        "kind": kind,
+        "limit": timeout or "default",
+        "named_rank_1": bool(events) and "rank 1 is " in message and "rank 0 is " not in message,
+        "announced_after_s": seen_at - stalled_at if seen_at and stalled_at else None,
+        "waited_s": float(silent[1]) if silent else None,
+        "message": message,
+    }
+    cluster.kubectl("delete", "trainjob", "-n", namespace, name, "--wait=false", check=False)
+    while cluster.pods(name, namespace) and time.monotonic() < deadline + 120:
+        time.sleep(0.5)
+    return result
+
+
+def slow_by_design_kubernetes(cluster: Any, workdir: Path, eval_seconds: float, limit: float) -> dict[str, Any]:
+    script = workdir / "slow.py"
+    script.write_text(textwrap.dedent(SLOW))
+    cluster.create_job("slow", "stall", annotations={"trainjob/stall-timeout": f"{limit:g}s"},
+                       trainer={"numNodes": 2, "command": ["torchrun", str(script), str(eval_seconds)],
+                                "resourcesPerNode": {"requests": {"cpu": "100m"}}})
+    cluster.wait_for_condition("slow", "Complete", namespace="stall", timeout=eval_seconds + 300)
+    listed = cluster.kubectl("get", "events", "-n", "stall", "--field-selector",
+                             "involvedObject.name=slow,reason=Stalled", "-o", "json").stdout
+    stalled = [e["message"] for e in json.loads(listed)["items"]]
+    return {"eval_seconds": eval_seconds, "limit": limit, "stalled_events": len(stalled), "messages": stalled}
+
+
 def slow_by_design(backend: Any, workdir: Path, eval_seconds: float, limit: float) -> dict[str, Any]:
     script = workdir / "slow.py"
     script.write_text(textwrap.dedent(SLOW))
@@ -233,20 +298,24 @@ def main() -> None:
     parser.add_argument("--collectives", type=int, default=2000, help="collectives per overhead run (default 2000)")
     parser.add_argument("--overhead-runs", type=int, default=5, help="overhead runs of each kind (default 5)")
     parser.add_argument("--overhead-ranks", default="1,2", help="world sizes of the overhead runs (default 1,2)")
+    parser.add_argument("--kubernetes", action="store_true",
+                        help="the trials and the slow job as TrainJobs on the test cluster (root; no overhead runs)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
 
-    from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
-
     plan = trial_plan(args.kinds.split(","), args.trials, args.default_trials, args.timeout)
+    cost: Any = None
     with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
-        backend = LocalBackend(LocalProcessBackendConfig(home=workdir / "home"))
-        results = [trial(backend, workdir, i, kind, timeout, wait=(360.0 if timeout is None else 120.0))
-                   for i, (kind, timeout) in enumerate(plan)]
-        slow = slow_by_design(backend, workdir, args.eval_seconds, args.eval_limit) if args.slow_by_design else None
-        cost = {f"{ranks}_ranks": overhead(workdir, args.collectives, args.overhead_runs, ranks)
-                for ranks in map(int, args.overhead_ranks.split(","))} if args.overhead_runs else None
+        if args.kubernetes:
+            def work(cluster: Any, workdir: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+                rows = [trial_kubernetes(cluster, workdir, i, kind, timeout, wait=(360.0 if timeout is None else 120.0))
+                        for i, (kind, timeout) in enumerate(plan)]
+                return rows, (slow_by_design_kubernetes(cluster, workdir, args.eval_seconds, args.eval_limit)
+                              if args.slow_by_design else None)
+
+            results, slow = on_test_cluster(Path(tmp), work)
+        else:
+            results, slow, cost = run_local(args, plan, Path(tmp))
 
     def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         after = [r["announced_after_s"] for r in rows if r["announced_after_s"] is not None]
@@ -255,13 +324,26 @@ def main() -> None:
                 "announced_after_s_max": max(after) if after else None}
 
     report({
-        "backend": "local",
+        "backend": "kubernetes" if args.kubernetes else "local",
         "explicit_timeout": {"timeout": args.timeout, **summary([r for r in results if r["limit"] != "default"])},
         "default_limit": summary([r for r in results if r["limit"] == "default"]),
         "slow_by_design": slow,
         "overhead": cost,
         "trials": results,
     }, args.json)
+
+
+def run_local(args: argparse.Namespace, plan: list[tuple[str, str | None]], tmp: Path) -> tuple[Any, Any, Any]:
+    """The trials, the slow job and the overhead runs on the local backend."""
+    from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
+
+    backend = LocalBackend(LocalProcessBackendConfig(home=tmp / "home"))
+    results = [trial(backend, tmp, i, kind, timeout, wait=(360.0 if timeout is None else 120.0))
+               for i, (kind, timeout) in enumerate(plan)]
+    slow = slow_by_design(backend, tmp, args.eval_seconds, args.eval_limit) if args.slow_by_design else None
+    cost = {f"{ranks}_ranks": overhead(tmp, args.collectives, args.overhead_runs, ranks)
+            for ranks in map(int, args.overhead_ranks.split(","))} if args.overhead_runs else None
+    return results, slow, cost
 
 
 if __name__ == "__main__":

@@ -31,11 +31,13 @@ print("\n".join(p["dependencies"] + [d for e in extras for d in p["optional-depe
  && pip install -q -c /tmp/trainjob-deps/dev.lock -r /tmp/trainjob-deps/requirements.txt \
  && rm -rf /tmp/trainjob-deps /root/.cache/pip
 
-# Layer 2, small: trainjob itself, and the examples.
+# Layer 2, small: trainjob itself, and the examples. trainjob.pod_site writes trainjob-site.pth, the hook that
+# reports a rank's collectives to the operator's stall watch (only in pods whose operator asks for it).
 COPY pyproject.toml README.md /tmp/trainjob-src/
 COPY src /tmp/trainjob-src/src
 RUN pip install -q --no-deps --no-build-isolation /tmp/trainjob-src \
  && python -m compileall -q /opt/trainjob/lib/python3.11/site-packages/trainjob >/dev/null \
+ && python -m trainjob.pod_site >/dev/null \
  && rm -rf /tmp/trainjob-src /root/.cache/pip
 COPY examples /workspace/examples
 WORKDIR /workspace

@@ -94,14 +94,18 @@ __all__ = [
     "COLLECTIVE_LIMIT",
     "FLOOR_SECONDS",
     "INTERVAL_FACTOR",
+    "RUNS_ON",
     "STALL_ACTIONS",
     "ProgressClock",
     "RankCollectives",
     "StallPolicy",
     "checked_stall_policy",
+    "collective_stall_message",
     "collectives_overdue",
     "dump_setting",
     "parse_stall_timeout",
+    "ranks_text",
+    "seconds_text",
     "stall_policy",
 ]
 
@@ -307,3 +311,32 @@ def collectives_overdue(
     since = max([min(waiting), *completed])
     silent = now - since
     return (silent, limit) if silent > limit else None
+
+
+#: What a warning about a stall of a job that does not report ends with: it runs on.
+RUNS_ON = "; the job runs on (trainjob/stall-action: fail or restart acts on a stall)"
+
+
+def seconds_text(value: float) -> str:
+    """Seconds for messages: ``12.5 s``, ``301 s``."""
+    return f"{value:.1f} s" if value < 100 else f"{value:.0f} s"
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """``rank 1``, ``ranks 0, 2``."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def collective_stall_message(ranks: Iterable[RankCollectives], silent: float, limit: float, policy: StallPolicy,
+                             stuck: str) -> str:
+    """What a stall of a job that does not report says, on both backends; ``stuck`` names the stuck ranks and
+    their frames (:attr:`trainjob.backends.stacks.StuckRanks.summary`).
+
+    >>> ranks = [RankCollectives(0, 100.0, 101.0), RankCollectives(1, 100.0, None)]
+    >>> collective_stall_message(ranks, 61.0, 60.0, StallPolicy(timeout=60.0), "rank 1 is in time.sleep")
+    'no collective completed for 61.0 s while rank 0 waits in one (limit 60.0 s: trainjob/stall-timeout): rank 1 is in time.sleep'
+    """
+    waiting = sorted(r.rank for r in ranks if r.waiting_since is not None)
+    return (f"no collective completed for {seconds_text(silent)} while {ranks_text(waiting)} "
+            f"{'waits' if len(waiting) == 1 else 'wait'} in one (limit {seconds_text(limit)}: "
+            f"{policy.explain_collective()}): {stuck}")

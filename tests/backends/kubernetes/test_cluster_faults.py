@@ -10,6 +10,7 @@ Each test prints how long from the fault to recovered, for the record.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -224,6 +225,53 @@ def test_a_stalled_jobs_stuck_rank_is_named_from_the_stacks_it_wrote(
     condition = next(c for c in failed["status"]["conditions"] if c["type"] == "Failed")
     assert condition["reason"] == "Stalled", condition
     assert stuck in condition["message"], condition["message"]
+
+#: The seeds' kind of script, with no trainjob call: gloo, an all_reduce every 0.1 s; rank 1 blocks at step 10.
+PLAIN_STALL = """
+import time
+import torch, torch.distributed as dist
+
+dist.init_process_group("gloo")
+for step in range(1, 1001):
+    if step == 10 and dist.get_rank() == 1:
+        print(f"rank 1 stalls at {time.time():.3f}", flush=True)
+        time.sleep(600)  # blocked, as a data loader reading from a stuck mount would be
+    dist.all_reduce(torch.ones(4))
+    time.sleep(0.1)
+"""
+
+
+def test_a_script_that_never_reports_is_held_to_its_collectives_and_its_stuck_rank_named(
+    k8s: TrainJobCluster, namespace: str, workdir: Any
+) -> None:
+    """A plain torchrun script in the training image (which has trainjob): its ranks report their collectives to
+    the operator (``trainjob.pod_site``, read at start-up) and write their stacks when collectives stop; rank 1
+    sleeping outside the all_reduce rank 0 waits in is a stall once the wait passes the limit, and the job's
+    message names rank 1 and its frame."""
+    script = workdir / "plain_stall.py"
+    script.write_text(PLAIN_STALL)
+    k8s.create_job("plain", namespace,
+                   annotations={"trainjob/stall-timeout": "15s", "trainjob/stall-action": "fail"},
+                   trainer={"numNodes": 2, "command": ["torchrun", str(script)],
+                            "resourcesPerNode": {"requests": {"cpu": "100m"}}})
+    _until(lambda: _running(k8s, namespace, "plain"), 120, "plain running", lambda: k8s.diagnostics("plain", namespace))
+
+    def stalled_at() -> float | None:
+        logs = k8s.kubectl("logs", "-n", namespace, "-l", "jobset.sigs.k8s.io/jobset-name=plain", "--tail=-1",
+                           "--prefix", check=False).stdout
+        found = re.search(r"rank 1 stalls at ([0-9.]+)", logs)
+        return float(found[1]) if found else None
+
+    _until(stalled_at, 120, "rank 1 stalled", lambda: k8s.diagnostics("plain", namespace))
+    stalled = stalled_at()
+    failed = k8s.wait_for_condition("plain", "Failed", namespace=namespace, timeout=180)
+    took = time.time() - (stalled or 0.0)
+    condition = next(c for c in failed["status"]["conditions"] if c["type"] == "Failed")
+    assert condition["reason"] == "Stalled", condition
+    assert ("while rank 0 waits in one (limit 15.0 s: trainjob/stall-timeout): rank 1 is not in the all_reduce that "
+            "rank 0 waits in: rank 1 is in <module> (plain_stall.py:9)") in condition["message"], condition["message"]
+    print(f"plain script: failed as Stalled {took:.1f} s after rank 1 stalled (limit 15 s)")
+
 
 #: Reports 6 steps of progress; its first run hangs after the third (a stuck data loader), a run after that finishes.
 STALLS_ONCE = """

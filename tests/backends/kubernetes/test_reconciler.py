@@ -1053,8 +1053,9 @@ RANK_1_IN_LOADER = """step 7
 
 @pytest.mark.parametrize(("node_1_log", "named"), [
     (RANK_1_IN_LOADER, "rank 1 is not in the all_reduce that rank 0 waits in: rank 1 is in __getitem__ (train.py:12)"),
-    ("step 7\n", "rank 1 wrote no stacks (a rank writes them only when it reports through trainjob.torch.report, "
-                 "and not while it holds the GIL); of the others: every rank waits in all_reduce"),
+    ("step 7\n", "rank 1 wrote no stacks (a rank writes them when it reports through trainjob.torch.report, or, in "
+                 "an image with trainjob, when its collectives stop; not while it holds the GIL); of the others: "
+                 "every rank waits in all_reduce"),
 ])
 def test_a_stalled_job_is_failed_naming_its_stuck_rank_from_the_stacks_in_the_pods_logs(
     node_1_log: str, named: str

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubetest.memory_api import MemoryApi
 
-from trainjob.backends.kubernetes.cache import CachedReads
+from trainjob.backends.kubernetes.cache import CachedReads, ObjectCache
 from trainjob.backends.kubernetes.resources import (
     COMPLETION_INDEX_LABEL,
     JOBSET_NAME_LABEL,
@@ -21,7 +21,9 @@ from trainjob.backends.kubernetes.resources import (
     TRAINJOBS,
 )
 from trainjob.backends.kubernetes.stall_watch import STALL_RESTARTS_ANNOTATION, StallWatch
+from trainjob.backends.kubernetes.status_server import StatusServer
 from trainjob.backends.kubernetes.status_writer import StatusWriter
+from trainjob.backends.stall import RankCollectives
 from trainjob.constants import LAUNCH_ANNOTATION
 
 NS, NAME, START = "ml", "mnist", 1_800_000_000.0
@@ -141,3 +143,98 @@ def test_a_namesake_of_a_job_that_went_starts_with_a_fresh_clock() -> None:
     namesake = {**job, "metadata": {**job["metadata"], "uid": "another-uid"}}
     assert watch.watch(namesake, {}, {}, jobset, START + 30) is None  # no report of its own yet: not watched
     assert not api.events
+
+
+RANK_1_IN_SLEEP = (
+    "2027-01-15T08:00:01Z [trainjob-stacks rank 1] no progress for 6 s; its stacks:\n"
+    "2027-01-15T08:00:01Z [trainjob-stacks rank 1] Current thread 0x2 (most recent call first):\n"
+    '2027-01-15T08:00:01Z [trainjob-stacks rank 1]   File "/job/train.py", line 12 in <module>\n'
+)
+
+
+@dataclass
+class CollectivesCase:
+    """Passes of the watch over a job that never reported progress, at ``START + t`` seconds, each after the
+    collectives reports its ranks sent: (rank, completed at t, waiting since t or ``None``)."""
+
+    id: str
+    annotations: dict[str, str]
+    passes: Sequence[tuple[float, Sequence[tuple[int, float, float | None]]]]
+    due_in: float | None
+    events: Sequence[tuple[str, str]] = ()  # (reason, words) of each event, in order
+    reason: str | None = None
+
+
+COLLECTIVES_CASES = [
+    CollectivesCase("no-collective-yet-is-not-watched", TEN_S_FAIL, [(0, []), (60, [])], due_in=None),
+    CollectivesCase("every-rank-computing-is-looked-at-again-later", {"trainjob/stall-timeout": "20s"},
+                    [(5, [(0, 4.5, None), (1, 4.8, None)])], due_in=5.0),
+    CollectivesCase("a-waiting-rank-is-due-when-its-wait-could-pass-the-limit", {"trainjob/stall-timeout": "20s"},
+                    [(22, [(0, 4.0, 4.5), (1, 3.0, None)])], due_in=3.0),
+    CollectivesCase("else-a-quarter-of-the-limit-later-as-late-reports-may-move-it", TEN_S_FAIL,
+                    [(5, [(0, 4.0, 4.5), (1, 3.0, None)])], due_in=2.5),
+    CollectivesCase("the-default-limit-is-looked-at-every-30-s", {}, [(5, [(0, 4.0, 4.5), (1, 3.0, None)])],
+                    due_in=30.0),
+    CollectivesCase("a-wait-while-collectives-complete-elsewhere-is-no-stall", TEN_S_FAIL,
+                    [(20, [(0, 19.0, 4.0), (1, 19.5, None)])], due_in=2.5),
+    CollectivesCase("overdue-by-default-warns-naming-the-stuck-rank-and-runs-on", {"trainjob/stall-timeout": "10s"},
+                    [(5, [(0, 4.0, 4.5), (1, 4.0, None)]), (15, [(0, 4.0, 4.5), (1, 4.0, None)])],
+                    due_in=10.5, events=[("Stalled", "no collective completed for 10.5 s while rank 0 waits in one "
+                                                     "(limit 10.0 s: trainjob/stall-timeout): rank 1 is not in the "
+                                                     "all_reduce that rank 0 waits in: rank 1 is in <module> "
+                                                     "(train.py:12); the job runs on")]),
+    CollectivesCase("the-warning-is-repeated-once-per-limit-while-it-lasts", {"trainjob/stall-timeout": "10s"},
+                    [(15, [(0, 4.0, 4.5), (1, 4.0, None)]), (20, [(0, 4.0, 4.5), (1, 4.0, None)]),
+                     (25.5, [(0, 4.0, 4.5), (1, 4.0, None)])],
+                    due_in=10.5, events=[("Stalled", "for 10.5 s"), ("Stalled", "for 21.0 s")]),
+    CollectivesCase("collectives completing again end the stall", {"trainjob/stall-timeout": "10s"},
+                    [(15, [(0, 4.0, 4.5), (1, 4.0, None)]), (40, [(0, 39.0, None), (1, 39.5, None)])],
+                    due_in=2.5, events=[("Stalled", "for 10.5 s"), ("StallEnded", "after a stall of 35.5 s")]),
+    CollectivesCase("overdue-with-fail-fails-and-deletes-the-jobset", TEN_S_FAIL,
+                    [(15, [(0, 4.0, 4.5), (1, 4.0, None)])], due_in=0.0, reason="Stalled",
+                    events=[("Stalled", "rank 1 is in <module> (train.py:12); its JobSet was deleted")]),
+]
+
+
+@pytest.mark.parametrize("case", COLLECTIVES_CASES, ids=[case.id for case in COLLECTIVES_CASES])
+def test_a_job_that_does_not_report_is_held_to_its_collectives(case: CollectivesCase) -> None:
+    """The ranks' reports reach the watch as the operator keeps them: through the status endpoint's store."""
+    clock, api, _, job, jobset = _world(Case(case.id, case.annotations, [], None,
+                                             logs={0: RANK_0_IN_ALL_REDUCE, 1: RANK_1_IN_SLEEP}))
+    queued: list[tuple[str, str]] = []
+    reports = StatusServer(api, ObjectCache(), tls=None, on_collectives=lambda ns, name: queued.append((ns, name)))
+    reads = CachedReads(api)
+    watch = StallWatch(api, reads, StatusWriter(api, reads, lambda: clock[0]), reports)
+    due_in: float | None = None
+    for t, ranks in case.passes:
+        clock[0] = START + t
+        for rank, completed, waiting in ranks:
+            reports.keep_collectives(NS, NAME, RankCollectives(rank, START + completed,
+                                                               None if waiting is None else START + waiting))
+        stored = api.stored(TRAINJOBS, NS, NAME)
+        assert stored is not None
+        due_in = watch.watch(stored, stored.get("status") or {}, {}, jobset, clock[0])
+    assert due_in == (pytest.approx(case.due_in) if case.due_in is not None else None)
+    assert queued == ([(NS, NAME)] if any(ranks for _, ranks in case.passes) else [])  # the first report only
+    events = [(e["reason"], e["message"]) for e in api.events]
+    assert len(events) == len(case.events), events
+    for (reason, message), (want_reason, words) in zip(events, case.events, strict=True):
+        assert reason == want_reason and words in message, message
+    stored = api.stored(TRAINJOBS, NS, NAME)
+    assert stored is not None
+    failed = [c for c in (stored.get("status") or {}).get("conditions") or [] if c["type"] == "Failed"]
+    assert [c["reason"] for c in failed] == ([case.reason] if case.reason else [])
+    assert (api.stored(JOBSETS, NS, NAME) is None) == (case.reason == "Stalled")
+
+
+def test_a_job_that_reports_is_held_to_its_reports_not_its_collectives() -> None:
+    clock, api, _, job, jobset = _world(Case("both", TEN_S_FAIL, [], None))
+    reports = StatusServer(api, ObjectCache(), tls=None)
+    reads = CachedReads(api)
+    watch = StallWatch(api, reads, StatusWriter(api, reads, lambda: clock[0]), reports)
+    reports.keep_collectives(NS, NAME, RankCollectives(0, START, START + 0.5))  # waiting, long past the limit
+    report = {"trainerStatus": {"progressPercentage": 7, "lastUpdatedTime": "t1"}}
+    assert watch.watch(job, {}, report, jobset, START + 60) == pytest.approx(10.5)
+    assert not api.events
+    watch.unarm(NS, NAME)  # its pods replaced: the old pods' collectives go too
+    assert reports.collectives(NS, NAME) == []

@@ -20,6 +20,7 @@ from trainjob.backends.kubernetes.status_server import (
     Refused,
     StatusEndpoint,
     StatusServer,
+    collectives_of,
     inject_status_client,
     trainer_status_of,
 )
@@ -84,6 +85,25 @@ def test_a_written_report_is_handed_on_though_its_watch_event_will_be_an_echo() 
     assert written == [("ml", "mnist")]
 
 
+def test_a_collectives_report_is_dated_by_the_endpoints_clock() -> None:
+    report = collectives_of({"rank": 1, "completedAgo": 2.5, "waitingFor": None}, now=100.0)
+    assert (report.rank, report.completed_at, report.waiting_since) == (1, 97.5, None)
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ([], '{"rank": int, "completedAgo": seconds or null, "waitingFor": seconds or null}'),
+    ({"rank": 0, "completed": 1}, '{"rank": int'),
+    ({"rank": "0"}, "rank: must be an integer >= 0, got '0'"),
+    ({"rank": True}, "rank: must be an integer >= 0"),
+    ({"rank": 0, "completedAgo": -1}, "completedAgo: must be seconds >= 0 or null, got -1"),
+    ({"rank": 0, "waitingFor": float("nan")}, "waitingFor: must be seconds >= 0 or null"),
+])
+def test_a_malformed_collectives_report_is_refused_naming_the_field(body: Any, words: str) -> None:
+    with pytest.raises(Refused) as refused:
+        collectives_of(body, now=100.0)
+    assert refused.value.status == 400 and words in str(refused.value)
+
+
 def jobset(env: list[dict[str, str]] | None = None) -> dict[str, Any]:
     container: dict[str, Any] = {"name": "node", "image": "x"}
     if env is not None:
@@ -101,7 +121,10 @@ def test_every_container_gets_the_endpoint_the_token_and_the_ca_and_keeps_its_ow
     env = {e["name"]: e["value"] for e in template["spec"]["containers"][0]["env"]}
     assert env == {"KUBEFLOW_TRAINER_SERVER_URL": "mine", "A": "1",
                    "KUBEFLOW_TRAINER_SERVER_TOKEN": "/var/run/secrets/trainer.kubeflow.org/token",
-                   "KUBEFLOW_TRAINER_SERVER_CA_CERT": "/var/run/secrets/trainer.kubeflow.org/ca.crt"}
+                   "KUBEFLOW_TRAINER_SERVER_CA_CERT": "/var/run/secrets/trainer.kubeflow.org/ca.crt",
+                   "TRAINJOB_COLLECTIVES_URL":
+                       "https://10.0.0.1:8443/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs/mnist/"
+                       "collectives"}
     assert template["metadata"]["annotations"] == {CA_ANNOTATION: "CA PEM"}
     (volume,) = template["spec"]["volumes"]
     token, ca = volume["projected"]["sources"]

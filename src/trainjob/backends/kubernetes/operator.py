@@ -345,10 +345,12 @@ async def operate(options: OperatorOptions) -> None:
         endpoint = StatusEndpoint(o.status_url, tls.ca_pem)
         server = StatusServer(api, cache, tls, host=o.status_host, port=o.status_port,
                               on_report=lambda result: metrics.observe_status_report(result == "accepted"),
-                              on_written=lambda namespace, name: queue.add((namespace, name)))
+                              on_written=lambda namespace, name: queue.add((namespace, name)),
+                              on_collectives=lambda namespace, name: queue.add((namespace, name)))
     state = OperatorState(
         api=api, reconciler=Reconciler(api, SnapshotSigner(key), cache=cache, status_endpoint=endpoint,
-                                       pending_progress=server.pending_report if server is not None else None),
+                                       pending_progress=server.pending_report if server is not None else None,
+                                       collective_reports=server),
         cache=cache, workers=o.workers, status_server=server, metrics=metrics,
         queue=queue,
         pytorchjob_queue=WorkQueue(on_take=lambda _key, waited: metrics.observe_queue_wait(PYTORCHJOBS.kind, waited)))

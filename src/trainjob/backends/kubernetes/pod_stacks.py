@@ -14,6 +14,8 @@ Which pods get which (the docs say the same):
 a script that calls ``trainjob.torch``    its ranks answer ``trainjob stacks NAME`` themselves, through the pod's
 (``init``, ``report``), image with        downward-API volume (``KubernetesBackend.get_job_stacks``), and dump when
 trainjob                                  they stop reporting
+any other script, image with trainjob    ``--debug-image`` (this module); each rank dumps when its collectives
+and ``trainjob-site.pth``                 stop (:mod:`trainjob.pod_site`), for the stall watch
 any other Python image or script          ``trainjob stacks NAME --debug-image IMAGE``: this module
 ========================================  ===========================================================================
 

@@ -47,7 +47,7 @@ from trainjob.backends.kubernetes.pod_start import PodStartWatch
 from trainjob.backends.kubernetes.resources import CONTROLLER_NAME, JOBSET_NAME_LABEL, TRAINJOBS
 from trainjob.backends.kubernetes.rootcause import root_cause
 from trainjob.backends.kubernetes.snapshot import SnapshotSigner
-from trainjob.backends.kubernetes.stall_watch import StallWatch
+from trainjob.backends.kubernetes.stall_watch import CollectiveReports, StallWatch
 from trainjob.backends.kubernetes.status_server import StatusEndpoint
 from trainjob.backends.kubernetes.status_writer import StatusWriter
 from trainjob.backends.kubernetes.ttl import ttl_remaining
@@ -69,11 +69,13 @@ class Reconciler:
     ``status_endpoint``: where the pods push their progress (:mod:`.status_server`); ``None``: it is read from node
     0's log. ``pending_progress``: a job's pushed report still waiting to be written
     (:meth:`.status_server.StatusServer.pending_report`), as a job's last report may arrive within the endpoint's
-    write interval, just before the job finishes."""
+    write interval, just before the job finishes. ``collective_reports``: the ranks' collectives reports, which hold
+    a job that does not report progress to its collectives (:class:`.stall_watch.CollectiveReports`)."""
 
     def __init__(self, api: KubeApi, signer: SnapshotSigner, clock: Callable[[], float] = time.time,
                  cache: ObjectCache | None = None, status_endpoint: StatusEndpoint | None = None,
-                 pending_progress: Callable[[str, str], dict[str, Any] | None] | None = None) -> None:
+                 pending_progress: Callable[[str, str], dict[str, Any] | None] | None = None,
+                 collective_reports: CollectiveReports | None = None) -> None:
         self.api = api
         self.clock = clock
         self.status_endpoint = status_endpoint
@@ -82,7 +84,7 @@ class Reconciler:
         self.writer = StatusWriter(api, self.reads, clock)
         self.events = JobEvents(api, self.reads)
         self.children = Children(api, signer, self.reads, self.writer, self.events, status_endpoint)
-        self.stalls = StallWatch(api, self.reads, self.writer)
+        self.stalls = StallWatch(api, self.reads, self.writer, collective_reports)
         self.pod_starts = PodStartWatch(api, self.writer)
 
     def reconcile(self, namespace: str, name: str) -> float | None:

@@ -1,9 +1,13 @@
 """The stall watch on Kubernetes: the rules of :mod:`trainjob.backends.stall` applied to a running TrainJob.
 
 A report counts when this process sees a new ``status.trainerStatus`` arrive, by its own clock (the pods' clocks,
-which stamp ``lastUpdatedTime``, may be off by any amount). Once a job is overdue, the ``Stalled`` event names the
-stuck ranks from the stacks each rank wrote to its log (:mod:`trainjob.torch.watchdog`,
-:func:`trainjob.stall_dumps.dumps_in_log`), then:
+which stamp ``lastUpdatedTime``, may be off by any amount). A job that never reports is held to its collectives
+instead, where its image has trainjob: each rank posts how long ago its collectives last completed and how long one
+has waited (:mod:`trainjob.pod_site`; the endpoint keeps them, :meth:`.status_server.StatusServer.collectives`),
+and the job has stalled when a rank waited past the limit while none completed
+(:func:`~trainjob.backends.stall.collectives_overdue`). Once a job is overdue, the ``Stalled`` event names the
+stuck ranks from the stacks each rank wrote to its log (:mod:`trainjob.torch.watchdog`, :mod:`trainjob.pod_site`,
+:func:`trainjob.stall_dumps.dumps_in_log`), then, for a job that reports:
 
 ==========================================  =================================================================
 ``trainjob/stall-action``                   what the watch does
@@ -14,6 +18,10 @@ stuck ranks from the stacks each rank wrote to its log (:mod:`trainjob.torch.wat
 ``restart``, none left; ``fail``            deletes the JobSet and fails the job (reason ``Stalled``)
 an invalid ``trainjob/stall-timeout``       fails the job (reason ``InvalidStallTimeout``)
 ==========================================  =================================================================
+
+For a job held to its collectives, the ``Stalled`` Warning is repeated every limit while the stall lasts and a
+``StallEnded`` event follows when collectives complete again; ``trainjob/stall-action`` set to ``fail`` or
+``restart`` acts as above instead (:attr:`~trainjob.backends.stall.StallPolicy.collective_action`).
 
 The budget is the JobSet's ``failurePolicy.maxRestarts``, shared with its own restarts::
 
@@ -27,7 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from trainjob.backends.kubernetes import status as st
 from trainjob.backends.kubernetes.cache import CachedReads
@@ -37,7 +45,16 @@ from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL, TRAINJOBS
 from trainjob.backends.kubernetes.status_writer import StatusWriter
 from trainjob.backends.kubernetes.views import trainer_container, trainer_name, trainer_pods
 from trainjob.backends.stacks import RankStacks, find_stuck_ranks
-from trainjob.backends.stall import ProgressClock, stall_policy
+from trainjob.backends.stall import (
+    RUNS_ON,
+    ProgressClock,
+    RankCollectives,
+    StallPolicy,
+    collective_stall_message,
+    collectives_overdue,
+    seconds_text,
+    stall_policy,
+)
 from trainjob.constants import LAUNCH_ANNOTATION
 from trainjob.errors import TrainJobError, ValidationError
 from trainjob.stall_dumps import dumps_in_log
@@ -47,17 +64,31 @@ log = logging.getLogger("trainjob.operator")
 #: How many times the stall watch restarted the job's node group (``trainjob/stall-action: restart``); with the
 #: JobSet's own restarts they spend the runtime's ``failurePolicy.maxRestarts``.
 STALL_RESTARTS_ANNOTATION = "trainjob/stall-restarts"
+#: The longest a job held to its collectives goes unchecked while none of its ranks waits in one.
+COLLECTIVES_RECHECK_SECONDS = 30.0
+
+
+class CollectiveReports(Protocol):
+    """Where the ranks' collectives reports are kept (:class:`.status_server.StatusServer`)."""
+
+    def collectives(self, namespace: str, name: str) -> list[RankCollectives]: ...
+
+    def forget_collectives(self, namespace: str, name: str) -> None: ...
 
 
 class StallWatch:
     """Watches running TrainJobs for stalls; keeps each one's progress clock: (job uid, the last ``trainerStatus``
     seen, its :class:`~trainjob.backends.stall.ProgressClock`), forgotten when the job finishes or goes."""
 
-    def __init__(self, api: KubeApi, reads: CachedReads, writer: StatusWriter) -> None:
+    def __init__(self, api: KubeApi, reads: CachedReads, writer: StatusWriter,
+                 reports: CollectiveReports | None = None) -> None:
         self.api = api
         self.reads = reads
         self.writer = writer
+        self.reports = reports
         self._clocks: dict[tuple[str, str], tuple[str, dict[str, Any] | None, ProgressClock]] = {}
+        #: Jobs held to their collectives that were warned of a stall: (when it began, warnings so far).
+        self._warned: dict[tuple[str, str], tuple[float, int]] = {}
 
     def watch(self, job: dict[str, Any], old: dict[str, Any], new: dict[str, Any], jobset: dict[str, Any],
               now: float) -> float | None:
@@ -73,6 +104,8 @@ class StallWatch:
                              now)
             return 0.0
         clock = self._saw(job, new.get("trainerStatus") or {}, now)
+        if clock.last is None and self.reports is not None:  # no report yet: held to its collectives, if any
+            return self._watch_collectives(job, old, new, jobset, policy, now)
         overdue = clock.overdue(policy, now)
         if overdue is None:
             limit = policy.limit(clock.longest)
@@ -94,6 +127,7 @@ class StallWatch:
 
     def unarm(self, namespace: str, name: str) -> None:
         """The job is suspended or its pods replaced: not watched until a new report arrives."""
+        self._forget_collectives(namespace, name)
         if (namespace, name) in self._clocks:
             seen_uid, seen, _ = self._clocks[(namespace, name)]
             self._clocks[(namespace, name)] = (seen_uid, seen, ProgressClock())
@@ -101,6 +135,60 @@ class StallWatch:
     def forget(self, namespace: str, name: str) -> None:
         """Drop the clock of a job that finished or went."""
         self._clocks.pop((namespace, name), None)
+        self._forget_collectives(namespace, name)
+
+    def _forget_collectives(self, namespace: str, name: str) -> None:
+        self._warned.pop((namespace, name), None)
+        if self.reports is not None:
+            self.reports.forget_collectives(namespace, name)
+
+    def _watch_collectives(self, job: dict[str, Any], old: dict[str, Any], new: dict[str, Any],
+                           jobset: dict[str, Any], policy: StallPolicy, now: float) -> float | None:
+        """:meth:`watch` for a job that has not reported: by its ranks' collectives reports (none yet: not
+        watched; the first one queues the job)."""
+        assert self.reports is not None
+        meta = job["metadata"]
+        key = (meta["namespace"], meta["name"])
+        ranks = self.reports.collectives(*key)
+        limit = policy.collective_limit()
+        if limit is None or not ranks:
+            return None
+        recheck = min(max(limit / 4, 1.0), COLLECTIVES_RECHECK_SECONDS)
+        overdue = collectives_overdue(ranks, policy, now)
+        if overdue is None:
+            warned = self._warned.pop(key, None)
+            if warned is not None:
+                self.api.post_event(job, "Normal", "StallEnded", "collectives complete again, after a stall of "
+                                                                 f"{seconds_text(now - warned[0])}")
+                log.info("TrainJob %s/%s: collectives complete again", *key)
+            waiting = [r.waiting_since for r in ranks if r.waiting_since is not None]
+            if not waiting:
+                return recheck  # no rank waits now: its next reports say when one starts to
+            since = max([min(waiting), *(r.completed_at for r in ranks if r.completed_at is not None)])
+            return min(max(since + limit - now, 0.0) + 0.5, recheck)
+        silent, limit = overdue
+        began, warnings = self._warned.get(key, (now - silent, 0))
+        if policy.collective_action == "warn" and warnings and silent <= limit * (warnings + 1):
+            return limit * (warnings + 1) - silent + 0.5  # warned of already: again once it lasted another limit
+        named = self._name_stuck_ranks(key[0], key[1], jobset)
+        stuck = collective_stall_message(ranks, silent, limit, policy,
+                                         named or "no rank wrote its stacks to its log")
+        if policy.collective_action == "warn":
+            self._warned[key] = (began, warnings + 1)
+            self.api.post_event(job, "Warning", "Stalled", stuck + RUNS_ON)
+            log.info("TrainJob %s/%s stalled: %s", key[0], key[1], stuck)
+            return limit + 0.5
+        restarted = int((meta.get("annotations") or {}).get(STALL_RESTARTS_ANNOTATION, "0") or 0)
+        spent = restarted + int((jobset.get("status") or {}).get("restarts") or 0)
+        budget = int(((jobset.get("spec") or {}).get("failurePolicy") or {}).get("maxRestarts") or 0)
+        if policy.action == "restart" and spent < budget:
+            self._restart(job, new, stuck, restarted, spent, budget)
+            self._forget_collectives(*key)
+            return None
+        if policy.action == "restart":
+            stuck += f"; no restart left ({spent} of {budget} spent)"
+        self._fail(job, old, new, f"{stuck}; its JobSet was deleted", now)
+        return 0.0
 
     def _saw(self, job: dict[str, Any], trainer_status: dict[str, Any], now: float) -> ProgressClock:
         """The job's clock, ticked when ``trainer_status`` is a report this process had not seen."""
@@ -163,5 +251,6 @@ class StallWatch:
         if not silent:
             return summary
         which = f"rank {silent[0]}" if len(silent) == 1 else f"ranks {', '.join(map(str, silent))}"
-        return (f"{which} wrote no stacks (a rank writes them only when it reports through trainjob.torch.report, "
-                f"and not while it holds the GIL); of the others: {summary}")
+        return (f"{which} wrote no stacks (a rank writes them when it reports through trainjob.torch.report, or, in "
+                f"an image with trainjob, when its collectives stop; not while it holds the GIL); of the others: "
+                f"{summary}")

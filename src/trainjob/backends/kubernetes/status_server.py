@@ -12,6 +12,13 @@ controller does. The pods find it through the variables the operator puts in eve
   the audience ``trainer.kubeflow.org`` (it opens nothing on the API server);
 - ``KUBEFLOW_TRAINER_SERVER_CA_CERT``: a file holding the CA of the endpoint's certificate (:mod:`.tls`).
 
+``POST .../trainjobs/{name}/collectives`` with ``{"rank": 1, "completedAgo": 0.4, "waitingFor": null}`` (seconds;
+``null``: no collective completed yet, none waiting) is how long ago rank 1's collectives last completed and how long
+one has been waiting, which a pod's ranks send every few seconds once their first collective ran, in images with
+trainjob (:mod:`trainjob.pod_site`, at ``TRAINJOB_COLLECTIVES_URL``). The endpoint keeps the latest of each rank
+by its own clock (:meth:`StatusServer.collectives`) for the stall watch of a job that does not report progress;
+nothing is written.
+
 Beside the token and the CA, the same volume holds ``stacks-request``, the pod's ``trainjob/stacks-request``
 annotation as a downward-API file: ``trainjob stacks NAME`` sets the annotation, and each rank's watchdog
 (:mod:`trainjob.torch.watchdog`) answers with its stacks in its log.
@@ -38,6 +45,7 @@ import json
 import logging
 import math
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainjob.backends.kubernetes import status as st
 from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL, TRAINJOBS
+from trainjob.backends.stall import RankCollectives
 from trainjob.constants import STACKS_REQUEST_ANNOTATION, STACKS_REQUEST_FILE
 from trainjob.progress import MAX_METRICS
 
@@ -60,6 +69,8 @@ log = logging.getLogger("trainjob.operator")
 AUDIENCE = "trainer.kubeflow.org"
 URL_ENV, CA_CERT_ENV, TOKEN_ENV = ("KUBEFLOW_TRAINER_SERVER_URL", "KUBEFLOW_TRAINER_SERVER_CA_CERT",
                                    "KUBEFLOW_TRAINER_SERVER_TOKEN")
+#: Where a pod's ranks report their collectives (:mod:`trainjob.pod_site`).
+COLLECTIVES_URL_ENV = "TRAINJOB_COLLECTIVES_URL"
 #: Where the token and the CA are mounted in every container of a job's pods.
 MOUNT_PATH = "/var/run/secrets/trainer.kubeflow.org"
 VOLUME = "trainjob-status-client"
@@ -79,8 +90,10 @@ class StatusEndpoint:
     base_url: str
     ca_pem: str
 
-    def url(self, namespace: str, name: str) -> str:
-        return f"{self.base_url.rstrip('/')}/apis/trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/trainjobs/{name}/status"
+    def url(self, namespace: str, name: str, what: str = "status") -> str:
+        """The job's ``status`` endpoint, or its ``collectives`` one."""
+        return (f"{self.base_url.rstrip('/')}/apis/trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/trainjobs/"
+                f"{name}/{what}")
 
 
 def inject_status_client(jobset: dict[str, Any], endpoint: StatusEndpoint) -> None:
@@ -92,6 +105,7 @@ def inject_status_client(jobset: dict[str, Any], endpoint: StatusEndpoint) -> No
         {"name": URL_ENV, "value": endpoint.url(meta["namespace"], meta["name"])},
         {"name": TOKEN_ENV, "value": f"{MOUNT_PATH}/token"},
         {"name": CA_CERT_ENV, "value": f"{MOUNT_PATH}/ca.crt"},
+        {"name": COLLECTIVES_URL_ENV, "value": endpoint.url(meta["namespace"], meta["name"], "collectives")},
     ]
     volume = {"name": VOLUME, "projected": {"sources": [
         {"serviceAccountToken": {"audience": AUDIENCE, "expirationSeconds": TOKEN_SECONDS, "path": "token"}},
@@ -160,6 +174,25 @@ def trainer_status_of(body: Any) -> dict[str, Any]:
     return out
 
 
+def collectives_of(body: Any, now: float) -> RankCollectives:
+    """A rank's collectives report (the module's docstring) by the clock ``now`` (``Refused(400)`` naming what is
+    wrong)."""
+    if not isinstance(body, dict) or set(body) - {"rank", "completedAgo", "waitingFor"}:
+        raise Refused(400, 'the body must be a JSON object {"rank": int, "completedAgo": seconds or null, '
+                           '"waitingFor": seconds or null}')
+    rank = body.get("rank")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise Refused(400, f"rank: must be an integer >= 0, got {rank!r}")
+    ages: list[float | None] = []
+    for key in ("completedAgo", "waitingFor"):
+        value = body.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                  or not math.isfinite(value) or value < 0):
+            raise Refused(400, f"{key}: must be seconds >= 0 or null, got {value!r}")
+        ages.append(None if value is None else now - float(value))
+    return RankCollectives(rank, ages[0], ages[1])
+
+
 def _seconds_of(stamp: object) -> float | None:
     if not isinstance(stamp, str):
         return None
@@ -186,7 +219,8 @@ class StatusServer:
     def __init__(self, api: KubeApi, cache: ObjectCache, tls: ServingTLS | None, host: str = "0.0.0.0",
                  port: int = 8443, min_interval: float = 5.0, clock: Callable[[], float] = time.time,
                  on_report: Callable[[str], None] | None = None,
-                 on_written: Callable[[str, str], None] | None = None) -> None:
+                 on_written: Callable[[str, str], None] | None = None,
+                 on_collectives: Callable[[str, str], None] | None = None) -> None:
         self.api, self.cache, self.tls = api, cache, tls
         self.host, self.port, self.min_interval, self.clock = host, port, min_interval, clock
         self.on_report = on_report or (lambda result: None)
@@ -194,6 +228,11 @@ class StatusServer:
         #: write is the operator's own echo, which queues nothing, yet the reconciler must see each report (its
         #: stall watch times the silence between them): the operator queues the job here.
         self.on_written = on_written or (lambda namespace, name: None)
+        #: Called with the job's namespace and name when the first collectives report of its ranks arrives (the
+        #: reconciler then comes back when the job could be overdue, by the reports it holds then).
+        self.on_collectives = on_collectives or (lambda namespace, name: None)
+        self._collectives: dict[tuple[str, str], dict[int, RankCollectives]] = {}
+        self._collectives_lock = threading.Lock()  # reports arrive on the loop, the reconciler reads in threads
         #: sha256(token) -> (trusted until, namespace, job name) of the reviewed pod
         self._reviewed: dict[str, tuple[float, str, str]] = {}
         self._last_write: dict[tuple[str, str], float] = {}
@@ -207,6 +246,9 @@ class StatusServer:
         app = web.Application(client_max_size=64 * 1024)
         app.router.add_post("/apis/trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/trainjobs/{name}/status",
                             self._handle)
+        app.router.add_post(
+            "/apis/trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/trainjobs/{name}/collectives",
+            self._handle_collectives)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         context = self.tls.server_context() if self.tls is not None else None
@@ -249,6 +291,48 @@ class StatusServer:
             return web.json_response({"message": str(refused)}, status=refused.status)
         self.on_report("accepted")
         return web.json_response({"message": "accepted"})
+
+    async def _handle_collectives(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        try:
+            token = self._bearer(request.headers.get("Authorization", ""))
+            await self._authorize(token, namespace, name)
+            try:
+                body = await request.json()
+            except ValueError as exc:
+                raise Refused(400, f"the body is not JSON: {exc}") from exc
+            report = collectives_of(body, self.clock())
+            job = self.cache.get(TRAINJOBS, namespace, name)
+            if job is None:
+                raise Refused(404, f"TrainJob {namespace}/{name} not found")
+            if st.finished_condition(job.get("status") or {}) is not None:
+                raise Refused(409, f"TrainJob {namespace}/{name} has finished")
+        except Refused as refused:
+            log.info("collectives report for %s/%s refused (%d): %s", namespace, name, refused.status, refused)
+            return web.json_response({"message": str(refused)}, status=refused.status)
+        self.keep_collectives(namespace, name, report)
+        return web.json_response({"message": "accepted"})
+
+    def keep_collectives(self, namespace: str, name: str, report: RankCollectives) -> None:
+        """Keep a rank's accepted collectives report (the latest of each rank); the job's first queues it."""
+        with self._collectives_lock:
+            ranks = self._collectives.setdefault((namespace, name), {})
+            first = not ranks
+            ranks[report.rank] = report
+        if first:
+            self.on_collectives(namespace, name)
+
+    def collectives(self, namespace: str, name: str) -> list[RankCollectives]:
+        """The latest collectives report of each rank of the job, by this process's clock. Safe from any thread."""
+        with self._collectives_lock:
+            return list((self._collectives.get((namespace, name)) or {}).values())
+
+    def forget_collectives(self, namespace: str, name: str) -> None:
+        """Drop the job's collectives reports (its pods were replaced, or it finished). Safe from any thread."""
+        with self._collectives_lock:
+            self._collectives.pop((namespace, name), None)
 
     @staticmethod
     def _bearer(header: str) -> str:

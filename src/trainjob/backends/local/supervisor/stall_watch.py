@@ -31,7 +31,15 @@ import psutil
 
 from trainjob.backends.local.stacks import STACKS_DIR, dump_stacks
 from trainjob.backends.stacks import StuckRanks, find_stuck_ranks, format_stacks
-from trainjob.backends.stall import ProgressClock, RankCollectives, StallPolicy, collectives_overdue
+from trainjob.backends.stall import (
+    RUNS_ON,
+    ProgressClock,
+    RankCollectives,
+    StallPolicy,
+    collective_stall_message,
+    collectives_overdue,
+    seconds_text,
+)
 
 __all__ = ["STACKS_FILE", "Stall", "StallEnded", "StallWatch", "rank_collectives"]
 
@@ -59,14 +67,6 @@ class StallEnded:
 
     lasted: float
     message: str
-
-
-def _seconds(value: float) -> str:
-    return f"{value:.1f} s" if value < 100 else f"{value:.0f} s"
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
 def rank_collectives(job_dir: Path) -> list[RankCollectives]:
@@ -124,7 +124,7 @@ class StallWatch:
         why = self.policy.explain(self.clock.longest)
         self.clock.reset()  # one stall is handled once
         stuck, kept = self._stacks()
-        message = f"no progress for {_seconds(silent)} (limit {_seconds(limit)}: {why}): {stuck.summary}{kept}"
+        message = f"no progress for {seconds_text(silent)} (limit {seconds_text(limit)}: {why}): {stuck.summary}{kept}"
         return Stall(silent=silent, limit=limit, stuck=stuck, message=message, action=self.policy.action)
 
     def _check_collectives(self, now: float) -> Stall | StallEnded | None:
@@ -135,20 +135,17 @@ class StallWatch:
                 return None
             lasted = now - self.warned_since
             self.warned_since, self.warnings = None, 0
-            return StallEnded(lasted, f"collectives complete again, after a stall of {_seconds(lasted)}")
+            return StallEnded(lasted, f"collectives complete again, after a stall of {seconds_text(lasted)}")
         silent, limit = overdue
         if self.warnings and silent <= limit * (self.warnings + 1):
             return None  # warned of already: again once it has lasted another limit
         action = self.policy.collective_action
-        waiting = [r.rank for r in ranks if r.waiting_since is not None]
         stuck, kept = self._stacks()
-        message = (f"no collective completed for {_seconds(silent)} while {_ranks(waiting)} "
-                   f"{'waits' if len(waiting) == 1 else 'wait'} in one (limit {_seconds(limit)}: "
-                   f"{self.policy.explain_collective()}): {stuck.summary}{kept}")
+        message = collective_stall_message(ranks, silent, limit, self.policy, f"{stuck.summary}{kept}")
         if action == "warn":
             self.warned_since = self.warned_since or now - silent
             self.warnings += 1
-            message += "; the job runs on (trainjob/stall-action: fail or restart acts on a stall)"
+            message += RUNS_ON
         else:
             self.reset()  # one stall is handled once
         return Stall(silent=silent, limit=limit, stuck=stuck, message=message, action=action)

@@ -22,6 +22,10 @@
   written before the first collective; a torch without the flight recorder, or a job that sets its buffer to 0,
   writes nothing, and the job is not watched. The recorder's dumps (NCCL's on a timeout) go to the stacks folder
   rather than ``/tmp`` unless ``TORCH_FR_DUMP_TEMP_FILE`` is set.
+- **A training process of a Kubernetes pod** (this file loaded by :mod:`trainjob.pod_site`, which calls
+  :func:`pod_main`; ``_main`` runs only when Python loads it as ``sitecustomize``) follows its collectives the same
+  way, posts them to the operator every few seconds and writes its stacks to its log when they stop
+  (:func:`_collectives_post`).
 
 - **The node's torchrun** ends as soon as its ranks' output is copied: torchrun tees each rank's output
   (``PET_TEE``, so the node log has it line by line, prefixed with its rank) through tailer threads that sleep
@@ -124,18 +128,17 @@ def _collective_counts(dump):
             for group, seen in status.items()}
 
 
-def _watch_collectives(directory, rank, stop, poll=_COLLECTIVES_POLL_SECONDS):
-    """Rewrite this rank's collectives file whenever its collectives move (the module's docstring says what it
-    holds), until ``stop`` is set."""
-    import json
+def _watch_collectives(publish, stop, poll=_COLLECTIVES_POLL_SECONDS):
+    """Follow this rank's collectives until ``stop`` is set, calling ``publish(state, now)`` after every read once
+    a collective was seen; ``state`` is ``{"completed_at", "waiting_since"}`` (the module's docstring says what
+    they hold) and ``publish`` returns whether the watch goes on."""
     import time
 
     c10d = getattr(sys.modules.get("torch._C"), "_distributed_c10d", None)
     dump = getattr(c10d, "_dump_fr_trace_json", None)
     if dump is None:
         return  # a torch without the flight recorder: the job is not watched
-    path = os.path.join(directory, f"collectives-rank-{rank}-{os.getpid()}.json")
-    completed, state = {}, {"rank": rank, "pid": os.getpid(), "completed_at": None, "waiting_since": None}
+    completed, state = {}, {"completed_at": None, "waiting_since": None}
     while not stop.wait(poll):
         try:
             counts = _collective_counts(dump)
@@ -143,7 +146,7 @@ def _watch_collectives(directory, rank, stop, poll=_COLLECTIVES_POLL_SECONDS):
             return  # torch changed what it dumps: not watched, training goes on
         if not counts:
             continue  # no collective yet
-        now, was = time.time(), dict(state)
+        now = time.time()
         done = {group: pair[1] for group, pair in counts.items()}
         waiting = any(enqueued > finished for enqueued, finished in counts.values())
         if done != completed and any(seq >= 1 for seq in done.values()):
@@ -154,16 +157,125 @@ def _watch_collectives(directory, rank, stop, poll=_COLLECTIVES_POLL_SECONDS):
         elif state["waiting_since"] is None:
             state["waiting_since"] = now
         completed = done
-        if state != was:
+        if not publish(dict(state), now):
+            return
+
+
+def _collectives_file(directory, rank):
+    """A ``publish`` for :func:`_watch_collectives` on this machine: the state, when it changed, in
+    ``directory/collectives-rank-<RANK>-<pid>.json`` (the local stall watch reads it)."""
+    import json
+
+    path = os.path.join(directory, f"collectives-rank-{rank}-{os.getpid()}.json")
+    last = {}
+
+    def publish(state, now):
+        if state != last:
+            last.clear()
+            last.update(state)
             try:
                 with open(path + ".tmp", "w") as f:
-                    json.dump(state, f)
+                    json.dump({"rank": rank, "pid": os.getpid(), **state}, f)
                 os.replace(path + ".tmp", path)
             except OSError:
                 pass  # a full disk: tried again at the next change
+        return True
+
+    return publish
 
 
-def _start_collectives_watch(directory):
+#: How often a pod's rank tells the operator about its collectives, at most and at least (a fifth of the time
+#: after which it dumps its stacks, within these bounds).
+_POD_HEARTBEAT_SECONDS = (1.0, 30.0)
+#: A pod's rank that does not report progress dumps its stacks after this long without a collective completing,
+#: when ``TRAINJOB_STALL_DUMP`` is ``auto``: half the operator's default limit for such a job (5 minutes).
+_POD_AUTO_DUMP_SECONDS = 150.0
+
+
+def _pod_dump_after(setting):
+    """Seconds without a completed collective after which a pod's rank dumps its stacks (``TRAINJOB_STALL_DUMP``
+    is ``setting``); ``None``: never (``off``, or not a number)."""
+    if not setting or setting == "off":
+        return None
+    if setting == "auto":
+        return _POD_AUTO_DUMP_SECONDS
+    try:
+        seconds = float(setting)
+    except ValueError:
+        return None
+    return seconds if seconds > 0 else None
+
+
+def _collectives_post(url, token_file, ca_file, rank, dump_after):
+    """A ``publish`` for :func:`_watch_collectives` in a Kubernetes pod: every heartbeat, the state as ages
+    (``{"rank", "completedAgo", "waitingFor"}``, seconds: the pod's clock and the operator's need not agree)
+    posted to the operator's ``/collectives`` endpoint with the pod's projected token; and once per stall, this
+    rank's stacks in its log when no collective completed for ``dump_after`` seconds, which the operator reads
+    to name the stuck rank (the lines :func:`trainjob.stall_dumps.dumps_in_log` reads). An endpoint that refuses
+    the report for good (a 4xx other than 429) ends the watch; one that cannot be reached is tried again."""
+    import json
+    import ssl
+    import time
+    import urllib.error
+    import urllib.request
+
+    low, high = _POD_HEARTBEAT_SECONDS
+    heartbeat = min(max(dump_after / 5.0, low), high)
+    sent = {"at": 0.0, "dumped": False}
+    context = ssl.create_default_context(cafile=ca_file) if url.startswith("https:") else None
+
+    def post(state, now):
+        completed, waiting = state["completed_at"], state["waiting_since"]
+        body = {"rank": rank, "completedAgo": None if completed is None else round(now - completed, 3),
+                "waitingFor": None if waiting is None else round(now - waiting, 3)}
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+            request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
+                "Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, timeout=10, context=context) as answer:
+                answer.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code >= 500 or exc.code == 429
+        except (OSError, ValueError):
+            pass  # the operator away for a while (a new leader): the next heartbeat tries again
+        return True
+
+    def dump_stacks(silent):
+        import faulthandler
+        import tempfile
+
+        try:
+            from trainjob.stall_dumps import dump_for_log
+        except ImportError:
+            return
+        with tempfile.TemporaryFile(mode="w+") as scratch:
+            faulthandler.dump_traceback(file=scratch, all_threads=True)
+            scratch.seek(0)
+            text = dump_for_log(rank, silent, scratch.read())
+        try:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+    def publish(state, now):
+        since = state["completed_at"] if state["completed_at"] is not None else state["waiting_since"]
+        silent = None if since is None else now - since
+        if silent is None or silent < dump_after:
+            sent["dumped"] = False
+        elif not sent["dumped"]:  # once per stall, whether this rank waits in a collective or is stuck outside
+            sent["dumped"] = True
+            dump_stacks(silent)
+        if now - sent["at"] < heartbeat and sent["at"]:
+            return True
+        sent["at"] = time.time()
+        return post(state, now)
+
+    return publish
+
+
+def _start_collectives_watch(publish):
     """Start :func:`_watch_collectives` on a thread of its own, stopped at exit before torch is torn down."""
     import atexit
     import json  # noqa: F401 (imported here, not first on the thread while the script's imports run)
@@ -171,9 +283,8 @@ def _start_collectives_watch(directory):
     import time  # noqa: F401
 
     stop = threading.Event()
-    rank = int(os.environ.get("RANK", "0") or 0)
-    thread = threading.Thread(target=_watch_collectives, args=(directory, rank, stop),
-                              name="trainjob-collectives", daemon=True)
+    thread = threading.Thread(target=_watch_collectives, args=(publish, stop), name="trainjob-collectives",
+                              daemon=True)
     thread.start()
 
     def stop_watching():
@@ -384,12 +495,30 @@ def _main():
                 _register_stack_dumps(env["TRAINJOB_STACKS_DIR"], env["TRAINJOB_STACKS_SIGNAL"])
                 directory = env["TRAINJOB_STACKS_DIR"]
                 _keep_flight_recorder_dumps(directory)
-                sys.meta_path.insert(0, _AfterImport(_C10D_MODULE, lambda _: _start_collectives_watch(directory)))
+                rank = int(env.get("RANK", "0") or 0)
+                sys.meta_path.insert(0, _AfterImport(
+                    _C10D_MODULE, lambda _: _start_collectives_watch(_collectives_file(directory, rank))))
             if sys.stdout is not None and sys.stderr is not None:
                 sys.stdout, sys.stderr = _DropWhenFull(sys.stdout), _DropWhenFull(sys.stderr)
     else:
         node_started()
     _load_shadowed_sitecustomize()
+
+
+def pod_main():
+    """What a training process of a Kubernetes pod gets, in an image with trainjob whose ``trainjob-site.pth``
+    loads this module (:mod:`trainjob.pod_site`): its collectives reported to the operator, for the stall watch of
+    a job that does not report progress, and its stacks in its log when they stop (:func:`_collectives_post`).
+    The operator sets ``TRAINJOB_COLLECTIVES_URL`` next to the status endpoint's variables."""
+    env = os.environ
+    url, token, ca = (env.get("TRAINJOB_COLLECTIVES_URL"), env.get("KUBEFLOW_TRAINER_SERVER_TOKEN"),
+                      env.get("KUBEFLOW_TRAINER_SERVER_CA_CERT"))
+    dump_after = _pod_dump_after(env.get("TRAINJOB_STALL_DUMP"))
+    if "LOCAL_RANK" not in env or _WORKER_MARK in env or not url or not token or dump_after is None:
+        return
+    env[_WORKER_MARK] = str(os.getpid())  # the processes it starts inherit the mark and are left alone
+    publish = _collectives_post(url, token, ca, int(env.get("RANK", "0") or 0), dump_after)
+    sys.meta_path.insert(0, _AfterImport(_C10D_MODULE, lambda _: _start_collectives_watch(publish)))
 
 
 def node_started():
@@ -412,4 +541,5 @@ def node_started():
         sys.meta_path.insert(0, _AfterImport(_TAIL_LOG_MODULE, _replace_tail_logfile))
 
 
-_main()
+if __name__ == "sitecustomize":  # not when trainjob.pod_site loads this file for pod_main
+    _main()
