@@ -202,6 +202,11 @@ def operator(config_file: str | None, context: str | None, verbose: bool, **opti
     import logging  # here, not at the top: every other command starts without it
 
     from trainjob.backends.kubernetes.config import KubernetesBackendConfig
+    from trainjob.backends.kubernetes.rest import rest_config, without_kubernetes_client
+
+    config = KubernetesBackendConfig(config_file=config_file, context=context)
+    if rest_config(config) is not None:  # the operator's own client reads these credentials: no kubernetes client
+        without_kubernetes_client()
     from trainjob.backends.kubernetes.operator import OperatorOptions, run_operator
 
     logging.basicConfig(
@@ -211,8 +216,7 @@ def operator(config_file: str | None, context: str | None, verbose: bool, **opti
     if not verbose:  # kopf logs every handled watch event at INFO
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:
-        run_operator(OperatorOptions(config=KubernetesBackendConfig(config_file=config_file, context=context),
-                                     **options))
+        run_operator(OperatorOptions(config=config, **options))
     except ValueError as exc:  # settings the operator refuses (lease durations, the status URL)
         fail(str(exc), EXIT_FAILED)
     except TrainJobError as exc:

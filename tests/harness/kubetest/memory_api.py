@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import datetime
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from trainjob.backends.kubernetes.cache import ObjectCache
@@ -36,6 +36,7 @@ from trainjob.backends.kubernetes.resources import (
     PYTORCHJOBS,
     RENDERED_RESOURCES,
     RUNTIME_KINDS,
+    SECRETS,
     SERVICES,
     TRAINJOBS,
     ResourceRef,
@@ -124,7 +125,11 @@ class MemoryApi(KubeApi):
 
     # -- the KubeApi surface ------------------------------------------------------------------------------------
 
-    def get(self, ref: ResourceRef, namespace: str | None, name: str) -> dict[str, Any] | None:
+    def close(self) -> None:
+        pass  # no connections to close
+
+    def get(self, ref: ResourceRef, namespace: str | None, name: str,
+            timeout: float | None = None) -> dict[str, Any] | None:
         self._record("get", ref.plural, _where(ref, namespace, name))
         return self.stored(ref, namespace, name)
 
@@ -140,7 +145,8 @@ class MemoryApi(KubeApi):
             and matches(obj["metadata"].get("labels"), label_selector)
         ]
 
-    def create(self, obj: dict[str, Any], ref: ResourceRef | None = None) -> dict[str, Any]:
+    def create(self, obj: dict[str, Any], ref: ResourceRef | None = None,
+               timeout: float | None = None) -> dict[str, Any]:
         ref = ref or self._ref(obj)
         namespace, name = obj["metadata"].get("namespace"), obj["metadata"].get("name")
         self._record("create", ref.plural, _where(ref, namespace, name))
@@ -160,6 +166,24 @@ class MemoryApi(KubeApi):
         stored.pop("status", None)  # a create never sets the status subresource
         self.objects[key] = self._with_server_fields(stored)
         return copy.deepcopy(self.objects[key])
+
+    def replace(self, obj: dict[str, Any], ref: ResourceRef, timeout: float | None = None) -> dict[str, Any] | None:
+        namespace, name = obj["metadata"].get("namespace"), obj["metadata"]["name"]
+        self._record("replace", ref.plural, _where(ref, namespace, name))
+        key = self._key(ref, namespace, name)
+        stored = self.objects.get(key)
+        if stored is None:
+            return None
+        version = obj["metadata"].get("resourceVersion")
+        if version and version != stored["metadata"]["resourceVersion"]:
+            raise ApiError(f"cannot replace {ref.kind} {name}: the API server answered 409 Conflict", 409)
+        new = copy.deepcopy(obj)
+        new["metadata"] = {**stored["metadata"], **{k: v for k, v in new["metadata"].items()
+                                                     if k not in ("uid", "creationTimestamp")}}
+        new["status"] = stored.get("status")
+        self._bump(new)
+        self.objects[key] = new
+        return copy.deepcopy(new)
 
     def patch(
         self, ref: ResourceRef, namespace: str | None, name: str, patch: dict[str, Any]
@@ -242,6 +266,16 @@ class MemoryApi(KubeApi):
         if text is None:
             raise NotFoundError(f"cannot read the log of pod {pod_name}: the API server answered 404 Not Found")
         return text
+
+    def follow_pod_log(self, namespace: str, pod_name: str, **options: Any) -> Iterator[bytes]:
+        yield self.read_pod_log(namespace, pod_name, **options).encode()  # the log as it is: its container ended
+
+    def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.get(SECRETS, namespace, name)
+
+    def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
+        self._record("create", "tokenreviews", "")
+        raise ApiError("cannot review a token: this API server in memory authenticates no one", 404)
 
     def list_events(
         self, namespace: str, involved_name: str, include_children: bool = False

@@ -276,19 +276,13 @@ class KubernetesBackend(Backend):
 
     def _follow_node(self, name: str, index: int, options: dict[str, Any]) -> Iterator[types.LogLine]:
         pod = self._wait_for_pod(name, index)
-        response = self.api.core.read_namespaced_pod_log(
-            pod["metadata"]["name"], self.namespace, follow=True, _preload_content=False, **options
-        )
         buffer = b""
-        try:
-            for chunk in response.stream(4096):
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                yield from _stamped_lines(index, (line.decode(errors="replace") for line in lines))
-            if buffer:
-                yield from _stamped_lines(index, [buffer.decode(errors="replace")])
-        finally:
-            response.release_conn()
+        for chunk in self.api.follow_pod_log(self.namespace, pod["metadata"]["name"], **options):
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            yield from _stamped_lines(index, (line.decode(errors="replace") for line in lines))
+        if buffer:
+            yield from _stamped_lines(index, [buffer.decode(errors="replace")])
 
     def _wait_for_pod(self, name: str, index: int) -> dict[str, Any]:
         """The node's pod once its container has started (Running or already finished)."""

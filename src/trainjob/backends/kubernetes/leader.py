@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import json
 import logging
 import math
 import random
@@ -41,8 +40,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from trainjob.backends.kubernetes.kubeapi import KubeApi, _backend_error
-from trainjob.errors import BackendError
+from trainjob.backends.kubernetes.kubeapi import ApiError, KubeApi
+from trainjob.backends.kubernetes.resources import LEASES
+from trainjob.errors import AlreadyExistsError, BackendError
 
 log = logging.getLogger("trainjob.operator")
 
@@ -68,8 +68,6 @@ class LeaderElector:
         retry_period: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        import kubernetes.client
-
         if lease_duration <= renew_deadline:
             raise ValueError(
                 f"lease_duration: must be longer than renew_deadline ({renew_deadline:g} s), got {lease_duration:g} s"
@@ -86,7 +84,7 @@ class LeaderElector:
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
         self.clock = clock
-        self._coordination = kubernetes.client.CoordinationV1Api(api.client)
+        self.api = api
         self._observed: dict[str, Any] = {}  # the lease's spec as last read or written
         self._observed_at = 0.0  # clock() when the record was last seen to change
         self._lease: dict[str, Any] | None = None  # the whole Lease this replica last wrote (for release)
@@ -240,32 +238,20 @@ class LeaderElector:
     # -- blocking calls (run in a thread) ---------------------------------------------------------------------
 
     def _read(self, timeout: float) -> dict[str, Any] | None:
-        try:
-            response = self._coordination.read_namespaced_lease(
-                self.name, self.namespace, _preload_content=False, _request_timeout=(timeout, timeout)
-            )
-        except Exception as exc:
-            if getattr(exc, "status", None) == 404:
-                return None
-            raise _backend_error(exc, f"read lease {self.namespace}/{self.name}") from exc
-        return dict(json.loads(response.data))
+        return self.api.get(LEASES, self.namespace, self.name, timeout=timeout)
 
     def _write(self, lease: dict[str, Any], timeout: float, create: bool = False) -> dict[str, Any] | None:
         """Create or replace (with the ``resourceVersion`` in ``lease``); ``None`` on a conflict."""
         try:
             if create:
-                response = self._coordination.create_namespaced_lease(
-                    self.namespace, lease, _preload_content=False, _request_timeout=(timeout, timeout)
-                )
-            else:
-                response = self._coordination.replace_namespaced_lease(
-                    self.name, self.namespace, lease, _preload_content=False, _request_timeout=(timeout, timeout)
-                )
-        except Exception as exc:
-            if getattr(exc, "status", None) == 409:
+                return self.api.create(lease, LEASES, timeout=timeout)
+            return self.api.replace(lease, LEASES, timeout=timeout)
+        except AlreadyExistsError:
+            return None
+        except ApiError as exc:
+            if exc.status == 409:
                 return None
-            raise _backend_error(exc, f"{'create' if create else 'update'} lease {self.namespace}/{self.name}") from exc
-        return dict(json.loads(response.data))
+            raise
 
 
 def _record(spec: dict[str, Any]) -> tuple[Any, ...]:

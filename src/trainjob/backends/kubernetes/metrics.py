@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -38,7 +38,6 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    import kubernetes.client
 
 log = logging.getLogger("trainjob.operator")
 
@@ -50,6 +49,7 @@ STATUS_REPORT_RESULTS = ("accepted", "rejected")
 NO_ANSWER = "none"
 
 JobCounts = Callable[[], Mapping[str, int]]
+C = TypeVar("C")
 
 
 class OperatorMetrics:
@@ -100,14 +100,20 @@ class OperatorMetrics:
 
     # -- API client -----------------------------------------------------------------------------------------------
 
-    def instrument(self, api_client: kubernetes.client.ApiClient) -> kubernetes.client.ApiClient:
-        """Count every request ``api_client`` sends (by HTTP method and status code); returns ``api_client``.
+    def instrument(self, client: C) -> C:
+        """Count every request ``client`` sends (by HTTP method and status code); returns ``client``: a
+        :class:`~trainjob.backends.kubernetes.rest.RestClient` (its ``on_response``) or a ``kubernetes``
+        ``ApiClient`` (its ``rest_client.request``, which every API call goes through). Instrumenting a client
+        twice counts once."""
+        from trainjob.backends.kubernetes.rest import RestClient
 
-        Wraps the instance's ``rest_client.request``, which every API call (watches included) goes through;
-        instrumenting a client twice counts once."""
-        rest = api_client.rest_client
+        if isinstance(client, RestClient):
+            client.on_response = lambda method, status: self.api_requests.labels(
+                method.upper(), str(status) if status else NO_ANSWER).inc()
+            return client
+        rest = client.rest_client
         if getattr(rest.request, "trainjob_metrics", None) is self:
-            return api_client
+            return client
         send = rest.request
 
         @functools.wraps(send)
@@ -127,7 +133,7 @@ class OperatorMetrics:
 
         request.trainjob_metrics = self  # type: ignore[attr-defined]
         rest.request = request
-        return api_client
+        return client
 
     # -- exposition -----------------------------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ import kopf
 
 from trainjob import __version__
 from trainjob.backends.kubernetes.cache import ObjectCache
-from trainjob.backends.kubernetes.config import KubernetesBackendConfig, load_api_client
+from trainjob.backends.kubernetes.config import KubernetesBackendConfig
 from trainjob.backends.kubernetes.kubeapi import KubeApi
 from trainjob.backends.kubernetes.leader import LeaderElector, LeadershipLost
 from trainjob.backends.kubernetes.manifests import (
@@ -59,6 +59,7 @@ from trainjob.backends.kubernetes.resources import (
     TRAINJOB_NAME_LABEL,
     TRAINJOBS,
 )
+from trainjob.backends.kubernetes.rest import RestClient, load_client
 from trainjob.backends.kubernetes.snapshot import SnapshotSigner, load_or_create_key
 from trainjob.backends.kubernetes.status_server import StatusEndpoint, StatusServer
 from trainjob.backends.kubernetes.tls import load_or_create_serving_tls
@@ -208,7 +209,14 @@ async def enqueue_pod_owner(body: kopf.Body, memo: OperatorState, **_: Any) -> N
 
 def login(memo: OperatorState, **_: Any) -> kopf.ConnectionInfo:
     """Give kopf the same credentials as the reconciler's client (kubeconfig, context or in-cluster)."""
-    cfg = memo.api.client.configuration
+    client = memo.api.client
+    if isinstance(client, RestClient):
+        rest = client.config
+        return kopf.ConnectionInfo(
+            server=rest.host, ca_path=rest.ca_file, ca_data=rest.ca_pem if rest.ca_pem and not rest.ca_file else None,
+            insecure=rest.insecure, token=client.bearer_token(), certificate_path=rest.cert_file,
+            certificate_data=rest.cert_pem, private_key_path=rest.key_file, private_key_data=rest.key_pem)
+    cfg = client.configuration
     if cfg.refresh_api_key_hook is not None:
         cfg.refresh_api_key_hook(cfg)
     auth = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken") or ""
@@ -333,7 +341,7 @@ async def operate(options: OperatorOptions) -> None:
     metrics = OperatorMetrics()
     if o.metrics_port is not None:
         metrics.serve(o.metrics_host, o.metrics_port)
-    api = KubeApi(metrics.instrument(load_api_client(o.config, user_agent=USER_AGENT)))
+    api = KubeApi(metrics.instrument(load_client(o.config, user_agent=USER_AGENT)))
     home = o.key_namespace or operator_namespace()
     key = await asyncio.to_thread(load_or_create_key, api, home)
     cache = ObjectCache()
@@ -392,7 +400,7 @@ async def operate(options: OperatorOptions) -> None:
                 await asyncio.to_thread(publish_leader, api, home, False)
             with contextlib.suppress(Exception):
                 await elector.release()
-        api.client.close()
+        api.close()
         metrics.close()
 
 

@@ -30,8 +30,9 @@ import json
 import secrets
 from typing import TYPE_CHECKING, Any
 
-from trainjob.backends.kubernetes.resources import RUNTIME_SNAPSHOT_ANNOTATION
-from trainjob.errors import BackendError
+from trainjob.backends.kubernetes.kubeapi import ApiError
+from trainjob.backends.kubernetes.resources import RUNTIME_SNAPSHOT_ANNOTATION, SECRETS
+from trainjob.errors import AlreadyExistsError, BackendError
 
 if TYPE_CHECKING:
     from trainjob.backends.kubernetes.kubeapi import KubeApi
@@ -82,20 +83,19 @@ def has_snapshot(job: dict[str, Any]) -> bool:
 
 def load_or_create_key(api: KubeApi, namespace: str) -> bytes:
     """The operator's snapshot key from Secret ``namespace/trainjob-operator-snapshot-key``, created if missing."""
-    from kubernetes.client.exceptions import ApiException
-
     for _ in range(3):
         try:
-            secret = api.core.read_namespaced_secret(KEY_SECRET, namespace)
-            return base64.b64decode((secret.data or {})[_KEY_FIELD])
-        except ApiException as exc:
-            if exc.status != 404:
-                raise BackendError(
-                    f"cannot read the operator's snapshot key (Secret {namespace}/{KEY_SECRET}): "
-                    f"{exc.status} {exc.reason}; the operator's Role must allow `get` on it"
-                ) from exc
-        except KeyError as exc:
-            raise BackendError(f"Secret {namespace}/{KEY_SECRET} has no {_KEY_FIELD!r} entry") from exc
+            secret = api.read_secret(namespace, KEY_SECRET)
+        except ApiError as exc:
+            raise BackendError(
+                f"cannot read the operator's snapshot key (Secret {namespace}/{KEY_SECRET}): {exc}; the "
+                "operator's Role must allow `get` on it"
+            ) from exc
+        if secret is not None:
+            try:
+                return base64.b64decode((secret.get("data") or {})[_KEY_FIELD])
+            except KeyError as exc:
+                raise BackendError(f"Secret {namespace}/{KEY_SECRET} has no {_KEY_FIELD!r} entry") from exc
         body = {
             "apiVersion": "v1",
             "kind": "Secret",
@@ -104,11 +104,11 @@ def load_or_create_key(api: KubeApi, namespace: str) -> bytes:
             "data": {_KEY_FIELD: base64.b64encode(secrets.token_bytes(32)).decode()},
         }
         try:
-            api.core.create_namespaced_secret(namespace, body)
-        except ApiException as exc:
-            if exc.status != 409:  # 409: another operator created it first; read that one
-                raise BackendError(
-                    f"cannot create the operator's snapshot key (Secret {namespace}/{KEY_SECRET}): "
-                    f"{exc.status} {exc.reason}"
-                ) from exc
+            api.create(body, SECRETS)
+        except AlreadyExistsError:  # another operator created it first; read that one
+            continue
+        except ApiError as exc:
+            raise BackendError(
+                f"cannot create the operator's snapshot key (Secret {namespace}/{KEY_SECRET}): {exc}"
+            ) from exc
     raise BackendError(f"cannot read or create Secret {namespace}/{KEY_SECRET}")

@@ -357,31 +357,23 @@ class StatusServer:
 
     def _review(self, token: str, now: float) -> tuple[float, str, str]:
         """Ask the API server about the token, then read the pod it was issued to; (until, namespace, job)."""
-        import kubernetes.client
-
-        review = kubernetes.client.AuthenticationV1Api(self.api.client).create_token_review(
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-             "spec": {"token": token, "audiences": [AUDIENCE]}})
-        status = review.status
-        if not status or not status.authenticated or AUDIENCE not in (status.audiences or []):
+        status = self.api.review_token(token, [AUDIENCE])
+        if not status.get("authenticated") or AUDIENCE not in (status.get("audiences") or []):
             raise Refused(401, f"the token is not valid for the audience {AUDIENCE!r}"
-                               + (f": {status.error}" if status and status.error else ""))
-        extra = (status.user.extra or {}) if status.user else {}
-        username = (status.user.username or "") if status.user else ""
+                               + (f": {status['error']}" if status.get("error") else ""))
+        user = status.get("user") or {}
+        extra, username = user.get("extra") or {}, user.get("username") or ""
         pod_name, pod_uid = (extra.get(_POD_NAME) or [None])[0], (extra.get(_POD_UID) or [None])[0]
         parts = username.split(":")
         if not pod_name or len(parts) != 4 or parts[:2] != ["system", "serviceaccount"]:
             raise Refused(403, "the token was not issued to a pod (use the token projected into the job's pods)")
         pod_namespace = parts[2]
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            pod = self.api.core.read_namespaced_pod(pod_name, pod_namespace)
-        except ApiException as exc:
-            raise Refused(403, f"the token's pod {pod_namespace}/{pod_name} is gone") from exc
-        if pod.metadata.uid != pod_uid:
+        pod = self.api.read_pod(pod_namespace, pod_name)
+        if pod is None:
+            raise Refused(403, f"the token's pod {pod_namespace}/{pod_name} is gone")
+        if pod["metadata"].get("uid") != pod_uid:
             raise Refused(403, f"the token's pod {pod_namespace}/{pod_name} is gone (another has its name)")
-        job = (pod.metadata.labels or {}).get(JOBSET_NAME_LABEL)
+        job = (pod["metadata"].get("labels") or {}).get(JOBSET_NAME_LABEL)
         if not job:
             raise Refused(403, f"pod {pod_namespace}/{pod_name} belongs to no TrainJob")
         expiry = _token_expiry(token)

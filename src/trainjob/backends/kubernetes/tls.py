@@ -25,7 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trainjob.errors import BackendError
+from trainjob.backends.kubernetes.kubeapi import ApiError
+from trainjob.backends.kubernetes.resources import SECRETS
+from trainjob.errors import AlreadyExistsError, BackendError
 
 if TYPE_CHECKING:
     from trainjob.backends.kubernetes.kubeapi import KubeApi
@@ -125,8 +127,6 @@ def issue(hosts: Sequence[str], ca_pem: str | None = None, ca_key_pem: str | Non
 def load_or_create_serving_tls(api: KubeApi, namespace: str, hosts: Sequence[str]) -> ServingTLS:
     """The status endpoint's TLS from Secret ``namespace/trainjob-operator-status-tls``: created when missing,
     its serving certificate issued again (same CA) when it does not name every one of ``hosts``."""
-    from kubernetes.client.exceptions import ApiException
-
     def decoded(data: dict[str, str], key: str) -> str:
         return base64.b64decode(data[key]).decode()
 
@@ -140,21 +140,20 @@ def load_or_create_serving_tls(api: KubeApi, namespace: str, hosts: Sequence[str
 
     for _ in range(3):
         try:
-            secret = api.core.read_namespaced_secret(TLS_SECRET, namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise BackendError(f"cannot read Secret {namespace}/{TLS_SECRET} (the status endpoint's TLS): "
-                                   f"{exc.status} {exc.reason}") from exc
+            secret = api.read_secret(namespace, TLS_SECRET)
+        except ApiError as exc:
+            raise BackendError(f"cannot read Secret {namespace}/{TLS_SECRET} (the status endpoint's TLS): "
+                               f"{exc}") from exc
+        if secret is None:
             tls, ca_key_pem = issue(hosts)
             try:
-                api.core.create_namespaced_secret(namespace, body(tls, ca_key_pem))
+                api.create(body(tls, ca_key_pem), SECRETS)
                 return tls
-            except ApiException as exc:
-                if exc.status != 409:  # 409: another replica made it first; use that one
-                    raise BackendError(f"cannot create Secret {namespace}/{TLS_SECRET}: {exc.status} "
-                                       f"{exc.reason}") from exc
+            except AlreadyExistsError:  # another replica made it first; use that one
                 continue
-        data = secret.data or {}
+            except ApiError as exc:
+                raise BackendError(f"cannot create Secret {namespace}/{TLS_SECRET}: {exc}") from exc
+        data = secret.get("data") or {}
         try:
             tls = ServingTLS(decoded(data, "ca.crt"), decoded(data, "tls.crt"), decoded(data, "tls.key"))
             ca_key_pem = decoded(data, "ca.key")
@@ -164,10 +163,9 @@ def load_or_create_serving_tls(api: KubeApi, namespace: str, hosts: Sequence[str
             return tls
         tls, _ = issue(sorted(set(hosts) | tls.names()), tls.ca_pem, ca_key_pem)
         try:
-            api.core.replace_namespaced_secret(TLS_SECRET, namespace,
-                                               body(tls, ca_key_pem, secret.metadata.resource_version))
-            return tls
-        except ApiException as exc:
-            if exc.status != 409:
-                raise BackendError(f"cannot update Secret {namespace}/{TLS_SECRET}: {exc.status} {exc.reason}") from exc
+            if api.replace(body(tls, ca_key_pem, secret["metadata"].get("resourceVersion")), SECRETS) is not None:
+                return tls
+        except ApiError as exc:
+            if exc.status != 409:  # 409: changed meanwhile; read it again
+                raise BackendError(f"cannot update Secret {namespace}/{TLS_SECRET}: {exc}") from exc
     raise BackendError(f"cannot read or create Secret {namespace}/{TLS_SECRET}")
