@@ -11,6 +11,7 @@ the ``kubernetes`` client's ``ApiClient`` (any kubeconfig; the CLI and the SDK):
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 from collections.abc import Iterator
@@ -290,9 +291,11 @@ def _log_query(options: dict[str, Any]) -> dict[str, Any]:
 class ApiError(BackendError):
     """The API server refused a request or could not be reached; ``status`` is the HTTP status (``None``: no answer)."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, answer: str = "") -> None:
         super().__init__(message)
         self.status = status
+        #: What the API server answered (or why there was no answer), without what was being done.
+        self.answer = answer or message
 
 
 def _status(exc: Exception) -> int | None:
@@ -303,13 +306,13 @@ def _status(exc: Exception) -> int | None:
 def _backend_error(exc: Exception, doing: str) -> ApiError:
     status = _status(exc)
     if status is None or status == 0:
-        return ApiError(f"cannot {doing}: the Kubernetes API server is unreachable ({exc})")
+        answer = f"the Kubernetes API server is unreachable ({exc})"
+        return ApiError(f"cannot {doing}: {answer}", answer=answer)
     reason = getattr(exc, "reason", "") or ""
     body = getattr(exc, "body", "") or ""
-    try:
-        import json
-
+    if isinstance(body, bytes):
+        body = body.decode(errors="replace")
+    with contextlib.suppress(ValueError, AttributeError):
         body = json.loads(body).get("message", body)
-    except (ValueError, AttributeError):
-        pass
-    return ApiError(f"cannot {doing}: the API server answered {status} {reason}: {body}".rstrip(": "), status)
+    answer = f"the API server answered {status} {reason}: {body}".rstrip(": ")
+    return ApiError(f"cannot {doing}: {answer}", status, answer)

@@ -238,7 +238,11 @@ class LeaderElector:
     # -- blocking calls (run in a thread) ---------------------------------------------------------------------
 
     def _read(self, timeout: float) -> dict[str, Any] | None:
-        return self.api.get(LEASES, self.namespace, self.name, timeout=timeout)
+        try:
+            return self.api.get(LEASES, self.namespace, self.name, timeout=timeout)
+        except ApiError as exc:
+            raise ApiError(f"cannot read lease {self.namespace}/{self.name}: {exc.answer}", exc.status,
+                           exc.answer) from exc
 
     def _write(self, lease: dict[str, Any], timeout: float, create: bool = False) -> dict[str, Any] | None:
         """Create or replace (with the ``resourceVersion`` in ``lease``); ``None`` on a conflict."""
@@ -251,7 +255,8 @@ class LeaderElector:
         except ApiError as exc:
             if exc.status == 409:
                 return None
-            raise
+            raise ApiError(f"cannot {'create' if create else 'update'} lease {self.namespace}/{self.name}: "
+                           f"{exc.answer}", exc.status, exc.answer) from exc
 
 
 def _record(spec: dict[str, Any]) -> tuple[Any, ...]:
