@@ -128,8 +128,15 @@ def test_jobs_created_while_the_jobset_controller_is_down_start_when_it_returns(
     assert time.monotonic() - back < 360
 
 
+#: A script that runs as PID 1 of its container, where SIGTERM has no default action: it exits on it, as torchrun
+#: does, so its pods go at once when deleted or evicted rather than after the 30 s grace period.
+EXITS_ON_SIGTERM = """
+import signal, sys
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+"""
+
 #: Reports progress through the status endpoint for a few steps, then stops making progress (a stuck data loader).
-STALLS = """
+STALLS = EXITS_ON_SIGTERM + """
 import time
 from trainjob.torch import report
 for step in range(6):
@@ -251,7 +258,7 @@ def test_a_script_that_never_reports_is_held_to_its_collectives_and_its_stuck_ra
     script = workdir / "plain_stall.py"
     script.write_text(PLAIN_STALL)
     k8s.create_job("plain", namespace,
-                   annotations={"trainjob/stall-timeout": "15s", "trainjob/stall-action": "fail"},
+                   annotations={"trainjob/stall-timeout": "10s", "trainjob/stall-action": "fail"},
                    trainer={"numNodes": 2, "command": ["torchrun", str(script)],
                             "resourcesPerNode": {"requests": {"cpu": "100m"}}})
     _until(lambda: _running(k8s, namespace, "plain"), 120, "plain running", lambda: k8s.diagnostics("plain", namespace))
@@ -268,13 +275,13 @@ def test_a_script_that_never_reports_is_held_to_its_collectives_and_its_stuck_ra
     took = time.time() - (stalled or 0.0)
     condition = next(c for c in failed["status"]["conditions"] if c["type"] == "Failed")
     assert condition["reason"] == "Stalled", condition
-    assert ("while rank 0 waits in one (limit 15.0 s: trainjob/stall-timeout): rank 1 is not in the all_reduce that "
+    assert ("while rank 0 waits in one (limit 10.0 s: trainjob/stall-timeout): rank 1 is not in the all_reduce that "
             "rank 0 waits in: rank 1 is in <module> (plain_stall.py:9)") in condition["message"], condition["message"]
-    print(f"plain script: failed as Stalled {took:.1f} s after rank 1 stalled (limit 15 s)")
+    print(f"plain script: failed as Stalled {took:.1f} s after rank 1 stalled (limit 10 s)")
 
 
 #: Reports 6 steps of progress; its first run hangs after the third (a stuck data loader), a run after that finishes.
-STALLS_ONCE = """
+STALLS_ONCE = EXITS_ON_SIGTERM + """
 import sys, time
 from pathlib import Path
 from trainjob.torch import report
