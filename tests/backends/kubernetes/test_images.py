@@ -5,9 +5,13 @@ the same local image the registry serves to the nodes."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from jobtest.tiers import starts
 from kubetest.controlplane import ControlPlane
 from kubetest.images import Builder, cache_dir, local_reference
 
@@ -43,3 +47,49 @@ def test_the_operator_image_runs_the_operator_command_without_torch(run_in: Call
 def test_the_training_image_has_torch_and_trainjob(run_in: Callable[..., str]) -> None:
     printed = run_in("trainjob-train", "python", "-c", "import torch, trainjob.torch; print(torch.__version__)")
     assert printed.strip().startswith("2."), printed
+
+
+@pytest.fixture
+@starts("procs")
+def scratch_builder(tmp_path: Path) -> Builder:
+    """buildah on storage of its own under ``tmp_path``."""
+    if os.geteuid() != 0 or shutil.which("buildah") is None:
+        pytest.skip("needs root and buildah")
+    (tmp_path / "cache").mkdir()
+    return Builder(tmp_path / "cache", tmp_path / "build.log")
+
+
+def test_working_containers_left_on_older_images_do_not_keep_them(scratch_builder: Builder, tmp_path: Path) -> None:
+    """A build or test killed between ``buildah from`` and ``buildah rm`` leaves a working container, which keeps its
+    image's layers and makes buildah refuse to remove the image: a newer build removes the containers left on the
+    images it replaces, and those left on images that lost their name; a container on the kept image stays."""
+    builder = scratch_builder
+
+    def image(tag: str) -> str:
+        container = builder.buildah("from", "scratch").strip()
+        builder.buildah("config", "--label", f"tag={tag}", container)
+        builder.buildah("commit", "--quiet", container, f"localhost/trainjob-test/stale:{tag}")
+        builder.buildah("rm", container)
+        return f"localhost/trainjob-test/stale:{tag}"
+
+    def containers() -> list[str]:
+        return builder.buildah("containers", "--format={{.ContainerName}}").split()
+
+    old, new = image("old"), image("new")
+    left = builder.buildah("from", "--pull-never", "--quiet", old).strip()
+    kept = builder.buildah("from", "--pull-never", "--quiet", new).strip()
+    builder._remove_tags("localhost/trainjob-test/stale", keep=new)
+    assert not builder.exists(old)
+    assert containers() == [kept]
+    assert f"removed {left}" in (tmp_path / "build.log").read_text()
+
+    # An image without a name (as one that a killed build left, or that lost its name while a container was on it).
+    scratch = builder.buildah("from", "scratch").strip()
+    unnamed = builder.buildah("commit", "--quiet", scratch).strip()
+    builder.buildah("rm", scratch)
+    nameless = builder.buildah("from", "--pull-never", "--quiet", unnamed).strip()
+    assert sorted(containers()) == sorted([kept, nameless])
+    assert builder.remove_stale_containers() == [nameless]
+    assert containers() == [kept]
+    assert builder.buildah("images", "--all", "--format={{.Name}}:{{.Tag}}").split() == [new]
+    builder.buildah("rm", kept)

@@ -360,11 +360,44 @@ class Builder:
         return reference
 
     def _remove_tags(self, repository: str, keep: str | None) -> None:
-        """Untag (and so free) every image of ``repository`` but ``keep``."""
-        for line in self.buildah("images", "--format={{.Name}}:{{.Tag}}").split():
-            if line.startswith(repository + ":") and line != keep:
-                self.buildah("rmi", line, what=f"removing the older {line}")
+        """Untag and free every image of ``repository`` but ``keep``, with the working containers (``buildah from``)
+        left on them: buildah refuses to remove an image a container uses, and a build or test killed between
+        ``buildah from`` and ``buildah rm`` leaves one. No test uses an image a newer build replaced."""
+        for line in self.buildah("images", "--no-trunc", "--format={{.ID}} {{.Name}}:{{.Tag}}").splitlines():
+            image, _, name = line.strip().partition(" ")
+            name = name.strip()
+            if name.startswith(repository + ":") and name != keep:
+                self._remove_containers_of(image.removeprefix("sha256:"))
+                self.buildah("rmi", name, what=f"removing the older {name}")
 
+    def remove_stale_containers(self) -> list[str]:
+        """Remove the working containers left on images that are no longer tagged, and those images (their layers:
+        GBs for the training image). No build or test starts a container on an image without a name. Returns the
+        removed containers' names."""
+        removed = []
+        for container in self._containers():
+            if not container.get("imagename"):
+                removed += self._remove_containers_of(container["imageid"])
+                try:
+                    self.buildah("rmi", container["imageid"], what=f"removing the untagged {container['imageid']}")
+                except RuntimeError as error:  # the parent of another image
+                    with self.log.open("a") as out:
+                        out.write(f"kept {container['imageid']}: {str(error).strip().splitlines()[-1]}\n")
+        return removed
+
+    def _containers(self) -> list[dict[str, Any]]:
+        """buildah's working containers on this storage (``buildah containers --json``)."""
+        return json.loads(self.buildah("containers", "--json").strip() or "[]") or []
+
+    def _remove_containers_of(self, image_id: str) -> list[str]:
+        names = []
+        for container in self._containers():
+            if container["imageid"] == image_id:
+                self.buildah("rm", container["id"], what=f"removing the stale container {container['containername']}")
+                with self.log.open("a") as out:
+                    out.write(f"removed {container['containername']}, left on {image_id[:12]}\n")
+                names.append(container["containername"])
+        return names
 
 def _dockerfile_reference(name: str, inputs: list[str], base: str, args: dict[str, str]) -> str:
     """The local reference of an image built from a Dockerfile: tagged by a hash of its inputs, base and args."""
@@ -379,6 +412,7 @@ def build_images(registry: Registry, components: dict[str, Any], log: Path) -> d
     bins = components["binaries"]
     references: dict[str, str] = {}
     with _locked(cache / ".lock"):
+        builder.remove_stale_containers()
         wanted = {
             "pause": lambda: builder.from_binary("pause", Path(bins["pause"]), user="65535:65535"),
             "coredns": lambda: builder.from_binary("coredns", Path(bins["coredns"])),
