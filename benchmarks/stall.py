@@ -19,7 +19,7 @@ so the limit is derived from the job's pace (the floor: 60 s)::
 With ``--kubernetes`` the same trials run as TrainJobs on the test control plane (built from Go modules, as the
 tests build it; root) under trainjob's operator: the stall watch works from the progress the pods push to the
 operator's status endpoint, and the stuck rank is named from the stacks each rank wrote to its own log
-(``trainjob.torch.watchdog``); the seconds are from the last progress report the pod stamped to the job's
+(``trainjob.torch.rank_stacks``); the seconds are from the last progress report the pod stamped to the job's
 ``Failed`` condition, by the API server's clock (whole seconds)::
 
     python benchmarks/stall.py --kubernetes --trials 9 --default-trials 1

@@ -173,7 +173,7 @@ class StallPolicy:
 
 def dump_setting(policy: StallPolicy) -> str:
     """``TRAINJOB_STALL_DUMP`` for a job watched by ``policy``: half its explicit limit, ``auto`` (half the derived
-    rule, :func:`trainjob.stall_dumps.dump_after`), or ``off``."""
+    rule, :func:`trainjob.log_stacks.stacks_after`), or ``off``."""
     if not policy.watched:
         return "off"
     return "auto" if policy.timeout is None else f"{policy.timeout / 2:g}"

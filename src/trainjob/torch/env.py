@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from trainjob.errors import ValidationError
-from trainjob.torch import watchdog
+from trainjob.torch import rank_stacks
 
 __all__ = ["DistContext", "context", "global_rank", "global_world_size", "init", "on_shutdown", "shutdown"]
 
@@ -132,7 +132,7 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None) -> Dis
         device=device,
         backend=str(dist.get_backend()),
     )
-    watchdog.start()  # on Kubernetes: this rank's stacks when it stalls or `trainjob stacks` asks
+    rank_stacks.start()  # on Kubernetes: this rank's stacks when it stalls or `trainjob stacks` asks
     global _collect_at_exit
     if not _collect_at_exit:
         _collect_at_exit = True

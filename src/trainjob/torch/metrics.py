@@ -37,7 +37,7 @@ from trainjob.progress import (
     step_line,
     trainer_status,
 )
-from trainjob.torch import kubeflow_status, tensorboard, watchdog
+from trainjob.torch import kubeflow_status, rank_stacks, tensorboard
 from trainjob.torch.env import global_rank
 
 __all__ = ["METRICS_FILE_ENV", "report", "update_trainjob_status"]
@@ -67,7 +67,7 @@ def report(metrics: Mapping[str, object], step: int | None = None, total_steps: 
     """Record ``metrics`` (name -> number or one-element tensor) for ``step`` of ``total_steps`` on rank 0."""
     step = _optional_step("step", step)
     total_steps = _optional_step("total_steps", total_steps)
-    watchdog.beat()  # every rank: on Kubernetes a rank that stops reporting dumps its own stacks
+    rank_stacks.beat()  # every rank: on Kubernetes a rank that stops reporting dumps its own stacks
     if global_rank() != 0:
         return
     values = {str(name): _as_float(str(name), value) for name, value in metrics.items()}

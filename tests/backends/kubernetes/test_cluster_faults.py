@@ -147,7 +147,7 @@ time.sleep(600)
 
 
 def test_a_job_that_stops_reporting_progress_is_failed_as_stalled(k8s: TrainJobCluster, namespace: str) -> None:
-    """The watchdog on Kubernetes works from the progress the status endpoint receives (no log is read): past
+    """The stall watch on Kubernetes works from the progress the status endpoint receives (no log is read): past
     ``trainjob/stall-timeout`` without a report the job fails with reason ``Stalled`` and its pods are stopped."""
     k8s.create_job("stuck", namespace, annotations={"trainjob/stall-timeout": "10s", "trainjob/stall-action": "fail"},
                    trainer={"numNodes": 1, "command": ["python", "-c", STALLS],
@@ -201,7 +201,7 @@ def test_a_stalled_jobs_stuck_rank_is_named_from_the_stacks_it_wrote(
 ) -> None:
     """``trainjob stacks NAME`` asks a running job's ranks for their stacks (an annotation on its pods, which the
     kubelet writes into a file of their status-client volume) and names the rank the others wait for. Then the
-    job's own watchdog: each rank watches its own reports (the operator sets ``TRAINJOB_STALL_DUMP``); silent for
+    job's own stacks thread: each rank watches its own reports (the operator sets ``TRAINJOB_STALL_DUMP``); silent for
     half the limit, it writes its stacks to its log; the operator, finding the job stalled, reads them and names the
     rank that is not in the collective the others wait in, with its frame."""
     script = workdir / "stuck_rank.py"

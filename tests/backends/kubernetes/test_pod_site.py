@@ -17,8 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from trainjob.log_stacks import stacks_in_log
 from trainjob.pod_site import PTH_LINE, install
-from trainjob.stall_dumps import dumps_in_log
 
 SCRIPT = """
 import time
@@ -95,7 +95,7 @@ def test_a_pods_ranks_report_their_collectives_and_dump_their_stacks_when_they_s
                and (body["completedAgo"] or 0) > 2]
     assert stalled, reports
     # every rank wrote its stacks once: rank 1 in the sleep outside the collective, rank 0 in the all_reduce
-    dumps = dumps_in_log(output)
+    dumps = stacks_in_log(output)
     assert set(dumps) == {0, 1}, output[-3000:]
     assert 'train.py", line 8 in <module>' in dumps[1] and "all_reduce" in dumps[0], dumps
     assert output.count("[trainjob-stacks rank 1] no progress for") == 1

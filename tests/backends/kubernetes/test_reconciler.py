@@ -1073,7 +1073,7 @@ def test_a_stalled_job_is_failed_naming_its_stuck_rank_from_the_stacks_in_the_po
     api.set_status(TRAINJOBS, NS, NAME, {**api.stored(TRAINJOBS, NS, NAME).get("status", {}), "trainerStatus": {
         "progressPercentage": 7, "lastUpdatedTime": timestamp(START + 1)}})
     at(1)(world)
-    another_pass(world)  # the report arrives: the watchdog is armed
+    another_pass(world)  # the report arrives: the stall watch is armed
     at(12)(world)
     another_pass(world)
     failed = next(c for c in api.stored(TRAINJOBS, NS, NAME)["status"]["conditions"] if c["type"] == "Failed")

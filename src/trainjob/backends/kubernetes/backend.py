@@ -312,13 +312,13 @@ class KubernetesBackend(Backend):
         (:mod:`~trainjob.backends.kubernetes.pod_stacks`). Otherwise:
 
         The job's running pods get the annotation ``trainjob/stacks-request`` set to a new value; the kubelet writes
-        it into the pods' status-client volume, where each rank's watchdog (:mod:`trainjob.torch.watchdog`, started
+        it into the pods' status-client volume, where each rank's stacks thread (:mod:`trainjob.torch.rank_stacks`, started
         by ``trainjob.torch.init``) finds it within a second and writes its stacks to its log, headed by the
         request. Waits up to ``timeout`` seconds for every rank (a real kubelet refreshes the volume within its sync
         period, up to a minute or so); a rank that did not answer is listed with why it may not have. Needs the
         operator's status endpoint, which mounts that volume."""
         from trainjob.errors import BackendError, ValidationError
-        from trainjob.stall_dumps import dumps_in_log
+        from trainjob.log_stacks import stacks_in_log
 
         job = self.get_job(name)
         launch = json.loads((self._job(name)["metadata"].get("annotations") or {}).get(LAUNCH_ANNOTATION) or "{}")
@@ -350,7 +350,7 @@ class KubernetesBackend(Backend):
                     text = self.api.read_pod_log(self.namespace, pod["metadata"]["name"], since_seconds=since)
                 except TrainJobError:  # the pod is gone or restarting: what it answered before stays
                     continue
-                answers[index] = dumps_in_log(text, request=request) or answers.get(index, {})
+                answers[index] = stacks_in_log(text, request=request) or answers.get(index, {})
             complete = all(len(answers.get(i) or {}) >= (per_node or 1) for i in pods)
             if complete or time.monotonic() >= deadline:
                 break
@@ -364,7 +364,7 @@ class KubernetesBackend(Backend):
                                          timeout: float) -> list[RankStacks]:
         """The ranks' stacks read by an ephemeral container of ``image`` in each pod (see :mod:`.pod_stacks`)."""
         from trainjob.backends.kubernetes.pod_stacks import dumper_state, ephemeral_container
-        from trainjob.stall_dumps import dumps_in_log
+        from trainjob.log_stacks import stacks_in_log
 
         request = str(time.time_ns())
         container = ephemeral_container(request, image)
@@ -386,7 +386,7 @@ class KubernetesBackend(Backend):
                     continue
                 with contextlib.suppress(TrainJobError):
                     text = self.api.read_pod_log(self.namespace, pod_name, container=container["name"])
-                    answers[index] = dumps_in_log(text, request=request)
+                    answers[index] = stacks_in_log(text, request=request)
                     if not answers[index]:
                         problems[index] = f"the debug container found no training process: {text.strip()[-300:]}"
                 del asked[index]

@@ -5,7 +5,7 @@ ephemeral container of ``IMAGE`` (one with Python and ``py-spy`` on its ``PATH``
 ``kubectl debug --target`` does: it shares the training container's processes (``targetContainerName``) and has
 ``SYS_PTRACE``, finds every training process (``RANK`` and ``LOCAL_RANK`` in its environment), runs ``py-spy dump``
 on each and prints the stacks in :mod:`faulthandler`'s format under the lines
-:func:`~trainjob.stall_dumps.dumps_in_log` reads (:data:`DUMPER`). The client reads them back from that container's
+:func:`~trainjob.log_stacks.stacks_in_log` reads (:data:`DUMPER`). The client reads them back from that container's
 log. Nothing is needed of the training image but Python: no trainjob, no ``trainjob.torch`` call in the script.
 
 Which pods get which (the docs say the same):

@@ -6,8 +6,8 @@ instead, where its image has trainjob: each rank posts how long ago its collecti
 has waited (:mod:`trainjob.pod_site`; the endpoint keeps them, :meth:`.status_server.StatusServer.collectives`),
 and the job has stalled when a rank waited past the limit while none completed
 (:func:`~trainjob.backends.stall.collectives_overdue`). Once a job is overdue, the ``Stalled`` event names the
-stuck ranks from the stacks each rank wrote to its log (:mod:`trainjob.torch.watchdog`, :mod:`trainjob.pod_site`,
-:func:`trainjob.stall_dumps.dumps_in_log`), then, for a job that reports:
+stuck ranks from the stacks each rank wrote to its log (:mod:`trainjob.torch.rank_stacks`, :mod:`trainjob.pod_site`,
+:func:`trainjob.log_stacks.stacks_in_log`), then, for a job that reports:
 
 ==========================================  =================================================================
 ``trainjob/stall-action``                   what the watch does
@@ -57,7 +57,7 @@ from trainjob.backends.stall import (
 )
 from trainjob.constants import LAUNCH_ANNOTATION
 from trainjob.errors import TrainJobError, ValidationError
-from trainjob.stall_dumps import dumps_in_log
+from trainjob.log_stacks import stacks_in_log
 
 log = logging.getLogger("trainjob.operator")
 
@@ -236,7 +236,7 @@ class StallWatch:
             pods = trainer_pods(self.api.list_pods(namespace, f"{JOBSET_NAME_LABEL}={name}"), trainer_name(jobset))
             for pod in pods.values():
                 if (pod.get("status") or {}).get("phase") == "Running":
-                    dumps.update(dumps_in_log(self.api.read_log(namespace, pod, trainer_container(pod),
+                    dumps.update(stacks_in_log(self.api.read_log(namespace, pod, trainer_container(pod),
                                                                 tail_lines=5000)))
         except TrainJobError as exc:  # the stacks are best effort: the stall is acted on either way
             log.warning("cannot read the stacks of stalled TrainJob %s/%s: %s", namespace, name, exc)

@@ -20,8 +20,8 @@ by its own clock (:meth:`StatusServer.collectives`) for the stall watch of a job
 nothing is written.
 
 Beside the token and the CA, the same volume holds ``stacks-request``, the pod's ``trainjob/stacks-request``
-annotation as a downward-API file: ``trainjob stacks NAME`` sets the annotation, and each rank's watchdog
-(:mod:`trainjob.torch.watchdog`) answers with its stacks in its log.
+annotation as a downward-API file: ``trainjob stacks NAME`` sets the annotation, and each rank's stacks thread
+(:mod:`trainjob.torch.rank_stacks`) answers with its stacks in its log.
 
 A request is accepted when the API server says the token is valid for that audience (a ``TokenReview``) and the pod
 it was issued to (named in the review, checked by uid) is a pod of that TrainJob's JobSet in its namespace: a
@@ -49,7 +49,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from trainjob.backends.kubernetes import status as st
 from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL, TRAINJOBS
@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from trainjob.backends.kubernetes.tls import ServingTLS
 
 log = logging.getLogger("trainjob.operator")
+T = TypeVar("T")
 
 AUDIENCE = "trainer.kubeflow.org"
 URL_ENV, CA_CERT_ENV, TOKEN_ENV = ("KUBEFLOW_TRAINER_SERVER_URL", "KUBEFLOW_TRAINER_SERVER_CA_CERT",
@@ -111,7 +112,7 @@ def inject_status_client(jobset: dict[str, Any], endpoint: StatusEndpoint) -> No
         {"serviceAccountToken": {"audience": AUDIENCE, "expirationSeconds": TOKEN_SECONDS, "path": "token"}},
         {"downwardAPI": {"items": [
             {"path": "ca.crt", "fieldRef": {"fieldPath": f"metadata.annotations['{CA_ANNOTATION}']"}},
-            # `trainjob stacks NAME` asks the pod's ranks for their stacks through this one (trainjob.torch.watchdog)
+            # `trainjob stacks NAME` asks the pod's ranks for their stacks through this one (trainjob.torch.rank_stacks)
             {"path": STACKS_REQUEST_FILE,
              "fieldRef": {"fieldPath": f"metadata.annotations['{STACKS_REQUEST_ANNOTATION}']"}},
         ]}},
@@ -268,22 +269,12 @@ class StatusServer:
             self._runner = None
 
     async def _handle(self, request: web.Request) -> web.Response:
+        """``POST .../status``: a rank's progress, written to the job's status (at most every ``min_interval``)."""
         from aiohttp import web
 
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         try:
-            token = self._bearer(request.headers.get("Authorization", ""))
-            await self._authorize(token, namespace, name)
-            try:
-                body = await request.json()
-            except ValueError as exc:
-                raise Refused(400, f"the body is not JSON: {exc}") from exc
-            trainer_status = trainer_status_of(body)
-            job = self.cache.get(TRAINJOBS, namespace, name)
-            if job is None:
-                raise Refused(404, f"TrainJob {namespace}/{name} not found")
-            if st.finished_condition(job.get("status") or {}) is not None:
-                raise Refused(409, f"TrainJob {namespace}/{name} has finished; its status no longer changes")
+            trainer_status = await self._running_job_report(request, namespace, name, trainer_status_of)
             await self._accept((namespace, name), trainer_status)
         except Refused as refused:
             self.on_report("rejected")
@@ -293,27 +284,36 @@ class StatusServer:
         return web.json_response({"message": "accepted"})
 
     async def _handle_collectives(self, request: web.Request) -> web.Response:
+        """``POST .../collectives``: a rank's collectives report, kept in memory for the stall watch."""
         from aiohttp import web
 
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         try:
-            token = self._bearer(request.headers.get("Authorization", ""))
-            await self._authorize(token, namespace, name)
-            try:
-                body = await request.json()
-            except ValueError as exc:
-                raise Refused(400, f"the body is not JSON: {exc}") from exc
-            report = collectives_of(body, self.clock())
-            job = self.cache.get(TRAINJOBS, namespace, name)
-            if job is None:
-                raise Refused(404, f"TrainJob {namespace}/{name} not found")
-            if st.finished_condition(job.get("status") or {}) is not None:
-                raise Refused(409, f"TrainJob {namespace}/{name} has finished")
+            report = await self._running_job_report(request, namespace, name,
+                                                    lambda body: collectives_of(body, self.clock()))
         except Refused as refused:
             log.info("collectives report for %s/%s refused (%d): %s", namespace, name, refused.status, refused)
             return web.json_response({"message": str(refused)}, status=refused.status)
         self.keep_collectives(namespace, name, report)
         return web.json_response({"message": "accepted"})
+
+    async def _running_job_report(self, request: web.Request, namespace: str, name: str,
+                                  parse: Callable[[Any], T]) -> T:
+        """The report a pod of TrainJob ``namespace/name`` posted, read by ``parse`` from its JSON body, once its
+        token is the job's and the job exists and has not finished; else :class:`Refused` with the HTTP status."""
+        token = self._bearer(request.headers.get("Authorization", ""))
+        await self._authorize(token, namespace, name)
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            raise Refused(400, f"the body is not JSON: {exc}") from exc
+        report = parse(body)
+        job = self.cache.get(TRAINJOBS, namespace, name)
+        if job is None:
+            raise Refused(404, f"TrainJob {namespace}/{name} not found")
+        if st.finished_condition(job.get("status") or {}) is not None:
+            raise Refused(409, f"TrainJob {namespace}/{name} has finished; it takes no more reports")
+        return report
 
     def keep_collectives(self, namespace: str, name: str, report: RankCollectives) -> None:
         """Keep a rank's accepted collectives report (the latest of each rank); the job's first queues it."""

@@ -43,7 +43,11 @@ import psutil
 
 from trainjob.backends.local import containers, process_specs, processes
 from trainjob.backends.local.log_writer import NodeLogWriter, note_stop_reason
-from trainjob.backends.local.node_keeper.keeper import JOB_OVER_EXIT_CODE, KEEPER_STOP_SECONDS
+from trainjob.backends.local.node_keeper.keeper import (
+    JOB_OVER_EXIT_CODE,
+    KEEPER_STOP_SECONDS,
+    STOP_GRACE_SECONDS,
+)
 from trainjob.backends.local.node_keeper.mounts import node_mounts
 from trainjob.backends.local.process_specs import ProcessSpec
 from trainjob.backends.local.store import ACTIVE_STATUSES, Store
@@ -71,7 +75,6 @@ STOPPING_POLL_SECONDS = 0.05
 DISK_FULL_RETRY_SECONDS = 1.0
 #: After the first node fails, how long to wait for the others' own reports before choosing the root cause.
 FAILURE_SETTLE_SECONDS = 1.5
-NODE_STOP_GRACE_SECONDS = 3.0
 #: How long a returning node waits for the ranks to checkpoint for it before it is started anyway.
 GROW_WAIT_SECONDS = 600.0
 
@@ -592,7 +595,7 @@ class Supervisor:
             node.kill()
         # A keeper killed before it stopped its node leaves processes behind: they all carry the job's directory.
         job_processes = processes.job_processes(str(self.job_dir), self.row.get("created", 0.0))
-        processes.stop_processes(job_processes, grace=NODE_STOP_GRACE_SECONDS)
+        processes.stop_processes(job_processes, grace=STOP_GRACE_SECONDS)  # as a keeper gives its node
         for node in running:
             node.wait(5)
             self.recorded.add(node.index)

@@ -192,7 +192,7 @@ _POD_HEARTBEAT_SECONDS = (1.0, 30.0)
 _POD_AUTO_DUMP_SECONDS = 150.0
 
 
-def _pod_dump_after(setting):
+def _pod_stacks_after(setting):
     """Seconds without a completed collective after which a pod's rank dumps its stacks (``TRAINJOB_STALL_DUMP``
     is ``setting``); ``None``: never (``off``, or not a number)."""
     if not setting or setting == "off":
@@ -206,12 +206,12 @@ def _pod_dump_after(setting):
     return seconds if seconds > 0 else None
 
 
-def _collectives_post(url, token_file, ca_file, rank, dump_after):
+def _collectives_post(url, token_file, ca_file, rank, stacks_after):
     """A ``publish`` for :func:`_watch_collectives` in a Kubernetes pod: every heartbeat, the state as ages
     (``{"rank", "completedAgo", "waitingFor"}``, seconds: the pod's clock and the operator's need not agree)
     posted to the operator's ``/collectives`` endpoint with the pod's projected token; and once per stall, this
-    rank's stacks in its log when no collective completed for ``dump_after`` seconds, which the operator reads
-    to name the stuck rank (the lines :func:`trainjob.stall_dumps.dumps_in_log` reads). An endpoint that refuses
+    rank's stacks in its log when no collective completed for ``stacks_after`` seconds, which the operator reads
+    to name the stuck rank (the lines :func:`trainjob.log_stacks.stacks_in_log` reads). An endpoint that refuses
     the report for good (a 4xx other than 429) ends the watch; one that cannot be reached is tried again."""
     import json
     import ssl
@@ -220,7 +220,7 @@ def _collectives_post(url, token_file, ca_file, rank, dump_after):
     import urllib.request
 
     low, high = _POD_HEARTBEAT_SECONDS
-    heartbeat = min(max(dump_after / 5.0, low), high)
+    heartbeat = min(max(stacks_after / 5.0, low), high)
     sent = {"at": 0.0, "dumped": False}
     context = ssl.create_default_context(cafile=ca_file) if url.startswith("https:") else None
 
@@ -246,13 +246,13 @@ def _collectives_post(url, token_file, ca_file, rank, dump_after):
         import tempfile
 
         try:
-            from trainjob.stall_dumps import dump_for_log
+            from trainjob.log_stacks import stacks_for_log
         except ImportError:
             return
         with tempfile.TemporaryFile(mode="w+") as scratch:
             faulthandler.dump_traceback(file=scratch, all_threads=True)
             scratch.seek(0)
-            text = dump_for_log(rank, silent, scratch.read())
+            text = stacks_for_log(rank, silent, scratch.read())
         try:
             sys.stderr.write(text)
             sys.stderr.flush()
@@ -262,7 +262,7 @@ def _collectives_post(url, token_file, ca_file, rank, dump_after):
     def publish(state, now):
         since = state["completed_at"] if state["completed_at"] is not None else state["waiting_since"]
         silent = None if since is None else now - since
-        if silent is None or silent < dump_after:
+        if silent is None or silent < stacks_after:
             sent["dumped"] = False
         elif not sent["dumped"]:  # once per stall, whether this rank waits in a collective or is stuck outside
             sent["dumped"] = True
@@ -513,11 +513,11 @@ def pod_main():
     env = os.environ
     url, token, ca = (env.get("TRAINJOB_COLLECTIVES_URL"), env.get("KUBEFLOW_TRAINER_SERVER_TOKEN"),
                       env.get("KUBEFLOW_TRAINER_SERVER_CA_CERT"))
-    dump_after = _pod_dump_after(env.get("TRAINJOB_STALL_DUMP"))
-    if "LOCAL_RANK" not in env or _WORKER_MARK in env or not url or not token or dump_after is None:
+    stacks_after = _pod_stacks_after(env.get("TRAINJOB_STALL_DUMP"))
+    if "LOCAL_RANK" not in env or _WORKER_MARK in env or not url or not token or stacks_after is None:
         return
     env[_WORKER_MARK] = str(os.getpid())  # the processes it starts inherit the mark and are left alone
-    publish = _collectives_post(url, token, ca, int(env.get("RANK", "0") or 0), dump_after)
+    publish = _collectives_post(url, token, ca, int(env.get("RANK", "0") or 0), stacks_after)
     sys.meta_path.insert(0, _AfterImport(_C10D_MODULE, lambda _: _start_collectives_watch(publish)))
 
 

@@ -1,4 +1,4 @@
-"""Each rank's own watchdog on Kubernetes: it writes the rank's Python stacks to its log when the rank stops
+"""Each rank's own stacks thread on Kubernetes: it writes the rank's Python stacks to its log when the rank stops
 reporting, and when ``trainjob stacks NAME`` asks.
 
 The operator cannot signal a pod's processes, so on Kubernetes every rank watches itself, on a thread of its own
@@ -7,9 +7,9 @@ The operator cannot signal a pod's processes, so on Kubernetes every rank watche
 - **A stall.** The operator sets ``TRAINJOB_STALL_DUMP`` in the job's pods (``auto``, or the seconds after which to
   dump: half the job's ``trainjob/stall-timeout``); a rank then counts its own calls of :func:`trainjob.torch.report`
   (every rank calls it: only rank 0 records). When a rank has not reported for longer than that
-  (:func:`trainjob.stall_dumps.dump_after`: half the operator's own limit, so the dump is in the log before the
+  (:func:`trainjob.log_stacks.stacks_after`: half the operator's own limit, so the dump is in the log before the
   operator acts), it writes every thread's stack once. The operator reads them from the pods' logs when it finds
-  the job stalled and names the stuck rank (:func:`trainjob.stall_dumps.dumps_in_log`,
+  the job stalled and names the stuck rank (:func:`trainjob.log_stacks.stacks_in_log`,
   :func:`trainjob.backends.stacks.find_stuck_ranks`). A new report arms it again.
 - **On request.** ``trainjob stacks NAME`` sets the pods' ``trainjob/stacks-request`` annotation to a new value;
   the kubelet writes it into the ``stacks-request`` file of the pod's status-client volume (a downward-API item, next
@@ -32,7 +32,7 @@ import threading
 import time
 
 from trainjob.constants import STACKS_REQUEST_FILE, STALL_DUMP_ENV
-from trainjob.stall_dumps import dump_after, dump_for_log
+from trainjob.log_stacks import stacks_after, stacks_for_log
 from trainjob.torch.kubeflow_status import TOKEN_ENV
 
 __all__ = ["beat", "start"]
@@ -52,7 +52,7 @@ class _Watchdog:
         # A request the kubelet wrote more than a minute before this rank started was for the ranks before it; a
         # recent one is answered (it may have come while this rank was starting).
         self.answered = self._request() if self._request_age() > REQUEST_FRESH_SECONDS else ""
-        threading.Thread(target=self._watch, name="trainjob-stall-watchdog", daemon=True).start()
+        threading.Thread(target=self._watch, name="trainjob-rank-stacks", daemon=True).start()
 
     def beat(self) -> None:
         now = time.monotonic()
@@ -85,7 +85,7 @@ class _Watchdog:
                 self.answered = request
                 self._dump(0.0, request)
             with self.lock:
-                limit = dump_after(self.setting, self.longest)
+                limit = stacks_after(self.setting, self.longest)
                 silent = None if self.last is None else time.monotonic() - self.last
                 due = limit is not None and silent is not None and silent > limit and not self.dumped
                 if due:
@@ -97,7 +97,7 @@ class _Watchdog:
         with tempfile.TemporaryFile(mode="w+") as scratch:
             faulthandler.dump_traceback(file=scratch, all_threads=True)
             scratch.seek(0)
-            text = dump_for_log(self.rank, silent, scratch.read(), request=request)
+            text = stacks_for_log(self.rank, silent, scratch.read(), request=request)
         try:
             sys.stderr.write(text)
             sys.stderr.flush()
@@ -110,7 +110,7 @@ _started = False
 
 
 def start() -> None:
-    """Start this rank's watchdog where the operator set it up (a stall setting, or the status-client volume that
+    """Start this rank's stacks thread where the operator set it up (a stall setting, or the status-client volume that
     requests arrive through); once per process, nothing elsewhere."""
     global _watchdog, _started
     if _started:
@@ -128,7 +128,7 @@ def start() -> None:
 
 
 def beat() -> None:
-    """A report from this rank: start the watchdog the first time (where the operator asked for it), re-arm it."""
+    """A report from this rank: start the stacks thread the first time (where the operator asked for it), re-arm it."""
     start()
     if _watchdog is not None:
         _watchdog.beat()

@@ -1,5 +1,5 @@
-"""A rank's own watchdog (what a Kubernetes job's ranks run): silent past its limit, it writes every thread's
-stack to stderr once, prefixed with its rank, in the form the operator reads back (``dumps_in_log``)."""
+"""A rank's own stacks thread (what a Kubernetes job's ranks run): silent past its limit, it writes every thread's
+stack to stderr once, prefixed with its rank, in the form the operator reads back (``stacks_in_log``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from jobtest.tiers import starts
 
 from trainjob.backends.stacks import RankStacks, find_stuck_ranks
-from trainjob.stall_dumps import dumps_in_log
+from trainjob.log_stacks import stacks_in_log
 
 SCRIPT = """
 import time
@@ -47,7 +47,7 @@ def rank() -> Callable[[dict[str, str]], subprocess.CompletedProcess[str]]:
 def test_a_silent_rank_writes_its_stacks_once_and_again_after_a_new_report(rank) -> None:
     proc = rank({"RANK": "1", "TRAINJOB_STALL_DUMP": "1.5"})
     assert proc.stderr.count("[trainjob-stacks rank 1] no progress for ") == 2, proc.stderr  # once per silence
-    dumps = dumps_in_log(proc.stderr)
+    dumps = stacks_in_log(proc.stderr)
     assert list(dumps) == [1]
     # the latest dump: after the last report, in the final sleep of the script itself
     found = find_stuck_ranks([RankStacks(1, dumps[1])])
@@ -69,7 +69,7 @@ request = Path(sys.argv[1])
 def waiting_here():
     time.sleep(3)
 
-tt.report({"loss": 1.0}, step=1)  # starts the watchdog, which takes the file's value as answered already
+tt.report({"loss": 1.0}, step=1)  # starts the stacks thread, which takes the file's value as answered already
 request.write_text("222")  # what `trainjob stacks` asks through the pod's annotation
 waiting_here()
 """
@@ -84,7 +84,7 @@ def test_a_rank_answers_each_new_stacks_request_once_not_an_old_one(rank, tmp_pa
     os.utime(request, (time.time() - 600, time.time() - 600))
     proc = rank({"RANK": "3", "KUBEFLOW_TRAINER_SERVER_TOKEN": str(tmp_path / "token")}, ASKED, str(request))
     assert proc.stderr.count("[trainjob-stacks rank 3] stacks on request ") == 1, proc.stderr
-    assert dumps_in_log(proc.stderr, request="111") == {}
-    answered = dumps_in_log(proc.stderr, request="222")
+    assert stacks_in_log(proc.stderr, request="111") == {}
+    answered = stacks_in_log(proc.stderr, request="222")
     found = find_stuck_ranks([RankStacks(3, answered[3])])
     assert "waiting_here (<string>:9)" in found.summary, (found, answered)

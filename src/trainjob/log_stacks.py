@@ -1,4 +1,4 @@
-"""Stacks a Kubernetes job's ranks write to their own logs (:mod:`trainjob.torch.watchdog`), when they stop
+"""Stacks a Kubernetes job's ranks write to their own logs (:mod:`trainjob.torch.rank_stacks`), when they stop
 reporting (the operator reads them back when it finds the job stalled) or when ``trainjob stacks NAME`` asks (it
 reads them back itself): when a rank writes them, and their format (the :mod:`faulthandler` dump, each line prefixed
 with ``[trainjob-stacks rank N]`` so that ranks writing at once stay apart, after a header that says why). Shared
@@ -11,7 +11,7 @@ import re
 
 from trainjob.constants import STALL_FLOOR_SECONDS, STALL_INTERVAL_FACTOR
 
-__all__ = ["dump_after", "dump_for_log", "dumps_in_log"]
+__all__ = ["stacks_after", "stacks_for_log", "stacks_in_log"]
 
 #: A line of a dump a rank wrote to its log, whatever precedes it (torchrun's ``[rank1]:``).
 _LOG_LINE = re.compile(r"\[trainjob-stacks rank (?P<rank>\d+)\] (?P<text>.*)$")
@@ -19,14 +19,14 @@ _LOG_HEADER = "no progress for "
 _REQUEST_HEADER = "stacks on request "
 
 
-def dump_after(setting: str | None, longest: float | None) -> float | None:
+def stacks_after(setting: str | None, longest: float | None) -> float | None:
     """Seconds without a report after which a rank dumps its own stacks (``TRAINJOB_STALL_DUMP`` is ``setting``,
     ``longest`` the longest interval between its reports so far); ``None``: not yet, or never. ``auto`` is half
     the stall watch's derived limit, so the stacks are in the log before the job is found stalled.
 
-    >>> dump_after("auto", 0.1), dump_after("auto", 12.0), dump_after("auto", None), dump_after("7.5", None)
+    >>> stacks_after("auto", 0.1), stacks_after("auto", 12.0), stacks_after("auto", None), stacks_after("7.5", None)
     (30.0, 60.0, None, 7.5)
-    >>> dump_after("off", 1.0), dump_after(None, 1.0), dump_after("soon", 1.0)
+    >>> stacks_after("off", 1.0), stacks_after(None, 1.0), stacks_after("soon", 1.0)
     (None, None, None)
     """
     if not setting or setting == "off":
@@ -40,25 +40,25 @@ def dump_after(setting: str | None, longest: float | None) -> float | None:
     return seconds if seconds > 0 else None
 
 
-def dump_for_log(rank: int, silent: float, dump: str, request: str | None = None) -> str:
+def stacks_for_log(rank: int, silent: float, dump: str, request: str | None = None) -> str:
     """The lines rank ``rank`` writes to its log for ``dump`` (:mod:`faulthandler`'s format) after ``silent``
     seconds without progress, or answering ``trainjob stacks``' request ``request``, each prefixed so that ranks
-    writing at once stay apart (:func:`dumps_in_log` reads them)."""
+    writing at once stay apart (:func:`stacks_in_log` reads them)."""
     prefix = f"[trainjob-stacks rank {rank}] "
     header = f"{_REQUEST_HEADER}{request}:" if request is not None else f"{_LOG_HEADER}{silent:.0f} s; its stacks:"
     return "".join(f"{prefix}{line}\n" for line in [header, *dump.splitlines()])
 
 
-def dumps_in_log(log: str, request: str | None = None) -> dict[int, str]:
+def stacks_in_log(log: str, request: str | None = None) -> dict[int, str]:
     """Each rank's latest dump in ``log`` (a pod's log; a line may start with anything before the prefix, such as
     torchrun's ``[rank1]:``), in :mod:`faulthandler`'s format; with ``request``, only the dumps answering it.
 
     >>> log = "step 3\\n[rank1]:[trainjob-stacks rank 1] no progress for 31 s; its stacks:\\n"
     >>> log += "[trainjob-stacks rank 1] Thread 0x1 (most recent call first):\\n"
     >>> log += '[trainjob-stacks rank 1]   File "train.py", line 9 in <module>\\n'
-    >>> dumps_in_log(log)
+    >>> stacks_in_log(log)
     {1: 'Thread 0x1 (most recent call first):\\n  File "train.py", line 9 in <module>\\n'}
-    >>> dumps_in_log(log, request="17"), dumps_in_log(dump_for_log(2, 0, "Thread 0x2:", request="17"), request="17")
+    >>> stacks_in_log(log, request="17"), stacks_in_log(stacks_for_log(2, 0, "Thread 0x2:", request="17"), request="17")
     ({}, {2: 'Thread 0x2:\\n'})
     """
     dumps: dict[int, list[str]] = {}
