@@ -149,6 +149,12 @@ def login_path_image(image: str, env: dict[str, str]) -> str:
         subprocess.run(["buildah", "commit", "--quiet", container, derived], env=env, check=True, capture_output=True)
     finally:
         subprocess.run(["buildah", "rm", container], env=env, capture_output=True)
+    # An earlier build's derived image holds that build's layers (GBs) on this disk: it goes.
+    listed = subprocess.run(["buildah", "images", "--format={{.Name}}:{{.Tag}}"], env=env, capture_output=True,
+                            text=True).stdout.split()
+    for older in listed:
+        if older.startswith(derived.rsplit(":", 1)[0] + ":") and older != derived:
+            subprocess.run(["buildah", "rmi", older], env=env, capture_output=True)
     return derived
 
 
