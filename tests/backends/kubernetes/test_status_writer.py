@@ -79,16 +79,28 @@ def _writer_over(status: dict[str, Any]) -> tuple[MemoryApi, StatusWriter, dict[
     return api, StatusWriter(api, CachedReads(api), clock=lambda: NOW), job
 
 
+NOTHING_COUNTED = {"jobsStatus": [{"name": "node", "active": 0, "ready": 0, "succeeded": 0, "failed": 0}]}
+SUSPENDED_COUNTED = {"jobsStatus": [{"name": "node", "active": 0, "suspended": 1}]}
+PATCH = [("patch", "trainjobs/status", "ml/mnist")]
+
+
 @pytest.mark.parametrize(("old", "new", "requests"), [
     (RUNNING, RUNNING, []),
-    (RUNNING, BOTH_ACTIVE, [("patch", "trainjobs/status", "ml/mnist")]),
-], ids=["equal-writes-nothing", "a-change-is-one-status-patch"])
+    (RUNNING, BOTH_ACTIVE, PATCH),
+    ({}, NOTHING_COUNTED, []),
+    ({}, SUSPENDED_COUNTED, PATCH),
+    (NOTHING_COUNTED, RUNNING, PATCH),
+    (RUNNING, NOTHING_COUNTED, PATCH),
+    ({}, {**NOTHING_COUNTED, "conditions": [FAILED]}, PATCH),
+], ids=["equal-writes-nothing", "a-change-is-one-status-patch", "a-new-jobsets-zero-counts-write-nothing",
+        "a-suspended-count-is-written", "the-first-count-is-written", "counts-back-to-zero-are-written",
+        "zero-counts-with-a-condition-are-written"])
 def test_write_patches_the_status_subresource_once_per_change(old: dict, new: dict, requests: list) -> None:
     api, writer, _ = _writer_over(old)
     writer.write("ml", "mnist", old, new)
     assert api.requests == requests
     stored = api.stored(TRAINJOBS, "ml", "mnist")
-    assert stored is not None and stored["status"] == new
+    assert stored is not None and stored["status"] == (new if requests else old)
 
 
 def test_fail_writes_failed_with_the_reason_and_posts_it_as_a_warning() -> None:

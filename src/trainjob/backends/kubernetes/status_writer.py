@@ -6,7 +6,8 @@ The reconciler derives the status (:mod:`.status`); this module writes it::
     writer.jobset_created("ml", "mnist")                     # its JobSet's first counts settle like a write's
     wait = writer.settling("ml", "mnist", old, new, now)   # seconds to hold a pod-count-only change back, or None
     if wait is None:
-        writer.write("ml", "mnist", old, new)              # one PATCH of trainjobs/status, nothing when equal
+        writer.write("ml", "mnist", old, new)              # one PATCH of trainjobs/status; nothing when equal, or
+                                                           # when only counts that are all still zero came
     writer.fail(job, status, "InvalidTrainJob", message, now)   # Failed with a reason, and a Warning Event
 """
 
@@ -43,6 +44,25 @@ def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
             patch[k] = {**{gone: None for gone in old[k] if gone not in v}, **v}
     patch.update({k: None for k in old if k not in new})
     return patch
+
+
+def counts_say_nothing(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether ``new`` differs from ``old`` only in ``jobsStatus`` and neither has a Job counted in it: a new
+    JobSet first lists its replicated jobs with every count at zero, which tells a user nothing the job's
+    ``JobSetCreated`` event did not, and the counts that follow within seconds are written anyway. Counts that drop
+    back to zero (pods replaced) are written: the old ones said something.
+
+    >>> counts_say_nothing({}, {"jobsStatus": [{"name": "node", "active": 0, "ready": 0}]})
+    True
+    >>> counts_say_nothing({}, {"jobsStatus": [{"name": "node", "active": 1}]})
+    False
+    >>> counts_say_nothing({"jobsStatus": [{"name": "node", "active": 1}]}, {"jobsStatus": [{"name": "node"}]})
+    False
+    """
+    if {k: v for k, v in new.items() if k != "jobsStatus"} != {k: v for k, v in old.items() if k != "jobsStatus"}:
+        return False
+    return not any(isinstance(value, int) and value > 0
+                   for status in (old, new) for entry in status.get("jobsStatus") or [] for value in entry.values())
 
 
 class StatusWriter:
@@ -84,8 +104,9 @@ class StatusWriter:
                 del self._written[key]
 
     def write(self, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
-        """Patch the job's status from ``old`` to ``new`` (:func:`merge_patch`); nothing when they are equal."""
-        if new == old:
+        """Patch the job's status from ``old`` to ``new`` (:func:`merge_patch`); nothing when they are equal, or when
+        they differ only in ``jobsStatus`` and neither has a count above zero (:func:`counts_say_nothing`)."""
+        if new == old or counts_say_nothing(old, new):
             return
         self._remember(namespace, name)
         self.reads.stored(TRAINJOBS, self.api.patch_status(TRAINJOBS, namespace, name, merge_patch(old, new)))
