@@ -114,3 +114,33 @@ def test_the_message_names_the_image_node_and_the_registrys_answer() -> None:
              "status": waiting("ContainerCreating")}]
     assert pods_not_starting(pods) == [f"pod p0 on node n1: container node (image {IMAGE}): ErrImagePull: "
                                        f"{PULL_ERROR}"]
+
+
+def test_only_pods_on_a_node_and_not_running_are_listed() -> None:
+    """A job of many nodes has many pods to send: the list asks the API server for those a node is starting, the
+    only ones with a container that can fail to start (a pod waiting for the scheduler has none)."""
+    clock = [START]
+    api = MemoryApi(lambda: clock[0])
+    job = api.seed({"apiVersion": TRAINJOBS.api_version, "kind": TRAINJOBS.kind,
+                    "metadata": {"name": NAME, "namespace": NS, "annotations": {GRACE_ANNOTATION: "0"}}, "spec": {}})
+    api.seed({"apiVersion": JOBSETS.api_version, "kind": JOBSETS.kind,
+              "metadata": {"name": NAME, "namespace": NS,
+                           "ownerReferences": [{"kind": "TrainJob", "name": NAME, "uid": job["metadata"]["uid"]}]},
+              "spec": {"replicatedJobs": []}})
+    for index, (node, status) in enumerate([
+        (None, {"phase": "Pending"}),  # waiting for the scheduler
+        ("gpu-1", {"phase": "Running", "containerStatuses": [{"name": "node", "state": {"running": {}}}]}),
+        ("gpu-2", waiting("ImagePullBackOff", f'Back-off pulling image "{IMAGE}"')),
+    ]):
+        api.add_pod({"metadata": {"name": f"{NAME}-node-0-{index}", "namespace": NS,
+                                  "labels": {JOBSET_NAME_LABEL: NAME}},
+                     "spec": {**({"nodeName": node} if node else {}), "containers": [{"name": "node", "image": IMAGE}]},
+                     "status": status})
+    listed = []
+    list_pods = api.list_pods
+    api.list_pods = lambda *args: listed.extend(p["metadata"]["name"] for p in list_pods(*args)) or list_pods(*args)
+    watch = PodStartWatch(api, StatusWriter(api, CachedReads(api), lambda: clock[0]))
+    watch.watch(job, {}, {}, {"status": STARTING}, START)
+    clock[0] = START + 10
+    assert watch.watch(job, {}, {}, {"status": STARTING}, clock[0]) == 0  # failed: the grace is 0
+    assert listed == [f"{NAME}-node-0-2"]

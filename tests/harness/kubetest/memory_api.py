@@ -64,6 +64,24 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
+#: The pod fields the API server lets a field selector name, as this stand-in reads them.
+_POD_FIELDS = {"status.phase": lambda pod: (pod.get("status") or {}).get("phase") or "",
+               "spec.nodeName": lambda pod: (pod.get("spec") or {}).get("nodeName") or ""}
+
+
+def fields_match(pod: dict[str, Any], selector: str | None) -> bool:
+    """Whether ``pod`` passes a field selector of ``field=value`` and ``field!=value`` terms (an empty value: unset),
+    as the API server reads it; a field it does not know is refused, as the API server refuses it."""
+    for term in filter(None, (selector or "").split(",")):
+        negated = "!=" in term
+        field, value = term.split("!=" if negated else "=", 1)
+        if field not in _POD_FIELDS:
+            raise ValueError(f"field label not supported: {field}")
+        if (_POD_FIELDS[field](pod) == value) == negated:
+            return False
+    return True
+
+
 def matches(labels: dict[str, str] | None, selector: str | None) -> bool:
     """Whether ``labels`` satisfy an equality label selector (``a=b,c=d``; the only kind the operator sends)."""
     if not selector:
@@ -241,12 +259,13 @@ class MemoryApi(KubeApi):
         pod = self.pods.get((namespace, name))
         return copy.deepcopy(pod) if pod is not None else None
 
-    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+    def list_pods(self, namespace: str, label_selector: str, field_selector: str | None = None) -> list[dict[str, Any]]:
         self._record("list", "pods", namespace)
         return [
             copy.deepcopy(pod)
             for (ns, _), pod in sorted(self.pods.items())
             if ns == namespace and matches(pod["metadata"].get("labels"), label_selector)
+            and fields_match(pod, field_selector)
         ]
 
     def read_log(self, namespace: str, pod: dict[str, Any], container: str, tail_lines: int = 200) -> str:

@@ -154,9 +154,11 @@ class KubeApi:
 
     # -- pods -----------------------------------------------------------------------------------------------------
 
-    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        listing = self._call("GET", path_of(PODS, namespace), f"list pods {label_selector}",
-                             query={"labelSelector": label_selector})
+    def list_pods(self, namespace: str, label_selector: str, field_selector: str | None = None) -> list[dict[str, Any]]:
+        """The pods with these labels; ``field_selector`` (``status.phase=Pending,spec.nodeName!=``) has the API
+        server leave out the others, so they are neither sent nor decoded here."""
+        query = {"labelSelector": label_selector, **({"fieldSelector": field_selector} if field_selector else {})}
+        listing = self._call("GET", path_of(PODS, namespace), f"list pods {label_selector}", query=query)
         return list(listing.get("items") or [])
 
     def evict(self, namespace: str, name: str) -> bool:

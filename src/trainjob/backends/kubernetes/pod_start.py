@@ -4,7 +4,9 @@ what the node was told, instead of waiting in ``ImagePullBackOff`` for ever.
 
 The JobSet's status is the cheap signal: a replicated job with more active child Jobs than ready ones has pods not
 yet running. Only a job that stays so for :data:`LOOK_AFTER_SECONDS` gets its pods listed (again after 10, 20,
-40, then every 60 s while it lasts; every 10 s once one cannot start); a pod waiting for one of :data:`CANNOT_START` reasons longer than the
+40, then every 60 s while it lasts; every 10 s once one cannot start), and only those on a node and not running
+(:data:`ON_A_NODE_NOT_RUNNING`: a pod still waiting for the scheduler has no container to fail, and a job of a
+thousand nodes has that many pods to send); a pod waiting for one of :data:`CANNOT_START` reasons longer than the
 grace (:data:`GRACE_SECONDS`, or the TrainJob's ``trainjob/pod-start-grace-seconds`` annotation) fails the job: its
 JobSet is deleted, ``Failed`` says ``reason: PodCannotStart`` and the message, and a ``Warning`` Event repeats it.
 An image that is merely slow to pull waits as ``ContainerCreating``, which is not a failure at any age.
@@ -36,6 +38,9 @@ CANNOT_START = frozenset({
 GRACE_SECONDS = 30.0
 #: Pods not running this long after the JobSet says so are looked at (and again at this interval).
 LOOK_AFTER_SECONDS = 10.0
+#: The field selector of the pods looked at: scheduled, and Pending (every reason of :data:`CANNOT_START` keeps a pod
+#: Pending, a crash-looping init container included).
+ON_A_NODE_NOT_RUNNING = "status.phase=Pending,spec.nodeName!="
 #: A TrainJob annotation: the grace in seconds for this job (0: fail at the first sight).
 GRACE_ANNOTATION = "trainjob/pod-start-grace-seconds"
 REASON = "PodCannotStart"
@@ -109,7 +114,8 @@ class PodStartWatch:
         if now < seen.next_look:
             return seen.next_look - now
         try:
-            stuck = pods_not_starting(self.api.list_pods(key[0], f"{JOBSET_NAME_LABEL}={key[1]}"))
+            stuck = pods_not_starting(self.api.list_pods(key[0], f"{JOBSET_NAME_LABEL}={key[1]}",
+                                                         ON_A_NODE_NOT_RUNNING))
         except TrainJobError as exc:
             log.warning("cannot list the pods of TrainJob %s/%s: %s", *key, exc)
             stuck = None
