@@ -26,9 +26,9 @@ SAMPLE_EVERY = 0.3
 TOLERATION = {"key": "trainjob.dev/training", "operator": "Exists", "effect": "NoSchedule"}
 PRIORITIES = {"low": 100, "mid": 500, "high": 1000}
 
-#: A node pod: counts steps, node 0 keeps the step reached in a checkpoint file on a hostPath volume. It stops on
-#: SIGTERM, as a training script under torchrun does (as a container's PID 1, Python would otherwise ignore it and
-#: run on through the pod's grace period).
+#: A node pod: counts steps, node 0 keeps the step reached in a checkpoint file on a hostPath volume, replaced whole
+#: as a checkpoint is (a reader never sees it half written). It stops on SIGTERM, as a training script under
+#: torchrun does (as a container's PID 1, Python would otherwise ignore it and run on through the pod's grace period).
 STEPS_SCRIPT = """
 import os, pathlib, signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -39,7 +39,8 @@ print(f"node {os.environ['PET_NODE_RANK']} starts at step {start}", flush=True)
 for step in range(start, steps):
     time.sleep(every)
     if os.environ["PET_NODE_RANK"] == "0":
-        checkpoint.write_text(str(step + 1))
+        checkpoint.with_suffix(".tmp").write_text(str(step + 1))
+        os.replace(checkpoint.with_suffix(".tmp"), checkpoint)
 print("done", flush=True)
 """
 
