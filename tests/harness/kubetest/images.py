@@ -375,14 +375,13 @@ class Builder:
         GBs for the training image). No build or test starts a container on an image without a name. Returns the
         removed containers' names."""
         removed = []
-        for container in self._containers():
-            if not container.get("imagename"):
-                removed += self._remove_containers_of(container["imageid"])
-                try:
-                    self.buildah("rmi", container["imageid"], what=f"removing the untagged {container['imageid']}")
-                except RuntimeError as error:  # the parent of another image
-                    with self.log.open("a") as out:
-                        out.write(f"kept {container['imageid']}: {str(error).strip().splitlines()[-1]}\n")
+        for image_id in dict.fromkeys(c["imageid"] for c in self._containers() if not c.get("imagename")):
+            removed += self._remove_containers_of(image_id)
+            try:
+                self.buildah("rmi", image_id, what=f"removing the untagged {image_id}")
+            except RuntimeError as error:  # the parent of another image
+                with self.log.open("a") as out:
+                    out.write(f"kept {image_id}: {str(error).strip().splitlines()[-1]}\n")
         return removed
 
     def _containers(self) -> list[dict[str, Any]]:
