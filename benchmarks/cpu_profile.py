@@ -102,7 +102,7 @@ def top_frames(path: Path, count: int = 15) -> str:
     lines += [f"    {n / total:6.1%}  {name}" for name, n in own.most_common(count)]
     lines.append("  inclusive (below the event loop and the threads' entry points):")
     plumbing = ("(asyncio/", "(click/", "(threading.py)", "(concurrent/", "(trainjob/cli/", "<module>", "(runpy.py)",
-                "guard (kopf/_cogs/aiokits/", "(<frozen runpy>)", "run_operator (", "operate (")
+                "(<frozen runpy>)", "run_operator (", "operate (", "serve (", "run (trainjob/backends/kubernetes/watch")
     shown = [(name, n) for name, n in under.most_common() if not any(e in name for e in plumbing)]
     lines += [f"    {n / total:6.1%}  {name}" for name, n in shown[:count]]
     return "\n".join(lines)

@@ -146,7 +146,7 @@ class TrainJobOperator:
 
     def stop(self) -> None:
         if self.popen is not None and self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGINT)  # kopf's clean stop
+            self.popen.send_signal(signal.SIGINT)  # the operator's clean stop
             try:
                 self.popen.wait(30)
             except subprocess.TimeoutExpired:

@@ -213,8 +213,6 @@ def operator(config_file: str | None, context: str | None, verbose: bool, **opti
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if not verbose:  # kopf logs every handled watch event at INFO
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:
         run_operator(OperatorOptions(config=config, **options))
     except ValueError as exc:  # settings the operator refuses (lease durations, the status URL)

@@ -15,7 +15,7 @@ from jobtest.tiers import starts
 from kubetest.controlplane import ControlPlane
 from kubetest.images import Builder, cache_dir, local_reference
 
-#: Every module ``trainjob operator`` loads when it runs (its CLI, kopf, the Kubernetes client, metrics, the status
+#: Every module ``trainjob operator`` loads when it runs (its CLI, its watches, metrics, the status
 #: endpoint's TLS), and the answer when torch is asked for.
 IMPORTS = ("import importlib.util, trainjob.backends.kubernetes.operator, trainjob.backends.kubernetes.status_server;"
            "print('torch', importlib.util.find_spec('torch'))")

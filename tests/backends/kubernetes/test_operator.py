@@ -13,13 +13,11 @@ import time
 import urllib.request
 from typing import Any
 
-import kopf
 import pytest
-from kopf._cogs.structs import references
 from kubetest.cluster import TrainJobCluster, wait_for
 from kubetest.controlplane import free_port
 
-from trainjob.backends.kubernetes.operator import configure
+from trainjob.backends.kubernetes.operator import OperatorState, enqueue_trainjob, make_watches
 from trainjob.backends.kubernetes.pytorchjob import OPERATOR_NAME, OPERATOR_NAME_LABEL
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
@@ -213,11 +211,14 @@ def test_trainjob_operator_command_serves_probes_reconciles_and_stops_on_sigint(
     (TRAINJOBS, ""),
 ], ids=["jobsets-of-trainjobs", "pods-of-pytorchjobs", "every-trainjob"])
 def test_the_api_server_filters_the_watched_pods_and_jobsets(resource: ResourceRef, selector: str) -> None:
-    settings = kopf.OperatorSettings()
-    configure(settings)
-    watched = references.Resource(group=resource.group, version=resource.version, plural=resource.plural,
-                                  kind=resource.kind, namespaced=True)
-    assert ",".join(settings.watching.label_selectors.collect(watched)) == selector
+    import asyncio
+
+    state = OperatorState(api=None, reconciler=None, pytorchjobs=object())  # type: ignore[arg-type]
+    watches = make_watches(state, asyncio.new_event_loop(), namespaces=["a", "b"])
+    selectors = {(w.ref.plural, w.namespace): w.label_selector for w in watches._watches}
+    assert selectors[(resource.plural, "a")] == selectors[(resource.plural, "b")] == selector
+    assert (resource.plural, None) not in selectors
+    assert selectors[(CLUSTER_TRAINING_RUNTIMES.plural, None)] == ""  # cluster-scoped: watched everywhere
 
 
 @pytest.mark.parametrize(("event_type", "version", "queued"), [
@@ -231,8 +232,6 @@ def test_trainjob_events_queue_the_job_unless_they_echo_our_own_write(event_type
                                                                          queued: bool) -> None:
     import asyncio
 
-    from trainjob.backends.kubernetes.operator import OperatorState, enqueue_trainjob
-
     def job(rv: str) -> dict[str, Any]:
         return {"apiVersion": TRAINJOBS.api_version, "kind": TRAINJOBS.kind,
                 "metadata": {"name": "mnist", "namespace": "ml", "resourceVersion": rv, "uid": "u"}}
@@ -240,8 +239,7 @@ def test_trainjob_events_queue_the_job_unless_they_echo_our_own_write(event_type
     async def deliver() -> OperatorState:
         memo = OperatorState(api=None, reconciler=None)  # type: ignore[arg-type]  # the handler uses neither
         memo.cache.store(TRAINJOBS, job("7"))  # the answer to our status write
-        await enqueue_trainjob(body=kopf.Body(job(version)), event={"type": event_type, "object": job(version)},
-                               memo=memo)
+        enqueue_trainjob(memo, {"type": event_type, "object": job(version)})
         return memo
 
     memo = asyncio.run(deliver())

@@ -41,7 +41,7 @@ LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 4.0, 3.0, 0.5
 #: How much later than the lease duration the standby may lead on a busy two-core machine: its tries come
 #: every retry period with up to 120 % jitter, each a read and a write of the Lease.
 TAKEOVER_MARGIN = 6.0
-#: ... and how much later again its first JobSet may appear: kopf starts and lists the TrainJobs first.
+#: ... and how much later again its first JobSet may appear: the operator starts and lists the TrainJobs first.
 FIRST_JOBSET_MARGIN = 10.0
 BACKLOG = 40
 CREATED = re.compile(r"created JobSet (?P<namespace>[^/\s]+)/(?P<name>\S+)$", re.MULTILINE)
@@ -110,7 +110,7 @@ def log_of(proc: OperatorProcess) -> str:
 
 
 def operator_lines(log: str) -> str:
-    """The operator's own lines of a log (``-v`` adds kopf's and the API client's, with response bodies)."""
+    """The operator's own lines of a log (``-v`` adds the API client's, with response bodies)."""
     return "\n".join(line for line in log.splitlines() if " trainjob.operator: " in line)
 
 
@@ -372,7 +372,7 @@ def test_metrics_count_what_the_operator_did(k8s: TrainJobCluster, namespace: st
     # Every object it created is one POST answered 201 (the key and TLS Secrets existed already).
     created = len(jobsets) + sum(len(e) for e in events.values())
     assert created == 2 * len(suspended) + 1
-    # At least those (kopf may post events of its own when a watch or handler warns).
+    # At least those.
     assert metric("trainjob_operator_api_requests_total", verb="POST", code="201") >= created
     # Every job's status was written at least once (a later pass may write jobsStatus again).
     assert metric("trainjob_operator_api_requests_total", verb="PATCH", code="200") >= len(suspended) + 1

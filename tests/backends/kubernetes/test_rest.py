@@ -161,12 +161,14 @@ def test_a_server_whose_certificate_the_ca_did_not_sign_is_not_talked_to(api_ser
 
 def test_the_operator_process_runs_without_the_kubernetes_package(subprocesses: Any) -> None:
     """What ``trainjob operator`` does before it imports the operator when this client reads its credentials:
-    kopf, which imports the ``kubernetes`` package whenever it is installed, goes without it."""
+    the operator, its status endpoint and its metrics load neither the ``kubernetes`` package nor a web framework."""
     probe = ("import sys\n"
              "from trainjob.backends.kubernetes.rest import without_kubernetes_client\n"
              "assert without_kubernetes_client()\n"
-             "import kopf, trainjob.backends.kubernetes.operator\n"
-             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'))\n")
+             "import trainjob.backends.kubernetes.operator, trainjob.backends.kubernetes.status_server\n"
+             "import trainjob.backends.kubernetes.metrics, trainjob.backends.kubernetes.tls\n"
+             "print(sorted({m.split('.')[0] for m in sys.modules}\n"
+             "             & {'kubernetes', 'kopf', 'aiohttp', 'starlette', 'uvicorn', 'torch'}))\n")
     done = subprocesses.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -2,7 +2,7 @@
 
 The reconciler reads TrainJobs, JobSets and runtimes from here instead of asking the API server, as controllers
 built on informers do (it still lists pods and reads their logs where it needs them: :mod:`.reconcile`). The
-watches (kopf's event handlers, :mod:`.operator`) feed it with :meth:`ObjectCache.observe`; the reconciler reads
+watches (:mod:`.watch`, through the handlers of :mod:`.operator`) feed it with :meth:`ObjectCache.observe`; the reconciler reads
 through :class:`CachedReads`, which also stores what its own writes returned (:meth:`ObjectCache.store`), so the
 next pass sees them even before their watch event arrives::
 

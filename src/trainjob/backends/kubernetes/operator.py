@@ -1,10 +1,11 @@
-"""The TrainJob operator: kopf watches TrainJobs and JobSets, a work queue feeds :class:`Reconciler`; PyTorchJobs
-(``kubeflow.org/v1``) and their pods feed :class:`~.pytorchjob.PyTorchJobReconciler` through a second queue, when
-their CRD is the one ``trainjob install`` put there (not the Training Operator's).
+"""The TrainJob operator: watches (:mod:`.watch`) follow TrainJobs and JobSets and a work queue feeds
+:class:`Reconciler`; PyTorchJobs (``kubeflow.org/v1``) and their pods feed
+:class:`~.pytorchjob.PyTorchJobReconciler` through a second queue, when their CRD is the one ``trainjob install``
+put there (not the Training Operator's).
 
 Watch events keep the operator's cache (:mod:`.cache`: TrainJobs, JobSets, runtimes) and put the job's key into
-the queue (not for the echo of the operator's own write, whose answer the cache holds already); the reconciler reads the current state from that cache and converges it, so missed or repeated events
-do no harm and a restarted operator picks every job up again from the initial listing (which requests a pass makes
+the queue (not for the echo of the operator's own write, whose answer the cache holds already); the reconciler
+reads the current state from that cache and converges it, so missed or repeated events do no harm and a restarted operator picks every job up again from the initial listing (which requests a pass makes
 besides its writes: :mod:`.reconcile`). Failed passes are retried with backoff; jobs with a deadline are queued
 again for it::
 
@@ -21,18 +22,17 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
+import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
-
-import kopf
 
 from trainjob import __version__
 from trainjob.backends.kubernetes.cache import ObjectCache
 from trainjob.backends.kubernetes.config import KubernetesBackendConfig
+from trainjob.backends.kubernetes.health import HealthServer
 from trainjob.backends.kubernetes.kubeapi import KubeApi
 from trainjob.backends.kubernetes.leader import LeaderElector, LeadershipLost
 from trainjob.backends.kubernetes.manifests import (
@@ -54,15 +54,18 @@ from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
     ENDPOINT_SLICES,
     JOBSETS,
+    PODS,
     PYTORCHJOBS,
     TRAINING_RUNTIMES,
     TRAINJOB_NAME_LABEL,
     TRAINJOBS,
+    ResourceRef,
 )
-from trainjob.backends.kubernetes.rest import RestClient, load_client
+from trainjob.backends.kubernetes.rest import load_client
 from trainjob.backends.kubernetes.snapshot import SnapshotSigner, load_or_create_key
 from trainjob.backends.kubernetes.status_server import StatusEndpoint, StatusServer
 from trainjob.backends.kubernetes.tls import load_or_create_serving_tls
+from trainjob.backends.kubernetes.watch import Watches
 from trainjob.backends.kubernetes.workqueue import WorkQueue
 
 log = logging.getLogger("trainjob.operator")
@@ -72,7 +75,7 @@ USER_AGENT = f"trainjob-operator/{__version__}"
 
 @dataclass
 class OperatorState:
-    """What the handlers share (kopf passes it to every handler as ``memo``)."""
+    """What the event handlers and the workers share."""
 
     api: KubeApi
     reconciler: Reconciler
@@ -88,43 +91,43 @@ class OperatorState:
     metrics: OperatorMetrics | None = None
 
 
-# -- handlers: plain functions, registered in make_registry() --------------------------------------------------------
+# -- what runs beside the watches --------------------------------------------------------------------------------
 
 
-async def start_workers(memo: OperatorState, **_: Any) -> None:
-    """On startup: run the queue's workers; each reconcile runs in a thread (the client is synchronous)."""
+def start_workers(state: OperatorState) -> None:
+    """Run the queue's workers; each reconcile runs in a thread (the client is synchronous)."""
 
     async def handle(key: Any) -> float | None:
         namespace, name = key
-        return await _measured(memo, TRAINJOBS.kind, memo.queue, memo.reconciler.reconcile, namespace, name)
+        return await _measured(state, TRAINJOBS.kind, state.queue, state.reconciler.reconcile, namespace, name)
 
-    memo.tasks.append(
-        asyncio.create_task(memo.queue.run_workers(handle, memo.workers), name="trainjob-workers")
+    state.tasks.append(
+        asyncio.create_task(state.queue.run_workers(handle, state.workers), name="trainjob-workers")
     )
-    pytorchjobs = memo.pytorchjobs
+    pytorchjobs = state.pytorchjobs
     if pytorchjobs is not None:
 
         async def handle_pytorchjob(key: Any) -> float | None:
             namespace, name = key
-            return await _measured(memo, PYTORCHJOBS.kind, memo.pytorchjob_queue, pytorchjobs.reconcile,
+            return await _measured(state, PYTORCHJOBS.kind, state.pytorchjob_queue, pytorchjobs.reconcile,
                                    namespace, name)
 
-        memo.tasks.append(asyncio.create_task(
-            memo.pytorchjob_queue.run_workers(handle_pytorchjob, memo.workers), name="pytorchjob-workers"))
+        state.tasks.append(asyncio.create_task(
+            state.pytorchjob_queue.run_workers(handle_pytorchjob, state.workers), name="pytorchjob-workers"))
 
 
-async def warm_framework(**_: Any) -> None:
-    """On startup: build the runtime framework (its plugins, entry points of every installed distribution
-    included: half a CPU-second) before the watches start, not in the first job's reconcile."""
+async def warm_framework() -> None:
+    """Build the runtime framework (its plugins, entry points of every installed distribution included: half a
+    CPU-second) before the watches start, not in the first job's reconcile."""
     from trainjob.runtime.framework import default_framework
 
     await asyncio.to_thread(default_framework)
 
 
-async def _measured(memo: OperatorState, kind: str, queue: WorkQueue,
+async def _measured(state: OperatorState, kind: str, queue: WorkQueue,
                     reconcile: Callable[[str, str], float | None], namespace: str, name: str) -> float | None:
     """One reconcile in a worker thread, its duration and result counted in the metrics."""
-    metrics = memo.metrics
+    metrics = state.metrics
     if metrics is None:
         return await asyncio.to_thread(reconcile, namespace, name)
     metrics.set_queue_depth(kind, len(queue))
@@ -138,163 +141,108 @@ async def _measured(memo: OperatorState, kind: str, queue: WorkQueue,
     return again
 
 
-async def start_status_server(memo: OperatorState, **_: Any) -> None:
-    if memo.status_server is not None:
-        await memo.status_server.start()
-
-
-async def stop_status_server(memo: OperatorState, **_: Any) -> None:
-    if memo.status_server is not None:
-        await memo.status_server.stop()
-
-
-async def stop_workers(memo: OperatorState, **_: Any) -> None:
-    for task in memo.tasks:
+async def stop_workers(state: OperatorState) -> None:
+    for task in state.tasks:
         task.cancel()
-    await asyncio.gather(*memo.tasks, return_exceptions=True)
-    memo.tasks.clear()
+    await asyncio.gather(*state.tasks, return_exceptions=True)
+    state.tasks.clear()
 
 
-def _cache(memo: OperatorState, ref: Any, event: dict[str, Any]) -> bool:
+# -- event handlers: plain functions of the state and a watch event (:mod:`.watch`), run on the loop --------------
+
+
+def _cache(state: OperatorState, ref: Any, event: dict[str, Any]) -> bool:
     """Keep what the event carries; ``False`` when it is news to no one: the cache holds that version already,
     the answer to our own write, which the pass that made it has seen."""
     obj = event.get("object")
     if not isinstance(obj, dict):
         return True
-    if event.get("type") == "MODIFIED" and memo.cache.holds(ref, obj):
+    if event.get("type") == "MODIFIED" and state.cache.holds(ref, obj):
         return False
-    memo.cache.observe(ref, obj, deleted=event.get("type") == "DELETED")
+    state.cache.observe(ref, obj, deleted=event.get("type") == "DELETED")
     return True
 
 
-async def enqueue_trainjob(body: kopf.Body, event: dict[str, Any], memo: OperatorState, **_: Any) -> None:
+def _key_of(event: dict[str, Any]) -> tuple[str, str]:
+    meta = (event.get("object") or {}).get("metadata") or {}
+    return meta.get("namespace") or "", str(meta.get("name"))
+
+
+def _owners(event: dict[str, Any], ref: Any) -> list[str]:
+    """The names of the ``ref`` objects that own the event's object."""
+    meta = (event.get("object") or {}).get("metadata") or {}
+    return [owner["name"] for owner in meta.get("ownerReferences") or []
+            if owner.get("kind") == ref.kind and owner.get("apiVersion") == ref.api_version]
+
+
+def enqueue_trainjob(state: OperatorState, event: dict[str, Any]) -> None:
     """Any event about a TrainJob (including the initial listing after a restart) is cached and queues it, but for
     the echo of the operator's own status write."""
-    if not _cache(memo, TRAINJOBS, event):
+    if not _cache(state, TRAINJOBS, event):
         return
-    memo.queue.add((body.metadata.namespace, body.metadata.name))
-    if memo.metrics is not None:
-        memo.metrics.set_queue_depth(TRAINJOBS.kind, len(memo.queue))
+    state.queue.add(_key_of(event))
+    if state.metrics is not None:
+        state.metrics.set_queue_depth(TRAINJOBS.kind, len(state.queue))
 
 
-async def cache_cluster_runtime(event: dict[str, Any], memo: OperatorState, **_: Any) -> None:
-    _cache(memo, CLUSTER_TRAINING_RUNTIMES, event)
+def cache_cluster_runtime(state: OperatorState, event: dict[str, Any]) -> None:
+    _cache(state, CLUSTER_TRAINING_RUNTIMES, event)
 
 
-async def cache_runtime(event: dict[str, Any], memo: OperatorState, **_: Any) -> None:
-    _cache(memo, TRAINING_RUNTIMES, event)
+def cache_runtime(state: OperatorState, event: dict[str, Any]) -> None:
+    _cache(state, TRAINING_RUNTIMES, event)
 
 
-async def enqueue_jobset_owner(body: kopf.Body, event: dict[str, Any], memo: OperatorState, **_: Any) -> None:
+def enqueue_jobset_owner(state: OperatorState, event: dict[str, Any]) -> None:
     """A JobSet changed (status from the JobSet controller, deletion): cache it, queue the TrainJob that owns it
     (not for the echo of the operator's own write)."""
-    if not _cache(memo, JOBSETS, event):
+    if not _cache(state, JOBSETS, event):
         return
-    for ref in body.metadata.get("ownerReferences") or []:
-        if ref.get("kind") == TRAINJOBS.kind and ref.get("apiVersion") == TRAINJOBS.api_version:
-            memo.queue.add((body.metadata.namespace, ref["name"]))
+    namespace = _key_of(event)[0]
+    for owner in _owners(event, TRAINJOBS):
+        state.queue.add((namespace, owner))
 
 
-async def enqueue_pytorchjob(body: kopf.Body, memo: OperatorState, **_: Any) -> None:
+def enqueue_pytorchjob(state: OperatorState, event: dict[str, Any]) -> None:
     """Any event about a PyTorchJob queues it."""
-    memo.pytorchjob_queue.add((body.metadata.namespace, body.metadata.name))
+    state.pytorchjob_queue.add(_key_of(event))
 
 
-async def enqueue_pod_owner(body: kopf.Body, memo: OperatorState, **_: Any) -> None:
+def enqueue_pod_owner(state: OperatorState, event: dict[str, Any]) -> None:
     """A PyTorchJob's pod changed (the kubelet's status, deletion): queue the PyTorchJob that owns it."""
-    for ref in body.metadata.get("ownerReferences") or []:
-        if ref.get("kind") == PYTORCHJOBS.kind and ref.get("apiVersion") == PYTORCHJOBS.api_version:
-            memo.pytorchjob_queue.add((body.metadata.namespace, ref["name"]))
+    namespace = _key_of(event)[0]
+    for owner in _owners(event, PYTORCHJOBS):
+        state.pytorchjob_queue.add((namespace, owner))
 
 
-def login(memo: OperatorState, **_: Any) -> kopf.ConnectionInfo:
-    """Give kopf the same credentials as the reconciler's client (kubeconfig, context or in-cluster)."""
-    client = memo.api.client
-    if isinstance(client, RestClient):
-        rest = client.config
-        return kopf.ConnectionInfo(
-            server=rest.host, ca_path=rest.ca_file, ca_data=rest.ca_pem if rest.ca_pem and not rest.ca_file else None,
-            insecure=rest.insecure, token=client.bearer_token(), certificate_path=rest.cert_file,
-            certificate_data=rest.cert_pem, private_key_path=rest.key_file, private_key_data=rest.key_pem)
-    cfg = client.configuration
-    if cfg.refresh_api_key_hook is not None:
-        cfg.refresh_api_key_hook(cfg)
-    auth = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken") or ""
-    token = auth.split(" ", 1)[1] if auth.lower().startswith("bearer ") else (auth or None)
-    return kopf.ConnectionInfo(
-        server=cfg.host,
-        ca_path=cfg.ssl_ca_cert,
-        insecure=not cfg.verify_ssl,
-        username=cfg.username or None,
-        password=cfg.password or None,
-        token=token,
-        certificate_path=cfg.cert_file,
-        private_key_path=cfg.key_file,
-    )
+#: What the operator watches: the kind, the API server's label selector (the operator never receives the other
+#: pods and JobSets of the cluster: on 1,000 KWOK nodes, decoding them was most of its CPU), and the handler.
+#: PyTorchJobs and their pods only where trainjob's operator reconciles them.
+WATCHED: tuple[tuple[ResourceRef, str, Callable[[OperatorState, dict[str, Any]], None]], ...] = (
+    (TRAINJOBS, "", enqueue_trainjob),
+    (JOBSETS, TRAINJOB_NAME_LABEL, enqueue_jobset_owner),
+    (CLUSTER_TRAINING_RUNTIMES, "", cache_cluster_runtime),
+    (TRAINING_RUNTIMES, "", cache_runtime),
+)
+WATCHED_FOR_PYTORCHJOBS: tuple[tuple[ResourceRef, str, Callable[[OperatorState, dict[str, Any]], None]], ...] = (
+    (PYTORCHJOBS, "", enqueue_pytorchjob),
+    (PODS, f"{OPERATOR_NAME_LABEL}={OPERATOR_NAME}", enqueue_pod_owner),
+)
 
 
-def queue_depth(memo: OperatorState, **_: Any) -> int:
-    """Liveness probe detail: how many jobs wait for a reconcile."""
-    return len(memo.queue)
+def make_watches(state: OperatorState, loop: asyncio.AbstractEventLoop, namespaces: Collection[str] = ()) -> Watches:
+    """The operator's watches over ``state.api``: each kind of :data:`WATCHED` (and of
+    :data:`WATCHED_FOR_PYTORCHJOBS` when ``state.pytorchjobs``), in every namespace or in each of ``namespaces``
+    (cluster-scoped kinds everywhere)."""
+    watches = Watches(state.api, loop)
+    kinds = WATCHED + (WATCHED_FOR_PYTORCHJOBS if state.pytorchjobs is not None else ())
+    for ref, selector, handler in kinds:
+        def deliver(event: dict[str, Any], handler: Callable[[OperatorState, dict[str, Any]], None] = handler) -> None:
+            handler(state, event)
 
-
-class NoDiffBase(kopf.DiffBaseStorage):
-    """kopf's "last handled" essence of an object, kept for change handlers (``on.create``/``on.update``) to diff
-    against, is built on every watch event by deep-copying the whole object. This operator has only event
-    handlers (they put keys on its work queue), so no diff is ever read: keep none, and let an event cost its
-    JSON decoding alone (``benchmarks/reconcile.py`` measures a burst of JobSet status events)."""
-
-    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
-        return kopf.BodyEssence()
-
-    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
-        return None
-
-    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
-        return None
-
-
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.posting.level = logging.WARNING
-    # The watched resources are known; no need to follow CRDs and namespaces (and no RBAC for them).
-    settings.scanning.disabled = True
-    settings.watching.server_timeout = 300
-    settings.networking.request_timeout = 60
-    settings.persistence.diffbase_storage = NoDiffBase()
-    # Filtered by the API server: kopf's handler filters (labels=) act on events already received and decoded, so
-    # without these every pod and JobSet of the cluster came here (most of the CPU on 1,000 KWOK nodes).
-    settings.watching.label_selectors[JOBSETS.group, JOBSETS.plural] = TRAINJOB_NAME_LABEL
-    settings.watching.label_selectors["v1", "pods"] = f"{OPERATOR_NAME_LABEL}={OPERATOR_NAME}"
-
-
-def make_registry(pytorchjobs: bool = False) -> kopf.OperatorRegistry:
-    """A fresh registry with the operator's handlers (one per operator run, so runs do not share state);
-    ``pytorchjobs``: also PyTorchJobs and their pods."""
-    registry = kopf.OperatorRegistry()
-    kopf.on.startup(registry=registry)(configure)
-    kopf.on.startup(registry=registry)(warm_framework)
-    kopf.on.startup(registry=registry)(start_workers)
-    kopf.on.startup(registry=registry)(start_status_server)
-    kopf.on.cleanup(registry=registry)(stop_workers)
-    kopf.on.cleanup(registry=registry)(stop_status_server)
-    kopf.on.login(registry=registry)(login)
-    kopf.on.probe(id="queue", registry=registry)(queue_depth)
-    kopf.on.event(TRAINJOBS.group, TRAINJOBS.version, TRAINJOBS.plural, registry=registry)(enqueue_trainjob)
-    kopf.on.event(
-        JOBSETS.group,
-        JOBSETS.version,
-        JOBSETS.plural,
-        labels={TRAINJOB_NAME_LABEL: kopf.PRESENT},
-        registry=registry,
-    )(enqueue_jobset_owner)
-    for runtime, handler in ((CLUSTER_TRAINING_RUNTIMES, cache_cluster_runtime), (TRAINING_RUNTIMES, cache_runtime)):
-        kopf.on.event(runtime.group, runtime.version, runtime.plural, registry=registry)(handler)
-    if pytorchjobs:
-        kopf.on.event(PYTORCHJOBS.group, PYTORCHJOBS.version, PYTORCHJOBS.plural, registry=registry)(
-            enqueue_pytorchjob)
-        kopf.on.event("", "v1", "pods", labels={OPERATOR_NAME_LABEL: OPERATOR_NAME}, registry=registry)(
-            enqueue_pod_owner)
-    return registry
+        for namespace in (list(namespaces) or [None]) if ref.namespaced else [None]:
+            watches.add(ref, namespace, deliver, label_selector=selector)
+    return watches
 
 
 @dataclass(frozen=True)
@@ -371,24 +319,12 @@ async def operate(options: OperatorOptions) -> None:
         if o.leader_elect:
             elector = LeaderElector(api, home, LEASE_NAME, lease_duration=o.lease_duration,
                                     renew_deadline=o.renew_deadline, retry_period=o.retry_period)
-            async with standby_health(o.liveness):
+            with health_server(o.liveness, lambda: {"standby": True}):
                 await elector.acquire()
             await asyncio.to_thread(publish_leader, api, home, True)
             metrics.set_leader(True)
             log.info("leading as %s", elector.identity)
-        run = kopf.operator(
-            registry=make_registry(pytorchjobs=state.pytorchjobs is not None),
-            memo=state,
-            standalone=True,
-            # kopf would name itself after the process's user, which an image run as an arbitrary UID (a
-            # securityContext's runAsUser, OpenShift) has no passwd entry for: getpass fails and the operator exits.
-            identity=elector.identity if elector is not None else f"trainjob-operator@{socket.gethostname()}",  # type: ignore[arg-type]
-            clusterwide=not o.namespaces,
-            namespaces=list(o.namespaces),
-            liveness_endpoint=o.liveness,
-            stop_flag=o.stop_flag,
-            ready_flag=o.ready_flag,
-        )
+        run = serve(state, o)
         if elector is None:
             await run
         else:
@@ -402,6 +338,75 @@ async def operate(options: OperatorOptions) -> None:
                 await elector.release()
         api.close()
         metrics.close()
+
+
+async def serve(state: OperatorState, options: OperatorOptions) -> None:
+    """Reconcile until ``options.stop_flag`` is set, SIGINT or SIGTERM arrives (in the main thread), or the task is
+    cancelled: the runtime framework built, the workers and the status endpoint started, then the watches; ready
+    (``options.ready_flag``) once every watch has delivered its first listing. Stopping ends the watches first, then
+    the workers (a reconcile in progress finishes in its thread), then the status endpoint (its pending reports
+    written)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = _stop_on_signals(loop, stop)
+    watches = make_watches(state, loop, options.namespaces)
+    try:
+        with health_server(options.liveness, lambda: {"queue": len(state.queue)}):
+            await warm_framework()
+            start_workers(state)
+            if state.status_server is not None:
+                await state.status_server.start()
+            watches.start()
+            log.info("watching %d kinds%s", len(watches),
+                     f" in {', '.join(options.namespaces)}" if options.namespaces else " in every namespace")
+            waiting = asyncio.create_task(_stopped(stop, options.stop_flag))
+            listed = asyncio.create_task(watches.listed())
+            try:
+                await asyncio.wait({waiting, listed}, return_when=asyncio.FIRST_COMPLETED)
+                if listed.done() and options.ready_flag is not None:
+                    options.ready_flag.set()
+                await waiting
+            finally:
+                for task in (waiting, listed):
+                    task.cancel()
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
+        await asyncio.to_thread(watches.stop)
+        await stop_workers(state)
+        if state.status_server is not None:
+            await state.status_server.stop()
+
+
+def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> list[int]:
+    """SIGINT and SIGTERM (the kubelet stopping the pod) set ``stop``, where the loop runs in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return []
+    signals = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, stop.set)
+            signals.append(signum)
+    return signals
+
+
+async def _stopped(stop: asyncio.Event, flag: threading.Event | asyncio.Event | None) -> None:
+    """Until ``stop`` or ``flag`` is set."""
+    while not stop.is_set():
+        if flag is not None and flag.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.2 if flag is not None else None)
+
+
+@contextlib.contextmanager
+def health_server(liveness: str | None, report: Callable[[], dict[str, Any]]) -> Iterator[None]:
+    """Answer the liveness probe at ``liveness`` (nothing when ``None``) while in the block."""
+    if not liveness:
+        yield
+        return
+    with HealthServer(liveness, report):
+        yield
 
 
 def publish_leader(api: KubeApi, namespace: str, leading: bool) -> None:
@@ -427,7 +432,7 @@ def publish_leader(api: KubeApi, namespace: str, leading: bool) -> None:
 
 async def _while_leading(elector: LeaderElector, run: Coroutine[Any, Any, None]) -> None:
     """Run the operator while the lease is held; stop it the moment a renewal fails (then raise)."""
-    operator = asyncio.create_task(run, name="kopf-operator")
+    operator = asyncio.create_task(run, name="operator")
     hold = asyncio.create_task(elector.hold(), name="leader-lease")
     try:
         done, _ = await asyncio.wait({operator, hold}, return_when=asyncio.FIRST_COMPLETED)
@@ -441,33 +446,6 @@ async def _while_leading(elector: LeaderElector, run: Coroutine[Any, Any, None])
         for task in (operator, hold):
             task.cancel()
         await asyncio.gather(operator, hold, return_exceptions=True)
-
-
-@contextlib.asynccontextmanager
-async def standby_health(liveness: str | None) -> AsyncIterator[None]:
-    """While a replica waits for the lease, answer its liveness probe (kopf serves it once leading), so the
-    kubelet does not restart a healthy follower."""
-    if not liveness:
-        yield
-        return
-    from urllib.parse import urlsplit
-
-    from aiohttp import web
-
-    url = urlsplit(liveness)
-
-    async def healthy(_: web.Request) -> web.Response:
-        return web.json_response({"standby": True})
-
-    app = web.Application()
-    app.router.add_get(url.path or "/", healthy)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, url.hostname or "0.0.0.0", url.port or 80).start()
-    try:
-        yield
-    finally:
-        await runner.cleanup()
 
 
 def jobs_by_state(cache: ObjectCache) -> dict[str, int]:

@@ -1,7 +1,7 @@
 """The Kubernetes API over plain HTTPS (urllib3), for the operator: no ``kubernetes`` package in its process.
 
 Once imported, the ``kubernetes`` package holds about 40 MiB of a process and takes half a second to load (some 800
-modules of API models; kopf imports it too whenever it is installed), for objects the operator never builds: it
+modules of API models), for objects the operator never builds: it
 speaks dicts. :class:`RestClient` sends the operator's requests itself when its credentials are of a kind read
 here (:func:`rest_config`):
 
@@ -289,8 +289,8 @@ class _NoKubernetesClient:
 
 def without_kubernetes_client() -> bool:
     """Keep the ``kubernetes`` package out of this process from now on (the operator's, once :func:`rest_config`
-    reads its credentials): kopf imports it whenever it is installed, about 40 MiB and half a second, for model
-    objects the operator never builds; without it, kopf works on dicts as before. ``False`` (nothing done) when it
+    reads its credentials): about 40 MiB and half a second, for model objects the operator never builds, should
+    anything it loads import the package when it is installed. ``False`` (nothing done) when it
     is imported already."""
     import sys
 

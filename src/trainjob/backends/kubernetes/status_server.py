@@ -52,14 +52,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from trainjob.backends.kubernetes import status as st
+from trainjob.backends.kubernetes.json_endpoint import JsonEndpoint, Request
 from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL, TRAINJOBS
 from trainjob.backends.stall import RankCollectives
 from trainjob.constants import STACKS_REQUEST_ANNOTATION, STACKS_REQUEST_FILE
 from trainjob.progress import MAX_METRICS
 
 if TYPE_CHECKING:
-    from aiohttp import web
-
     from trainjob.backends.kubernetes.cache import ObjectCache
     from trainjob.backends.kubernetes.kubeapi import KubeApi
     from trainjob.backends.kubernetes.tls import ServingTLS
@@ -78,7 +77,8 @@ VOLUME = "trainjob-status-client"
 #: The pod-template annotation the CA reaches the pods through (a downward-API file).
 CA_ANNOTATION = "trainer.kubeflow.org/status-server-ca"
 TOKEN_SECONDS = 3600
-_PATH = re.compile(r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/([^/]+)/trainjobs/([^/]+)/status$")
+_ROUTE = re.compile(
+    r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/([^/]+)/trainjobs/([^/]+)/(status|collectives)$")
 _POD_NAME, _POD_UID = "authentication.kubernetes.io/pod-name", "authentication.kubernetes.io/pod-uid"
 #: The longest a review is trusted, whatever the token's own expiry.
 REVIEW_SECONDS = 600.0
@@ -238,73 +238,66 @@ class StatusServer:
         self._reviewed: dict[str, tuple[float, str, str]] = {}
         self._last_write: dict[tuple[str, str], float] = {}
         self._pending: dict[tuple[str, str], dict[str, Any]] = {}
-        self._runner: web.AppRunner | None = None
+        self._endpoint: JsonEndpoint | None = None
 
     async def start(self) -> int:
         """Listen; returns the port (the one chosen when ``port`` is 0)."""
-        from aiohttp import web
-
-        app = web.Application(client_max_size=64 * 1024)
-        app.router.add_post("/apis/trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/trainjobs/{name}/status",
-                            self._handle)
-        app.router.add_post(
-            "/apis/trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/trainjobs/{name}/collectives",
-            self._handle_collectives)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
         context = self.tls.server_context() if self.tls is not None else None
-        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=context)
-        await site.start()
-        sockets = getattr(site._server, "sockets", None) or []  # the bound port when 0 was asked for
-        if sockets:
-            self.port = sockets[0].getsockname()[1]
+        self._endpoint = JsonEndpoint(self._route, self.host, self.port, ssl=context)
+        self.port = await self._endpoint.start()
         log.info("status endpoint listening on %s:%d (%s)", self.host, self.port, "https" if context else "http")
         return self.port
 
     async def stop(self) -> None:
         for key in list(self._pending):
             await self._flush(key)
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._endpoint is not None:
+            await self._endpoint.stop()
+            self._endpoint = None
 
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def _route(self, request: Request) -> tuple[int, dict[str, Any]]:
+        match = _ROUTE.match(request.path.split("?", 1)[0])
+        if match is None:
+            return 404, {"message": f"not found: {request.path}; reports go to "
+                                    "/apis/trainer.kubeflow.org/v1alpha1/namespaces/NS/trainjobs/NAME/status"}
+        if request.method != "POST":
+            return 405, {"message": f"{request.method} is not allowed here; reports are POSTed"}
+        namespace, name, what = match.groups()
+        if what == "status":
+            return await self._handle(request, namespace, name)
+        return await self._handle_collectives(request, namespace, name)
+
+    async def _handle(self, request: Request, namespace: str, name: str) -> tuple[int, dict[str, Any]]:
         """``POST .../status``: a rank's progress, written to the job's status (at most every ``min_interval``)."""
-        from aiohttp import web
-
-        namespace, name = request.match_info["namespace"], request.match_info["name"]
         try:
             trainer_status = await self._running_job_report(request, namespace, name, trainer_status_of)
             await self._accept((namespace, name), trainer_status)
         except Refused as refused:
             self.on_report("rejected")
             log.info("status report for %s/%s refused (%d): %s", namespace, name, refused.status, refused)
-            return web.json_response({"message": str(refused)}, status=refused.status)
+            return refused.status, {"message": str(refused)}
         self.on_report("accepted")
-        return web.json_response({"message": "accepted"})
+        return 200, {"message": "accepted"}
 
-    async def _handle_collectives(self, request: web.Request) -> web.Response:
+    async def _handle_collectives(self, request: Request, namespace: str, name: str) -> tuple[int, dict[str, Any]]:
         """``POST .../collectives``: a rank's collectives report, kept in memory for the stall watch."""
-        from aiohttp import web
-
-        namespace, name = request.match_info["namespace"], request.match_info["name"]
         try:
             report = await self._running_job_report(request, namespace, name,
                                                     lambda body: collectives_of(body, self.clock()))
         except Refused as refused:
             log.info("collectives report for %s/%s refused (%d): %s", namespace, name, refused.status, refused)
-            return web.json_response({"message": str(refused)}, status=refused.status)
+            return refused.status, {"message": str(refused)}
         self.keep_collectives(namespace, name, report)
-        return web.json_response({"message": "accepted"})
+        return 200, {"message": "accepted"}
 
-    async def _running_job_report(self, request: web.Request, namespace: str, name: str,
+    async def _running_job_report(self, request: Request, namespace: str, name: str,
                                   parse: Callable[[Any], T]) -> T:
         """The report a pod of TrainJob ``namespace/name`` posted, read by ``parse`` from its JSON body, once its
         token is the job's and the job exists and has not finished; else :class:`Refused` with the HTTP status."""
-        token = self._bearer(request.headers.get("Authorization", ""))
+        token = self._bearer(request.headers.get("authorization", ""))
         await self._authorize(token, namespace, name)
         try:
-            body = await request.json()
+            body = request.json()
         except ValueError as exc:
             raise Refused(400, f"the body is not JSON: {exc}") from exc
         report = parse(body)
