@@ -64,7 +64,7 @@ from typing import Any, Protocol
 import psutil
 from cpu_profile import Sampling, top_frames
 from kubetest.cluster import TrainJobCluster
-from kubetest.controlplane import AUDITED_ACCOUNTS, ControlPlane, free_port
+from kubetest.controlplane import AUDITED_ACCOUNTS, RELEASES_ENV, ControlPlane, free_port
 from kubetest.kubeflow import KubeflowController
 from kubetest.kwok import SimulatedNodes, on_simulated_nodes
 
@@ -363,6 +363,14 @@ def measure(cluster: TrainJobCluster, controller: Controller, scenario: Scenario
         raise RuntimeError(f"only {len(started)} of {scenario.pods} pods ever ran")
     result["running_s"] = max(started)
     result["complete_s"] = max(seconds_after(condition_true(j, "Complete") or {}, start) for j in jobs)
+    # How long after its JobSet's Completed condition each TrainJob's Complete came (whole seconds each: the mean of
+    # many is finer); what the controller adds to the JobSet controller's time.
+    completed = {js["metadata"]["name"]: condition_true(js, "Completed") for js in api.list(JOBSETS, namespace)}
+    lags = [parse_timestamp(condition_true(j, "Complete")["lastTransitionTime"])
+            - parse_timestamp(completed[j["metadata"]["name"]]["lastTransitionTime"])
+            for j in jobs if completed.get(j["metadata"]["name"])]
+    if lags:
+        result["finish_lag_mean_s"], result["finish_lag_max_s"] = sum(lags) / len(lags), max(lags)
     result["jobs_per_s"] = scenario.jobs / result["complete_s"]
     result["pods_per_s"] = scenario.pods / result["running_s"]
     result["requests"] = len(requests)
@@ -392,6 +400,10 @@ def table(results: list[dict[str, Any]]) -> str:
                      f"{r['requests_per_job_without_events']:>6.2f}{r['status_writes_per_job']:>8.2f}"
                      f"{r['peak_rss_mib']:>9.0f}{r['cpu_s']:>8.1f}{r['cpu_ms_per_job']:>8.0f}")
     lines.append(f"{'reference':<9} {'JobSet (published)':<51}{'':>12}{'':>8}{JOBSET_PODS_PER_S:>8}")
+    for r in results:
+        if "finish_lag_mean_s" in r:
+            lines.append(f"{r['scenario']} / {r['controller']}: Complete {r['finish_lag_mean_s']:.2f} s after the "
+                         f"JobSet's Completed on average, {r['finish_lag_max_s']:.0f} s at most")
     for name, r in ratios(results).items():
         against = "base" if name.endswith(".change") else "Kubeflow"
         lines.append(f"{name.removesuffix('.change')}: trainjob / {against}: time to Running {r['running_s']:.2f}x, to Complete "
@@ -444,6 +456,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "previous release), as controller 'base', first, on the same cluster")
     group.add_argument("--profile", type=Path, metavar="DIR",
                        help="sample trainjob's operator with py-spy during each run, into DIR (collapsed stacks)")
+    group.add_argument("--kubeflow", choices=("pinned", "current"), default="pinned",
+                       help="Kubeflow Trainer and JobSet at the versions the conformance tests pin (v2.1.0 on "
+                            "JobSet v0.10.1, the default) or the current releases (scripts/cluster/build.sh --current)")
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -455,6 +470,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "wide": Scenario("wide", 1, args.big_job_nodes or args.fake_nodes),
     }
     chosen = [scenarios[name] for name in args.scenarios.split(",")]
+    os.environ[RELEASES_ENV] = args.kubeflow
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, \
             ControlPlane.start(Path(tmp) / "cluster", client_qps=args.client_qps, nodes=0) as cp:

@@ -7,6 +7,8 @@
 #   jobset/      sigs.k8s.io/jobset             the JobSet controller manager (serves jobset.x-k8s.io/v1alpha2)
 #   kubeflow/    github.com/kubeflow/trainer/v2 its controller manager (run beside trainjob's operator by the
 #                conformance tests), its CRDs (the reference schemas), RBAC, webhooks and built-in runtimes
+#   jobset-current/, kubeflow-current/  the current JobSet and Kubeflow Trainer releases, in their place with
+#                --current (benchmarks/reconcile.py --kubeflow current); the conformance tests keep the pins above
 #   podgroups/   sigs.k8s.io/scheduler-plugins (its coscheduling PodGroup CRD), volcano.sh/apis (Volcano's
 #                PodGroup types; controller-gen from sigs.k8s.io/controller-tools generates their CRD)
 #   kwok/        sigs.k8s.io/kwok               kwok, which simulates nodes and moves their pods through their life
@@ -24,10 +26,17 @@
 # ${TRAINJOB_CLUSTER_CACHE:-~/.cache/trainjob/cluster}, so a warm run takes seconds. Manifests that the tests
 # need (CRDs, JobSet's RBAC and webhook paths) are copied from the module cache next to the binaries.
 # Prints the path of manifest.json, which names every binary and file. With --manifests-only, only the manifests
-# are prepared (no etcd, Kubernetes or JobSet binaries): what the schema tests need.
+# are prepared (no etcd, Kubernetes or JobSet binaries): what the schema tests need. With --current, JobSet and
+# Kubeflow Trainer are the current releases (jobset-current/, kubeflow-current/), named in manifest-current.json.
 set -euo pipefail
-manifests_only=0
-[ "${1:-}" = "--manifests-only" ] && manifests_only=1
+manifests_only=0 current=""
+for arg in "$@"; do
+  case "$arg" in
+    --manifests-only) manifests_only=1 ;;
+    --current) current="-current" ;;
+    *) echo "build.sh: unknown option $arg; expected --manifests-only and/or --current" >&2; exit 2 ;;
+  esac
+done
 here="$(cd "$(dirname "$0")" && pwd)"
 cache="${TRAINJOB_CLUSTER_CACHE:-$HOME/.cache/trainjob/cluster}"
 mkdir -p "$cache"
@@ -142,20 +151,21 @@ if [ "$manifests_only" = 0 ]; then
   pause_bin="$(build_pause)"
   coredns_bin="$(build coredns coredns github.com/coredns/coredns)"
   crictl_bin="$(build cri-tools cri-tools sigs.k8s.io/cri-tools/cmd/crictl)"
-  jobset_bin="$(build jobset jobset sigs.k8s.io/jobset)"
-  kubeflow_bin="$(build kubeflow-trainer kubeflow github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager)"
+  jobset_bin="$(build "jobset$current" "jobset$current" sigs.k8s.io/jobset)"
+  kubeflow_bin="$(build "kubeflow-trainer$current" "kubeflow$current" \
+    github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager)"
   kwok_bin="$(build kwok kwok sigs.k8s.io/kwok/cmd/kwok)"
   sp_bin="$(build_scheduler_plugins)"
   kueue_bin="$(build kueue kueue sigs.k8s.io/kueue/cmd/kueue)"
 fi
 controller_gen_bin="$(build controller-gen podgroups sigs.k8s.io/controller-tools/cmd/controller-gen)"
 
-jobset_src="$(module_dir jobset sigs.k8s.io/jobset)"
-trainer_src="$(module_dir kubeflow github.com/kubeflow/trainer/v2)"
+jobset_src="$(module_dir "jobset$current" sigs.k8s.io/jobset)"
+trainer_src="$(module_dir "kubeflow$current" github.com/kubeflow/trainer/v2)"
 sp_src="$(module_dir podgroups sigs.k8s.io/scheduler-plugins)"
 kueue_src="$(module_dir kueue sigs.k8s.io/kueue)"
 
-manifests="$cache/manifests-$(cat "$here"/*/go.mod "$0" | sha256sum | cut -c1-16)"
+manifests="$cache/manifests$current-$(cat "$here"/*/go.mod "$0" | sha256sum | cut -c1-16)"
 if [ ! -f "$manifests/.complete" ]; then
   rm -rf "$manifests.tmp" && mkdir -p "$manifests.tmp"/{jobset,kubeflow,podgroups,kueue}
   cp "$jobset_src"/config/components/crd/bases/*.yaml "$manifests.tmp/jobset/"
@@ -185,14 +195,14 @@ if [ "$manifests_only" = 1 ]; then
   exit 0
 fi
 
-cat > "$cache/manifest.json" <<EOF
+cat > "$cache/manifest$current.json" <<EOF
 {
   "go": "$gover",
   "versions": {
     "etcd": "$(version_of go.etcd.io/etcd/server/v3 etcd)",
     "kubernetes": "$(version_of k8s.io/kubernetes kubernetes)",
-    "jobset": "$(version_of sigs.k8s.io/jobset jobset)",
-    "kubeflow-trainer": "$(version_of github.com/kubeflow/trainer/v2 kubeflow)",
+    "jobset": "$(version_of sigs.k8s.io/jobset "jobset$current")",
+    "kubeflow-trainer": "$(version_of github.com/kubeflow/trainer/v2 "kubeflow$current")",
     "kwok": "$(version_of sigs.k8s.io/kwok kwok)",
     "scheduler-plugins": "$(version_of sigs.k8s.io/scheduler-plugins scheduler-plugins)",
     "kueue": "$(version_of sigs.k8s.io/kueue kueue)",
@@ -219,4 +229,4 @@ cat > "$cache/manifest.json" <<EOF
   "manifests": "$manifests"
 }
 EOF
-echo "$cache/manifest.json"
+echo "$cache/manifest$current.json"

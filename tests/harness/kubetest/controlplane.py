@@ -90,9 +90,18 @@ def scheduler_config(kubeconfig_path: Path, client_qps: int | None = None) -> di
     }
 
 
+#: ``current``: the cluster runs the current JobSet and Kubeflow Trainer releases (``build.sh --current``) instead of
+#: the pinned ones the conformance tests compare with; what ``benchmarks/reconcile.py --kubeflow current`` sets.
+RELEASES_ENV = "TRAINJOB_CLUSTER_RELEASES"
+
+
 def build_components() -> dict[str, Any]:
     """Run ``scripts/cluster/build.sh`` (seconds when its cache is warm) and return its manifest."""
-    done = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True)
+    releases = os.environ.get(RELEASES_ENV, "")
+    if releases not in ("", "pinned", "current"):
+        raise ValueError(f"${RELEASES_ENV}={releases!r}; expected 'pinned' (the default) or 'current'")
+    done = subprocess.run(["bash", str(BUILD_SCRIPT), *(["--current"] if releases == "current" else [])],
+                          capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"scripts/cluster/build.sh failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return json.loads(Path(done.stdout.strip().splitlines()[-1]).read_text())

@@ -1,5 +1,6 @@
-"""Kubeflow Trainer's own controller manager (v2.1.0, built unmodified by ``scripts/cluster/build.sh``) on the test
-control plane, so that trainjob's operator can be compared with it on the same inputs.
+"""Kubeflow Trainer's own controller manager (v2.1.0, or the current release with ``build.sh --current``; built
+unmodified by ``scripts/cluster/build.sh``) on the test control plane, so that trainjob's operator can be compared
+with it on the same inputs.
 
 It runs as it does in a cluster, with what its project publishes:
 
@@ -27,7 +28,9 @@ import yaml
 
 from kubetest.controlplane import KUBEFLOW_ACCOUNT, KUBEFLOW_NAMESPACE, ControlPlane, Process, free_port
 
-WEBHOOK_CONFIGURATION = "kubeflow-trainer-validator"
+#: The names its webhook configurations are registered under (v2.1.0 has the validating one; v2.3.0 both).
+WEBHOOK_CONFIGURATIONS = {"ValidatingWebhookConfiguration": "kubeflow-trainer-validator",
+                          "MutatingWebhookConfiguration": "kubeflow-trainer-mutator"}
 #: The Service Kubeflow's manifests put in front of its controller manager (webhooks on port 443).
 WEBHOOK_SERVICE = "kubeflow-trainer-controller-manager"
 
@@ -80,27 +83,31 @@ class KubeflowController:
         try:
             cp._wait_http(f"http://127.0.0.1:{probe_port}/readyz", "kubeflow-trainer", timeout=timeout)
             cp.wait_for_service_route(KUBEFLOW_NAMESPACE, WEBHOOK_SERVICE)
-            cp.apply([self._webhooks()])
+            cp.apply(self._webhooks())
         except BaseException:
             self.stop()
             raise
 
-    def _webhooks(self) -> dict[str, Any]:
-        (config,) = [d for d in yaml.safe_load_all(self.cp.manifests("kubeflow", "webhooks.yaml").read_text()) if d]
-        config["metadata"] = {"name": WEBHOOK_CONFIGURATION}
-        for hook in config["webhooks"]:
-            path = hook["clientConfig"]["service"]["path"]
-            hook["clientConfig"] = self.cp.webhook_client_config(KUBEFLOW_NAMESPACE, WEBHOOK_SERVICE, path)
-        return config
+    def _webhooks(self) -> list[dict[str, Any]]:
+        configs = [d for d in yaml.safe_load_all(self.cp.manifests("kubeflow", "webhooks.yaml").read_text()) if d]
+        for config in configs:
+            config["metadata"] = {"name": WEBHOOK_CONFIGURATIONS[config["kind"]]}
+            for hook in config["webhooks"]:
+                path = hook["clientConfig"]["service"]["path"]
+                hook["clientConfig"] = self.cp.webhook_client_config(KUBEFLOW_NAMESPACE, WEBHOOK_SERVICE, path)
+        return configs
 
     def stop(self) -> None:
         """Unregister the webhooks (they fail closed) and stop the process."""
         import kubernetes.client
 
-        with self.cp.client() as api, contextlib.suppress(kubernetes.client.ApiException):
-            kubernetes.client.AdmissionregistrationV1Api(api).delete_validating_webhook_configuration(
-                WEBHOOK_CONFIGURATION
-            )
+        with self.cp.client() as api:
+            admission = kubernetes.client.AdmissionregistrationV1Api(api)
+            with contextlib.suppress(kubernetes.client.ApiException):
+                admission.delete_validating_webhook_configuration(
+                    WEBHOOK_CONFIGURATIONS["ValidatingWebhookConfiguration"])
+            with contextlib.suppress(kubernetes.client.ApiException):
+                admission.delete_mutating_webhook_configuration(WEBHOOK_CONFIGURATIONS["MutatingWebhookConfiguration"])
         if self.process is not None:
             self.process.stop()
             self.cp.processes.pop("kubeflow-trainer", None)
