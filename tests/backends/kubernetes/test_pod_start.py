@@ -4,7 +4,7 @@ whether and when the job fails, and what it asked of the API server out. The API
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,11 +136,17 @@ def test_only_pods_on_a_node_and_not_running_are_listed() -> None:
                                   "labels": {JOBSET_NAME_LABEL: NAME}},
                      "spec": {**({"nodeName": node} if node else {}), "containers": [{"name": "node", "image": IMAGE}]},
                      "status": status})
-    listed = []
-    list_pods = api.list_pods
-    api.list_pods = lambda *args: listed.extend(p["metadata"]["name"] for p in list_pods(*args)) or list_pods(*args)
+    listed: list[list[str]] = []
+    pages = api.pods_in_pages
+
+    def looked_at(*args: Any, **kwargs: Any) -> Iterator[list[dict[str, Any]]]:
+        for page in pages(*args, **kwargs):
+            listed.append([p["metadata"]["name"] for p in page])
+            yield page
+
+    api.pods_in_pages = looked_at  # type: ignore[method-assign]
     watch = PodStartWatch(api, StatusWriter(api, CachedReads(api), lambda: clock[0]))
     watch.watch(job, {}, {}, {"status": STARTING}, START)
     clock[0] = START + 10
     assert watch.watch(job, {}, {}, {"status": STARTING}, clock[0]) == 0  # failed: the grace is 0
-    assert listed == [f"{NAME}-node-0-2"]
+    assert listed == [[f"{NAME}-node-0-2"]]

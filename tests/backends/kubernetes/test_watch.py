@@ -1,5 +1,6 @@
 """The operator's watches on a real API server: the listing, the events after it, a relisting that delivers what was
-deleted meanwhile, and a stop that ends the thread at once; what an expired version's ERROR event does."""
+deleted meanwhile, and a stop that ends the thread at once; what an expired version's ERROR event does; pods listed
+by pages."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 from kubetest.cluster import TrainJobCluster
 
-from trainjob.backends.kubernetes.resources import CONFIGMAPS
+from trainjob.backends.kubernetes.resources import CONFIGMAPS, PODS
 from trainjob.backends.kubernetes.watch import Gone, Watch
 
 
@@ -68,6 +69,18 @@ def test_a_relisting_delivers_what_was_deleted_while_nothing_watched(k8s: TrainJ
     assert [(e["type"], e["object"]["metadata"]) for e in events if e["type"] == "DELETED"] == [
         ("DELETED", {"name": "b", "namespace": namespace})]
     assert sorted(e["object"]["metadata"]["name"] for e in events if e["type"] is None) == ["a", "c"]
+
+
+def test_pods_come_by_pages(k8s: TrainJobCluster, namespace: str) -> None:
+    """What the pod-start watch reads of a job of many nodes: a page of pods per request, every pod once."""
+    for index in range(5):
+        k8s.api.create({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": f"p{index}", "namespace": namespace, "labels": {"job": "wide"}},
+                        "spec": {"nodeSelector": {"no-such-node": "true"},  # never scheduled, never pulled
+                                 "containers": [{"name": "node", "image": "example.invalid/never:1"}]}}, PODS)
+    pages = list(k8s.api.pods_in_pages(namespace, "job=wide", page=2))
+    assert [sorted(p["metadata"]["name"] for p in page) for page in pages] == [["p0", "p1"], ["p2", "p3"], ["p4"]]
+    assert list(k8s.api.pods_in_pages(namespace, "job=wide", "spec.nodeName!=")) == [[]]  # none on a node
 
 
 def test_an_expired_version_asks_for_a_relisting() -> None:

@@ -268,6 +268,15 @@ class MemoryApi(KubeApi):
             and fields_match(pod, field_selector)
         ]
 
+    def pods_in_pages(self, namespace: str, label_selector: str, field_selector: str | None = None,
+                      page: int = 200) -> Iterator[list[dict[str, Any]]]:
+        pods = [(ns, name) for (ns, name), pod in sorted(self.pods.items())
+                if ns == namespace and matches(pod["metadata"].get("labels"), label_selector)
+                and fields_match(pod, field_selector)]
+        for start in range(0, max(len(pods), 1), page):
+            self._record("list", "pods", namespace)
+            yield [copy.deepcopy(self.pods[key]) for key in pods[start:start + page]]
+
     def read_log(self, namespace: str, pod: dict[str, Any], container: str, tail_lines: int = 200) -> str:
         name = pod["metadata"]["name"]
         self._record("get", "pods/log", f"{namespace}/{name}")

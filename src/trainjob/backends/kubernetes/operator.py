@@ -357,7 +357,7 @@ async def serve(state: OperatorState, options: OperatorOptions) -> None:
             if state.status_server is not None:
                 await state.status_server.start()
             watches.start()
-            log.info("watching %d kinds%s", len(watches),
+            log.info("%d watches%s", len(watches),
                      f" in {', '.join(options.namespaces)}" if options.namespaces else " in every namespace")
             waiting = asyncio.create_task(_stopped(stop, options.stop_flag))
             listed = asyncio.create_task(watches.listed())

@@ -6,7 +6,7 @@ The JobSet's status is the cheap signal: a replicated job with more active child
 yet running. Only a job that stays so for :data:`LOOK_AFTER_SECONDS` gets its pods listed (again after 10, 20,
 40, then every 60 s while it lasts; every 10 s once one cannot start), and only those on a node and not running
 (:data:`ON_A_NODE_NOT_RUNNING`: a pod still waiting for the scheduler has no container to fail, and a job of a
-thousand nodes has that many pods to send); a pod waiting for one of :data:`CANNOT_START` reasons longer than the
+thousand nodes has that many pods to send; they come 200 at a time); a pod waiting for one of :data:`CANNOT_START` reasons longer than the
 grace (:data:`GRACE_SECONDS`, or the TrainJob's ``trainjob/pod-start-grace-seconds`` annotation) fails the job: its
 JobSet is deleted, ``Failed`` says ``reason: PodCannotStart`` and the message, and a ``Warning`` Event repeats it.
 An image that is merely slow to pull waits as ``ContainerCreating``, which is not a failure at any age.
@@ -15,6 +15,7 @@ An image that is merely slow to pull waits as ``ContainerCreating``, which is no
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +59,7 @@ class _Seen:
     failing_since: float | None = None
 
 
-def pods_not_starting(pods: list[dict[str, Any]]) -> list[str]:
+def pods_not_starting(pods: Iterable[dict[str, Any]]) -> list[str]:
     """One line per container of ``pods`` waiting for a :data:`CANNOT_START` reason: the pod, its node, the
     container, its image, the reason and what the kubelet was told (the registry's answer, for a pull)."""
     lines = []
@@ -114,8 +115,9 @@ class PodStartWatch:
         if now < seen.next_look:
             return seen.next_look - now
         try:
-            stuck = pods_not_starting(self.api.list_pods(key[0], f"{JOBSET_NAME_LABEL}={key[1]}",
-                                                         ON_A_NODE_NOT_RUNNING))
+            stuck = [line for page in self.api.pods_in_pages(key[0], f"{JOBSET_NAME_LABEL}={key[1]}",
+                                                             ON_A_NODE_NOT_RUNNING)
+                     for line in pods_not_starting(page)]
         except TrainJobError as exc:
             log.warning("cannot list the pods of TrainJob %s/%s: %s", *key, exc)
             stuck = None
