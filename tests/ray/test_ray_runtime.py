@@ -156,8 +156,9 @@ def test_a_failing_train_func_fails_the_job_with_rays_error_after_rays_own_resta
     local_jobs.apply(job)
     wait_until(lambda: local_jobs.get_job("ray-fails").status in ("Complete", "Failed"), timeout=JOB_TIMEOUT)
     done = local_jobs.get_job("ray-fails")
-    assert done.status == "Failed"
-    assert "the loss went to 42" in (done.message or ""), done.message
+    log = "\n".join(local_jobs.get_job_logs("ray-fails", follow=False))
+    assert done.status == "Failed", log[-3000:]
+    assert "the loss went to 42" in (done.message or ""), f"{done.message}\n{log[-4000:]}"
     assert "ValueError" in (done.message or "")
     # FailureConfig(max_failures=1): Ray ran train_func twice; trainjob restarted nothing
     assert attempts.read_text().count("attempt") == 2
