@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -215,33 +216,33 @@ def enqueue_pod_owner(state: OperatorState, event: dict[str, Any]) -> None:
         state.pytorchjob_queue.add((namespace, owner))
 
 
+#: A watch's handler: what the event means to the operator (its cache, its queues).
+EventHandler = Callable[[OperatorState, dict[str, Any]], None]
+
 #: What the operator watches: the kind, the API server's label selector (the operator never receives the other
 #: pods and JobSets of the cluster: on 1,000 KWOK nodes, decoding them was most of its CPU), and the handler.
 #: PyTorchJobs and their pods only where trainjob's operator reconciles them.
-WATCHED: tuple[tuple[ResourceRef, str, Callable[[OperatorState, dict[str, Any]], None]], ...] = (
+TRAINJOB_WATCHES: tuple[tuple[ResourceRef, str, EventHandler], ...] = (
     (TRAINJOBS, "", enqueue_trainjob),
     (JOBSETS, TRAINJOB_NAME_LABEL, enqueue_jobset_owner),
     (CLUSTER_TRAINING_RUNTIMES, "", cache_cluster_runtime),
     (TRAINING_RUNTIMES, "", cache_runtime),
 )
-WATCHED_FOR_PYTORCHJOBS: tuple[tuple[ResourceRef, str, Callable[[OperatorState, dict[str, Any]], None]], ...] = (
+PYTORCHJOB_WATCHES: tuple[tuple[ResourceRef, str, EventHandler], ...] = (
     (PYTORCHJOBS, "", enqueue_pytorchjob),
     (PODS, f"{OPERATOR_NAME_LABEL}={OPERATOR_NAME}", enqueue_pod_owner),
 )
 
 
 def make_watches(state: OperatorState, loop: asyncio.AbstractEventLoop, namespaces: Collection[str] = ()) -> Watches:
-    """The operator's watches over ``state.api``: each kind of :data:`WATCHED` (and of
-    :data:`WATCHED_FOR_PYTORCHJOBS` when ``state.pytorchjobs``), in every namespace or in each of ``namespaces``
+    """The operator's watches over ``state.api``: each kind of :data:`TRAINJOB_WATCHES` (and of
+    :data:`PYTORCHJOB_WATCHES` when ``state.pytorchjobs``), in every namespace or in each of ``namespaces``
     (cluster-scoped kinds everywhere)."""
     watches = Watches(state.api, loop)
-    kinds = WATCHED + (WATCHED_FOR_PYTORCHJOBS if state.pytorchjobs is not None else ())
+    kinds = TRAINJOB_WATCHES + (PYTORCHJOB_WATCHES if state.pytorchjobs is not None else ())
     for ref, selector, handler in kinds:
-        def deliver(event: dict[str, Any], handler: Callable[[OperatorState, dict[str, Any]], None] = handler) -> None:
-            handler(state, event)
-
         for namespace in (list(namespaces) or [None]) if ref.namespaced else [None]:
-            watches.add(ref, namespace, deliver, label_selector=selector)
+            watches.add(ref, namespace, functools.partial(handler, state), label_selector=selector)
     return watches
 
 

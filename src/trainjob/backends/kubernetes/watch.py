@@ -102,7 +102,7 @@ class Watch:
 
     def stop(self, timeout: float = 5.0) -> None:
         """End the watch: its open request is shut, its thread joined."""
-        self._stopped.set()
+        self.stopping()
         with self._lock:
             response = self._response
         if response is not None:
@@ -110,6 +110,10 @@ class Watch:
                 response.shutdown()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def stopping(self) -> None:
+        """Ask the watch to end, without waiting (:meth:`stop` waits)."""
+        self._stopped.set()
 
     def run(self) -> None:
         """List, then watch, until stopped; list again when the version expires or a request fails."""
@@ -269,8 +273,8 @@ class Watches:
         await self._all_listed.wait()
 
     def stop(self) -> None:
-        for watch in self._watches:
-            watch._stopped.set()
+        for watch in self._watches:  # all asked at once, then each waited for
+            watch.stopping()
         deadline = time.monotonic() + 5.0
         for watch in self._watches:
             watch.stop(max(deadline - time.monotonic(), 0.1))
