@@ -148,8 +148,6 @@ def test_the_operator_deployment_runs_two_replicas_of_its_image_and_one_leads(k8
     """As ``trainjob install --image`` deploys it: both pods run the image built from deploy/Dockerfile on the
     cluster's nodes and are ready; the one holding the Lease has pointed the operator Service at itself (the pods'
     reports reach it); each serves Prometheus metrics on its pod's address, saying which one leads."""
-    import kubernetes.client
-
     k8s.operator.start()
     listing = k8s.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "wide").stdout
     pods = k8s.operator.pods()
@@ -161,9 +159,7 @@ def test_the_operator_deployment_runs_two_replicas_of_its_image_and_one_leads(k8
     assert len(ready) == 2, listing
     leader = k8s.operator.leader()
     leader_ip = next(p["status"]["podIP"] for p in pods if p["metadata"]["name"] == leader)
-    slices = kubernetes.client.DiscoveryV1Api(k8s.api.client).list_namespaced_endpoint_slice(
-        OPERATOR_NAMESPACE, label_selector=f"kubernetes.io/service-name={OPERATOR_NAME}").items
-    serving = [(e.target_ref.name, e.addresses) for s in slices for e in s.endpoints or []]
+    serving = k8s.operator.serving()
     assert serving == [(leader, [leader_ip])], "the operator Service must send the pods' reports to the leader alone"
     leading = {p["metadata"]["name"]: total(scrape(METRICS_PORT, p["status"]["podIP"]), "trainjob_operator_leader")
                for p in pods}

@@ -12,7 +12,13 @@ import pytest
 from kubetest.memory_api import MemoryApi
 
 from trainjob.backends.kubernetes.cache import CachedReads
-from trainjob.backends.kubernetes.pod_start import GRACE_ANNOTATION, REASON, PodStartWatch, pods_not_starting
+from trainjob.backends.kubernetes.pod_start import (
+    GRACE_ANNOTATION,
+    READ_AT_MOST,
+    REASON,
+    PodStartWatch,
+    pods_not_starting,
+)
 from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL, JOBSETS, TRAINJOBS
 from trainjob.backends.kubernetes.status_writer import StatusWriter
 
@@ -137,16 +143,75 @@ def test_only_pods_on_a_node_and_not_running_are_listed() -> None:
                      "spec": {**({"nodeName": node} if node else {}), "containers": [{"name": "node", "image": IMAGE}]},
                      "status": status})
     listed: list[list[str]] = []
-    pages = api.pods_in_pages
+    pages = api.table_in_pages
 
     def looked_at(*args: Any, **kwargs: Any) -> Iterator[list[dict[str, Any]]]:
         for page in pages(*args, **kwargs):
-            listed.append([p["metadata"]["name"] for p in page])
+            listed.append([row["Name"] for row in page])
             yield page
 
-    api.pods_in_pages = looked_at  # type: ignore[method-assign]
+    api.table_in_pages = looked_at  # type: ignore[method-assign]
     watch = PodStartWatch(api, StatusWriter(api, CachedReads(api), lambda: clock[0]))
     watch.watch(job, {}, {}, {"status": STARTING}, START)
     clock[0] = START + 10
     assert watch.watch(job, {}, {}, {"status": STARTING}, clock[0]) == 0  # failed: the grace is 0
     assert listed == [[f"{NAME}-node-0-2"]]
+    assert [(verb, name) for verb, resource, name in api.requests if resource == "pods" and verb == "get"] == [
+        ("get", f"{NS}/{NAME}-node-0-2")]  # the one that cannot start, read whole for the message
+
+
+def seed_job(api: MemoryApi, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    job = api.seed({"apiVersion": TRAINJOBS.api_version, "kind": TRAINJOBS.kind,
+                    "metadata": {"name": NAME, "namespace": NS, "annotations": annotations or {}}, "spec": {}})
+    api.seed({"apiVersion": JOBSETS.api_version, "kind": JOBSETS.kind,
+              "metadata": {"name": NAME, "namespace": NS,
+                           "ownerReferences": [{"kind": "TrainJob", "name": NAME, "uid": job["metadata"]["uid"]}]},
+              "spec": {"replicatedJobs": []}})
+    return job
+
+
+def test_of_many_pods_that_cannot_start_a_few_are_read_and_the_rest_counted() -> None:
+    """A bad image on a job of 50 nodes: 50 rows, 3 pods read whole; the message names the first and counts the
+    rest."""
+    clock = [START]
+    api = MemoryApi(lambda: clock[0])
+    job = seed_job(api, {GRACE_ANNOTATION: "0"})
+    for index in range(50):
+        api.add_pod({"metadata": {"name": f"{NAME}-node-{index}-0", "namespace": NS,
+                                  "labels": {JOBSET_NAME_LABEL: NAME}},
+                     "spec": {"nodeName": f"gpu-{index}", "containers": [{"name": "node", "image": IMAGE}]},
+                     "status": waiting("ImagePullBackOff", f'Back-off pulling image "{IMAGE}"')})
+    watch = PodStartWatch(api, StatusWriter(api, CachedReads(api), lambda: clock[0]))
+    watch.watch(job, {}, {}, {"status": STARTING}, START)
+    clock[0] = START + 10
+    assert watch.watch(job, {}, {}, {"status": STARTING}, clock[0]) == 0
+    assert sum(1 for verb, resource, _ in api.requests if resource == "pods" and verb == "get") == READ_AT_MOST
+    stored = api.stored(TRAINJOBS, NS, NAME)
+    assert stored is not None
+    failed = next(c for c in stored["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["message"].startswith(f"pod {NAME}-node-0-0 on node gpu-0: container node (image {IMAGE}): "
+                                        f"ImagePullBackOff: Back-off pulling image")
+    assert "(and 49 more); its pods could not start for 0 s" in failed["message"]
+
+
+def test_an_init_container_that_cannot_start_fails_the_job() -> None:
+    """``Init:CrashLoopBackOff``: a crash-looping init container keeps its pod Pending; the job fails naming it."""
+    clock = [START]
+    api = MemoryApi(lambda: clock[0])
+    job = seed_job(api, {GRACE_ANNOTATION: "0"})
+    api.add_pod({"metadata": {"name": f"{NAME}-node-0-0", "namespace": NS, "labels": {JOBSET_NAME_LABEL: NAME}},
+                 "spec": {"nodeName": "gpu-0", "initContainers": [{"name": "fetch", "image": "busybox:1"}],
+                          "containers": [{"name": "node", "image": IMAGE}]},
+                 "status": {"phase": "Pending", "initContainerStatuses": [
+                     {"name": "fetch", "state": {"waiting": {"reason": "CrashLoopBackOff",
+                                                             "message": "back-off 40s restarting failed container"}}}],
+                     "containerStatuses": [{"name": "node", "state": {"waiting": {"reason": "PodInitializing"}}}]}})
+    watch = PodStartWatch(api, StatusWriter(api, CachedReads(api), lambda: clock[0]))
+    watch.watch(job, {}, {}, {"status": STARTING}, START)
+    clock[0] = START + 10
+    assert watch.watch(job, {}, {}, {"status": STARTING}, clock[0]) == 0
+    stored = api.stored(TRAINJOBS, NS, NAME)
+    assert stored is not None
+    failed = next(c for c in stored["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["message"].startswith(f"pod {NAME}-node-0-0 on node gpu-0: container fetch (image busybox:1): "
+                                        "CrashLoopBackOff: back-off 40s restarting failed container; ")

@@ -1,6 +1,6 @@
 """The operator's watches on a real API server: the listing, the events after it, a relisting that delivers what was
 deleted meanwhile, and a stop that ends the thread at once; what an expired version's ERROR event does; pods listed
-by pages."""
+as printed rows, by pages."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from kubetest.cluster import TrainJobCluster
+from kubetest.memory_api import printed_status
 
 from trainjob.backends.kubernetes.resources import CONFIGMAPS, PODS
 from trainjob.backends.kubernetes.watch import Gone, Watch
@@ -71,16 +72,52 @@ def test_a_relisting_delivers_what_was_deleted_while_nothing_watched(k8s: TrainJ
     assert sorted(e["object"]["metadata"]["name"] for e in events if e["type"] is None) == ["a", "c"]
 
 
-def test_pods_come_by_pages(k8s: TrainJobCluster, namespace: str) -> None:
-    """What the pod-start watch reads of a job of many nodes: a page of pods per request, every pod once."""
-    for index in range(5):
+WAITING = {"waiting": {"reason": "ContainerCreating"}}
+#: Pod statuses as a kubelet writes them, and the STATUS ``kubectl get pods`` shows for each.
+PRINTED = [
+    ({"phase": "Pending"}, "Pending"),
+    ({"phase": "Pending", "containerStatuses": [
+        {"name": "node", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
+         "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]},
+     "ImagePullBackOff"),
+    ({"phase": "Pending", "initContainerStatuses": [
+        {"name": "init", "image": "i", "imageID": "", "ready": False, "restartCount": 3,
+         "state": {"waiting": {"reason": "CrashLoopBackOff"}}}],
+      "containerStatuses": [{"name": "node", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
+                             "state": {"waiting": {"reason": "PodInitializing"}}}]},
+     "Init:CrashLoopBackOff"),
+    ({"phase": "Pending", "initContainerStatuses": [
+        {"name": "init", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
+         "state": {"waiting": {"reason": "PodInitializing"}}}],
+      "containerStatuses": [{"name": "node", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
+                             "state": {"waiting": {"reason": "PodInitializing"}}}]},
+     "Init:0/1"),
+    ({"phase": "Pending", "containerStatuses": [
+        {"name": "node", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
+         "state": {"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "hf" not found'}}}]},
+     "CreateContainerConfigError"),
+]
+
+
+def test_pods_come_as_printed_rows_by_pages(k8s: TrainJobCluster, namespace: str) -> None:
+    """What the pod-start watch reads of a job of many nodes: the API server's printed rows (as ``kubectl get
+    pods``), a page per request, every pod once; the STATUS it prints is what the in-memory API server prints
+    (its tests rely on it)."""
+    for index, (status, _) in enumerate(PRINTED):
+        init = [{"name": "init", "image": "example.invalid/never:1"}] if "initContainerStatuses" in status else []
         k8s.api.create({"apiVersion": "v1", "kind": "Pod",
                         "metadata": {"name": f"p{index}", "namespace": namespace, "labels": {"job": "wide"}},
-                        "spec": {"nodeSelector": {"no-such-node": "true"},  # never scheduled, never pulled
+                        "spec": {"nodeName": "no-such-node",  # bound, but no kubelet runs it: the status is ours
+                                 "initContainers": init,
                                  "containers": [{"name": "node", "image": "example.invalid/never:1"}]}}, PODS)
-    pages = list(k8s.api.pods_in_pages(namespace, "job=wide", page=2))
-    assert [sorted(p["metadata"]["name"] for p in page) for page in pages] == [["p0", "p1"], ["p2", "p3"], ["p4"]]
-    assert list(k8s.api.pods_in_pages(namespace, "job=wide", "spec.nodeName!=")) == [[]]  # none on a node
+        assert k8s.api.patch_status(PODS, namespace, f"p{index}", status) is not None
+    pages = list(k8s.api.table_in_pages(PODS, namespace, "job=wide", page=2))
+    assert [[row["Name"] for row in page] for page in pages] == [["p0", "p1"], ["p2", "p3"], ["p4"]]
+    rows = [row for page in pages for row in page]
+    assert [(row["Status"], row["Node"]) for row in rows] == [(printed, "no-such-node") for _, printed in PRINTED]
+    assert [printed_status(k8s.api.read_pod(namespace, row["Name"]) or {}) for row in rows] == [
+        printed for _, printed in PRINTED]
+    assert list(k8s.api.table_in_pages(PODS, namespace, "job=wide", "spec.nodeName=")) == [[]]  # all on a node
 
 
 def test_an_expired_version_asks_for_a_relisting() -> None:

@@ -41,6 +41,7 @@ from trainjob.backends.kubernetes.manifests import NAME as OPERATOR_NAME
 from trainjob.backends.kubernetes.manifests import NAMESPACE as OPERATOR_NAMESPACE
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
+    ENDPOINT_SLICES,
     JOBSETS,
     TRAINING_RUNTIMES,
     TRAINJOBS,
@@ -160,10 +161,23 @@ class DeployedOperator:
             return name if name in ready else None
         return None
 
+    def serving(self) -> list[tuple[str | None, list[str]]]:
+        """Where the operator Service sends the pods' reports: (pod, addresses) of each endpoint of its
+        EndpointSlices (the leader writes its own there just after it takes the Lease)."""
+        slices = self.cluster.api.list(ENDPOINT_SLICES, OPERATOR_NAMESPACE,
+                                       f"kubernetes.io/service-name={OPERATOR_NAME}")
+        return [((e.get("targetRef") or {}).get("name"), list(e.get("addresses") or []))
+                for s in slices for e in s.get("endpoints") or []]
+
+    def _leads_and_serves(self) -> bool:
+        leader = self.leader()
+        return leader is not None and [pod for pod, _ in self.serving()] == [leader]
+
     def start(self, timeout: float = 180.0) -> None:
-        """Scale to :attr:`replicas`; until a replica leads and is ready (it serves the status endpoint)."""
+        """Scale to :attr:`replicas`; until a replica leads, is ready (it serves the status endpoint) and the
+        operator Service points at it alone (a leader killed earlier left its own address there)."""
         self._kubectl("scale", "deployment", OPERATOR_NAME, f"--replicas={self.replicas}")
-        self._wait(lambda: self.leader() is not None, timeout, "a ready leader of the operator Deployment")
+        self._wait(self._leads_and_serves, timeout, "a ready leader of the operator Deployment, behind its Service")
 
     def stop(self, timeout: float = 90.0) -> None:
         """Scale to 0; until its pods are gone (SIGTERM: the leader releases the Lease as it exits)."""
@@ -184,7 +198,7 @@ class DeployedOperator:
         self._kubectl("delete", "pod", leader, "--grace-period=0", "--force", "--wait=false")
 
     def alive(self) -> bool:
-        return self.leader() is not None
+        return self._leads_and_serves()
 
     def describe(self) -> str:
         pods = self._kubectl("get", "pods", "-o", "wide", check=False)

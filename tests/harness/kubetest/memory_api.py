@@ -69,6 +69,38 @@ _POD_FIELDS = {"status.phase": lambda pod: (pod.get("status") or {}).get("phase"
                "spec.nodeName": lambda pod: (pod.get("spec") or {}).get("nodeName") or ""}
 
 
+def printed_status(pod: dict[str, Any]) -> str:
+    """A pod's ``STATUS`` as ``kubectl get pods`` shows it (the API server's printer): the phase, else the first
+    unfinished init container's ``Init:<reason>`` or ``Init:<i>/<n>``, else the last container's waiting or
+    terminated reason; ``Terminating`` once deleted."""
+    status = pod.get("status") or {}
+    reason = status.get("reason") or status.get("phase") or "Pending"
+    inits = status.get("initContainerStatuses") or []
+    initializing = False
+    for i, container in enumerate(inits):
+        state = container.get("state") or {}
+        done, waiting = state.get("terminated") or {}, state.get("waiting") or {}
+        if done and done.get("exitCode") == 0:
+            continue
+        if done:
+            reason = "Init:" + (done.get("reason") or f"ExitCode:{done.get('exitCode')}")
+        elif waiting.get("reason") and waiting["reason"] != "PodInitializing":
+            reason = "Init:" + waiting["reason"]
+        else:
+            reason = f"Init:{i}/{len(pod['spec'].get('initContainers') or inits)}"
+        initializing = True
+        break
+    if not initializing:
+        for container in reversed(status.get("containerStatuses") or []):
+            state = container.get("state") or {}
+            said = (state.get("waiting") or {}).get("reason") or (state.get("terminated") or {}).get("reason")
+            if said:
+                reason = said
+    if pod["metadata"].get("deletionTimestamp"):
+        reason = "Terminating"
+    return str(reason)
+
+
 def fields_match(pod: dict[str, Any], selector: str | None) -> bool:
     """Whether ``pod`` passes a field selector of ``field=value`` and ``field!=value`` terms (an empty value: unset),
     as the API server reads it; a field it does not know is refused, as the API server refuses it."""
@@ -268,14 +300,18 @@ class MemoryApi(KubeApi):
             and fields_match(pod, field_selector)
         ]
 
-    def pods_in_pages(self, namespace: str, label_selector: str, field_selector: str | None = None,
-                      page: int = 200) -> Iterator[list[dict[str, Any]]]:
-        pods = [(ns, name) for (ns, name), pod in sorted(self.pods.items())
+    def table_in_pages(self, ref: ResourceRef, namespace: str | None, label_selector: str,
+                       field_selector: str | None = None, page: int = 1000) -> Iterator[list[dict[str, Any]]]:
+        """Pods as the API server prints them (``Name``, ``Status``, ``Node``: :func:`printed_status`)."""
+        if ref != PODS:
+            raise ApiError(f"list {ref.plural}: this API server in memory prints pods alone", 406)
+        pods = [pod for (ns, _), pod in sorted(self.pods.items())
                 if ns == namespace and matches(pod["metadata"].get("labels"), label_selector)
                 and fields_match(pod, field_selector)]
         for start in range(0, max(len(pods), 1), page):
             self._record("list", "pods", namespace)
-            yield [copy.deepcopy(self.pods[key]) for key in pods[start:start + page]]
+            yield [{"Name": pod["metadata"]["name"], "Status": printed_status(pod),
+                    "Node": pod["spec"].get("nodeName") or "<none>"} for pod in pods[start:start + page]]
 
     def read_log(self, namespace: str, pod: dict[str, Any], container: str, tail_lines: int = 200) -> str:
         name = pod["metadata"]["name"]

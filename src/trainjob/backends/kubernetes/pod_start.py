@@ -5,11 +5,14 @@ what the node was told, instead of waiting in ``ImagePullBackOff`` for ever.
 The JobSet's status is the cheap signal: a replicated job with more active child Jobs than ready ones has pods not
 yet running. Only a job that stays so for :data:`LOOK_AFTER_SECONDS` gets its pods listed (again after 10, 20,
 40, then every 60 s while it lasts; every 10 s once one cannot start), and only those on a node and not running
-(:data:`ON_A_NODE_NOT_RUNNING`: a pod still waiting for the scheduler has no container to fail, and a job of a
-thousand nodes has that many pods to send; they come 200 at a time); a pod waiting for one of :data:`CANNOT_START` reasons longer than the
-grace (:data:`GRACE_SECONDS`, or the TrainJob's ``trainjob/pod-start-grace-seconds`` annotation) fails the job: its
-JobSet is deleted, ``Failed`` says ``reason: PodCannotStart`` and the message, and a ``Warning`` Event repeats it.
-An image that is merely slow to pull waits as ``ContainerCreating``, which is not a failure at any age.
+(:data:`ON_A_NODE_NOT_RUNNING`: a pod still waiting for the scheduler has no container to fail). They are listed as
+``kubectl get pods`` lists them, as the API server's printed ``Table`` (name, ``STATUS``, node: some 150 bytes a
+pod, where the pod itself is some 5 KiB), so a job of a thousand nodes costs a look over a thousand short rows; only
+pods whose ``STATUS`` is one of :data:`CANNOT_START` (``Init:`` too) are read whole, :data:`READ_AT_MOST` of them,
+for the message. A pod waiting so longer than the grace (:data:`GRACE_SECONDS`, or the TrainJob's
+``trainjob/pod-start-grace-seconds`` annotation) fails the job: its JobSet is deleted, ``Failed`` says
+``reason: PodCannotStart`` and the message, and a ``Warning`` Event repeats it. An image that is merely slow to pull
+waits as ``ContainerCreating``, which is not a failure at any age.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 from trainjob.backends.kubernetes import status as st
 from trainjob.backends.kubernetes.children import delete_children
 from trainjob.backends.kubernetes.kubeapi import KubeApi
-from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL
+from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL, PODS
 from trainjob.backends.kubernetes.status_writer import StatusWriter
 from trainjob.errors import TrainJobError
 
@@ -45,6 +48,8 @@ ON_A_NODE_NOT_RUNNING = "status.phase=Pending,spec.nodeName!="
 #: A TrainJob annotation: the grace in seconds for this job (0: fail at the first sight).
 GRACE_ANNOTATION = "trainjob/pod-start-grace-seconds"
 REASON = "PodCannotStart"
+#: How many of the pods that cannot start are read whole, to name their image and what the kubelet was told.
+READ_AT_MOST = 3
 
 
 #: The longest wait between two looks at pods that are slow to start for no reason of :data:`CANNOT_START` (waiting
@@ -76,6 +81,29 @@ def pods_not_starting(pods: Iterable[dict[str, Any]]) -> list[str]:
                              f"(image {images.get(container['name'], container.get('image', '?'))}): "
                              f"{waiting['reason']}" + (f": {said}" if said else ""))
     return lines
+
+
+def cannot_start(printed: object) -> bool:
+    """Whether a pod's printed ``STATUS`` (``ImagePullBackOff``, ``Init:CrashLoopBackOff``) is one of
+    :data:`CANNOT_START`."""
+    return isinstance(printed, str) and printed.removeprefix("Init:") in CANNOT_START
+
+
+@dataclass
+class Stuck:
+    """What one look found: a line per container that cannot start, of the pods read whole, and how many more
+    pods the listing showed so."""
+
+    lines: list[str]
+    unread: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.lines) or self.unread > 0
+
+    def message(self) -> str:
+        more = len(self.lines) - 1 + self.unread
+        first = self.lines[0] if self.lines else "its pods could not start"
+        return first + (f" (and {more} more)" if more > 0 else "")
 
 
 def grace_seconds(job: dict[str, Any]) -> float:
@@ -115,9 +143,7 @@ class PodStartWatch:
         if now < seen.next_look:
             return seen.next_look - now
         try:
-            stuck = [line for page in self.api.pods_in_pages(key[0], f"{JOBSET_NAME_LABEL}={key[1]}",
-                                                             ON_A_NODE_NOT_RUNNING)
-                     for line in pods_not_starting(page)]
+            stuck: Stuck | None = self.look(*key)
         except TrainJobError as exc:
             log.warning("cannot list the pods of TrainJob %s/%s: %s", *key, exc)
             stuck = None
@@ -136,14 +162,22 @@ class PodStartWatch:
         self._fail(job, old, new, stuck, now)
         return 0.0
 
+    def look(self, namespace: str, name: str) -> Stuck:
+        """The job's pods on a node and not running, as printed rows; those that cannot start read whole (at most
+        :data:`READ_AT_MOST`), for their lines."""
+        names = [row.get("Name") for page in self.api.table_in_pages(PODS, namespace, f"{JOBSET_NAME_LABEL}={name}",
+                                                                     ON_A_NODE_NOT_RUNNING)
+                 for row in page if cannot_start(row.get("Status"))]
+        pods = [pod for pod in (self.api.read_pod(namespace, str(pod)) for pod in names[:READ_AT_MOST]) if pod]
+        return Stuck(pods_not_starting(pods), unread=max(len(names) - READ_AT_MOST, 0))
+
     def forget(self, namespace: str, name: str) -> None:
         self._seen.pop((namespace, name), None)
 
-    def _fail(self, job: dict[str, Any], old: dict[str, Any], new: dict[str, Any], stuck: list[str],
+    def _fail(self, job: dict[str, Any], old: dict[str, Any], new: dict[str, Any], stuck: Stuck,
               now: float) -> None:
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-        more = f" (and {len(stuck) - 1} more)" if len(stuck) > 1 else ""
-        message = (f"{stuck[0]}{more}; its pods could not start for {grace_seconds(job):g} s, so the job failed and "
+        message = (f"{stuck.message()}; its pods could not start for {grace_seconds(job):g} s, so the job failed and "
                    f"its JobSet was deleted (fix the image or its pull secret, then create the job again)")
         delete_children(self.api, namespace, name)  # first: the pods stop pulling, as for a deadline
         self.writer.write(namespace, name, old, st.failed(new, REASON, message, now))

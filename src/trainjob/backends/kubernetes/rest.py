@@ -67,7 +67,7 @@ class Transport(Protocol):
 
     def request(self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None,
                 content_type: str = "application/json", preload: bool = True,
-                timeout: float | None = None) -> urllib3.BaseHTTPResponse: ...
+                timeout: float | None = None, accept: str = "application/json") -> urllib3.BaseHTTPResponse: ...
 
     def close(self) -> None: ...
 
@@ -162,13 +162,13 @@ class RestClient:
 
     def request(self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None,
                 content_type: str = "application/json", preload: bool = True,
-                timeout: float | None = None) -> urllib3.BaseHTTPResponse:
+                timeout: float | None = None, accept: str = "application/json") -> urllib3.BaseHTTPResponse:
         """Send one request; the response (``preload=False``: its body not read yet, for a stream), or
         :class:`RestError` for an answer of 400 or more, or none."""
         import urllib3
 
         url = self.config.host + path + (f"?{urlencode(query, doseq=True)}" if query else "")
-        headers = {"Accept": "application/json", "User-Agent": self.user_agent}
+        headers = {"Accept": accept, "User-Agent": self.user_agent}
         token = self._bearer()
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -240,10 +240,10 @@ class ClientTransport:
 
     def request(self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None,
                 content_type: str = "application/json", preload: bool = True,
-                timeout: float | None = None) -> urllib3.BaseHTTPResponse:
+                timeout: float | None = None, accept: str = "application/json") -> urllib3.BaseHTTPResponse:
         from kubernetes.client.exceptions import ApiException
 
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type
         try:
