@@ -4,16 +4,21 @@ certificate they verify the endpoint by (a real TLS handshake on loopback)."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+import os
 import socket
 import ssl
+import sys
 import threading
+import time
 from typing import Any
 
 import pytest
 from kubetest.memory_api import MemoryApi
 
 from trainjob.backends.kubernetes.cache import ObjectCache
-from trainjob.backends.kubernetes.resources import TRAINJOBS
+from trainjob.backends.kubernetes.resources import SECRETS, TRAINJOBS
 from trainjob.backends.kubernetes.status_server import (
     CA_ANNOTATION,
     VOLUME,
@@ -24,7 +29,13 @@ from trainjob.backends.kubernetes.status_server import (
     inject_status_client,
     trainer_status_of,
 )
-from trainjob.backends.kubernetes.tls import issue
+from trainjob.backends.kubernetes.tls import (
+    NAMES_ANNOTATION,
+    TLS_SECRET,
+    issue,
+    load_or_create_serving_tls,
+    noted_names,
+)
 
 
 def test_a_full_report_is_kept_and_its_time_normalised() -> None:
@@ -174,3 +185,49 @@ def test_the_serving_certificate_verifies_for_its_names_against_the_ca_only() ->
     stranger, _ = issue(["127.0.0.1"])  # another CA
     with pytest.raises(ssl.SSLCertVerificationError):
         handshake(stranger.server_context(), client, "127.0.0.1")
+
+
+SERVICE = "trainjob-operator.trainjob-system.svc"
+
+
+def test_the_secret_notes_its_names_so_a_restart_needs_no_certificate_parsing() -> None:
+    """The first start makes the Secret, noting the certificate's names with its digest; later starts read the
+    note. A Secret from before (no note) is parsed once and noted; one whose certificate was replaced by hand (the
+    digest differs) is parsed, and issued again from its CA when a name is missing."""
+    api = MemoryApi(time.time)
+    first = load_or_create_serving_tls(api, "trainjob-system", [SERVICE])
+    secret = api.read_secret("trainjob-system", TLS_SECRET)
+    assert secret is not None
+    assert noted_names(secret["metadata"]["annotations"][NAMES_ANNOTATION], first.cert_pem) == {SERVICE}
+    assert load_or_create_serving_tls(api, "trainjob-system", [SERVICE]) == first
+
+    api.patch(SECRETS, "trainjob-system", TLS_SECRET, {"metadata": {"annotations": {NAMES_ANNOTATION: None}}})
+    assert load_or_create_serving_tls(api, "trainjob-system", [SERVICE]) == first
+    secret = api.read_secret("trainjob-system", TLS_SECRET)
+    assert secret is not None and NAMES_ANNOTATION in secret["metadata"]["annotations"]  # noted again
+
+    by_hand, _ = issue(["10.0.0.9"])  # another certificate, under the old note: the note is not believed
+    secret["data"]["tls.crt"] = base64.b64encode(by_hand.cert_pem.encode()).decode()
+    assert api.replace(secret, SECRETS) is not None
+    again = load_or_create_serving_tls(api, "trainjob-system", [SERVICE])
+    assert again.ca_pem == first.ca_pem and again.names() == {SERVICE, "10.0.0.9"}
+
+
+def test_a_restart_with_a_noted_secret_loads_no_cryptography(tmp_path: Any, subprocesses: Any) -> None:
+    """The operator's memory: ``cryptography`` is 7 MiB of it, and only the first start (or a new name) needs it."""
+    api = MemoryApi(time.time)
+    load_or_create_serving_tls(api, "trainjob-system", [SERVICE])
+    saved = tmp_path / "secret.json"
+    saved.write_text(json.dumps(api.read_secret("trainjob-system", TLS_SECRET)))
+    harness = os.path.join(os.path.dirname(__file__), "..", "..", "harness")
+    code = ("import json, sys; from kubetest.memory_api import MemoryApi; "
+            "from trainjob.backends.kubernetes.tls import load_or_create_serving_tls; "
+            "import time; api = MemoryApi(time.time); secret = json.load(open(sys.argv[1])); secret.setdefault('kind', 'Secret'); "
+            "secret.setdefault('apiVersion', 'v1'); api.create(secret); "
+            f"load_or_create_serving_tls(api, 'trainjob-system', [{SERVICE!r}]); "
+            "print(sorted(m for m in sys.modules if m.startswith('cryptography'))[:3])")
+    done = subprocesses.run([sys.executable, "-c", code, str(saved)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [harness, *filter(None, [os.environ.get("PYTHONPATH")])])})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -10,13 +10,17 @@ hold. The pods receive ``ca.crt`` through a downward-API file (:mod:`.children` 
     tls.ca_pem                         # what the pods verify the server with
 
 A Secret whose certificate does not name every host asked for is issued again from the same CA (the pods' CA
-stays valid).
+stays valid). The names a certificate was issued for are noted on the Secret (:data:`NAMES_ANNOTATION`, with the
+certificate's digest), so a restart reads them there rather than loading ``cryptography`` (7 MiB of the operator's
+memory) to parse the certificate; a certificate put there by hand (its digest differs) is parsed.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
+import hashlib
 import ipaddress
 import os
 import ssl
@@ -33,6 +37,8 @@ if TYPE_CHECKING:
     from trainjob.backends.kubernetes.kubeapi import KubeApi
 
 TLS_SECRET = "trainjob-operator-status-tls"
+#: The Secret's annotation ``<sha256 of tls.crt>:<name>,<name>...``: the names its serving certificate holds.
+NAMES_ANNOTATION = "trainjob/serving-names"
 _VALID_DAYS = 3650
 
 
@@ -63,6 +69,20 @@ class ServingTLS:
         cert = x509.load_pem_x509_certificate(self.cert_pem.encode())
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         return {*san.get_values_for_type(x509.DNSName), *(str(ip) for ip in san.get_values_for_type(x509.IPAddress))}
+
+
+def names_note(cert_pem: str, names: set[str]) -> str:
+    """The :data:`NAMES_ANNOTATION` of a certificate issued for ``names``."""
+    return f"{hashlib.sha256(cert_pem.encode()).hexdigest()}:{','.join(sorted(names))}"
+
+
+def noted_names(note: str | None, cert_pem: str) -> set[str] | None:
+    """The names ``note`` gives for ``cert_pem``; ``None`` when it is missing or was written for another
+    certificate."""
+    digest, _, names = (note or "").partition(":")
+    if not names or digest != hashlib.sha256(cert_pem.encode()).hexdigest():
+        return None
+    return set(names.split(","))
 
 
 def _name(common_name: str):  # type: ignore[no-untyped-def]
@@ -130,8 +150,10 @@ def load_or_create_serving_tls(api: KubeApi, namespace: str, hosts: Sequence[str
     def decoded(data: dict[str, str], key: str) -> str:
         return base64.b64decode(data[key]).decode()
 
-    def body(tls: ServingTLS, ca_key_pem: str, resource_version: str | None = None) -> dict[str, object]:
-        meta: dict[str, object] = {"name": TLS_SECRET, "namespace": namespace}
+    def body(tls: ServingTLS, ca_key_pem: str, names: set[str],
+             resource_version: str | None = None) -> dict[str, object]:
+        meta: dict[str, object] = {"name": TLS_SECRET, "namespace": namespace,
+                                   "annotations": {NAMES_ANNOTATION: names_note(tls.cert_pem, names)}}
         if resource_version:
             meta["resourceVersion"] = resource_version
         texts = {"ca.crt": tls.ca_pem, "ca.key": ca_key_pem, "tls.crt": tls.cert_pem, "tls.key": tls.key_pem}
@@ -147,7 +169,7 @@ def load_or_create_serving_tls(api: KubeApi, namespace: str, hosts: Sequence[str
         if secret is None:
             tls, ca_key_pem = issue(hosts)
             try:
-                api.create(body(tls, ca_key_pem), SECRETS)
+                api.create(body(tls, ca_key_pem, set(hosts)), SECRETS)
                 return tls
             except AlreadyExistsError:  # another replica made it first; use that one
                 continue
@@ -159,11 +181,20 @@ def load_or_create_serving_tls(api: KubeApi, namespace: str, hosts: Sequence[str
             ca_key_pem = decoded(data, "ca.key")
         except (KeyError, ValueError) as exc:
             raise BackendError(f"Secret {namespace}/{TLS_SECRET} lacks {exc}; delete it to have it made again") from exc
-        if set(hosts) <= tls.names():
+        note = ((secret["metadata"].get("annotations") or {}).get(NAMES_ANNOTATION))
+        names = noted_names(note, tls.cert_pem)
+        if names is None:  # made before the names were noted, or by hand: parse it (and note it for next time)
+            names = tls.names()
+            with contextlib.suppress(ApiError):
+                api.patch(SECRETS, namespace, TLS_SECRET,
+                          {"metadata": {"annotations": {NAMES_ANNOTATION: names_note(tls.cert_pem, names)}}})
+        if set(hosts) <= names:
             return tls
-        tls, _ = issue(sorted(set(hosts) | tls.names()), tls.ca_pem, ca_key_pem)
+        names = set(hosts) | names
+        tls, _ = issue(sorted(names), tls.ca_pem, ca_key_pem)
         try:
-            if api.replace(body(tls, ca_key_pem, secret["metadata"].get("resourceVersion")), SECRETS) is not None:
+            if api.replace(body(tls, ca_key_pem, names, secret["metadata"].get("resourceVersion")),
+                           SECRETS) is not None:
                 return tls
         except ApiError as exc:
             if exc.status != 409:  # 409: changed meanwhile; read it again
