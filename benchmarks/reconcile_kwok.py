@@ -39,7 +39,9 @@ With ``--profile DIR`` py-spy samples trainjob's operator (``benchmarks/cpu_prof
 all are Complete, into ``DIR/trainjob-<scenario>.txt`` (collapsed stacks), and prints its top frames.
 ``--baseline-src DIR`` also runs the operator of another checkout's ``src`` (a git worktree of the previous
 release), first, as controller ``base``: a change measured against its baseline on the same cluster in one run.
-``--json PATH`` writes every run's figures, by ``<scenario>.<controller>``, and the ratios trainjob / Kubeflow by
+``--rounds N`` runs each scenario N times under each controller, swapping their order every other round, and
+takes the median of each figure. ``--json PATH`` writes every run's figures, and by ``<scenario>.<controller>``
+the medians, and the ratios trainjob / Kubeflow by
 ``<scenario>.ratio`` (trainjob / base by ``<scenario>.change.ratio``), so that ``benchmarks/compare.py`` holds one
 run against another.
 
@@ -54,6 +56,7 @@ import collections
 import contextlib
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -405,7 +408,8 @@ def table(results: list[dict[str, Any]]) -> str:
               f"{'CPU s':>8}{'ms/job':>8}")
     lines = [header, "-" * len(header)]
     for r in results:
-        head = f"{r['scenario']:<9}{r['controller']:<11}{r['jobs']:>6}{r['pods']:>7}"
+        who = r["controller"] + (f" #{r['round']}" if r.get("round", 1) > 1 else "")
+        head = f"{r['scenario']:<9}{who:<11}{r['jobs']:>6}{r['pods']:>7}"
         if "error" in r:
             lines.append(f"{head}  {r['error'][:90]}")
             continue
@@ -418,9 +422,11 @@ def table(results: list[dict[str, Any]]) -> str:
         if "finish_lag_mean_s" in r:
             lines.append(f"{r['scenario']} / {r['controller']}: Complete {r['finish_lag_mean_s']:.2f} s after the "
                          f"JobSet's Completed on average, {r['finish_lag_max_s']:.0f} s at most")
+    rounds = max((r.get("round", 1) for r in results), default=1)
     for name, r in ratios(results).items():
         against = "base" if name.endswith(".change") else "Kubeflow"
-        lines.append(f"{name.removesuffix('.change')}: trainjob / {against}: time to Running {r['running_s']:.2f}x, to Complete "
+        of = f" (medians of {rounds} rounds)" if rounds > 1 else ""
+        lines.append(f"{name.removesuffix('.change')}: trainjob / {against}{of}: time to Running {r['running_s']:.2f}x, to Complete "
                      f"{r['complete_s']:.2f}x, CPU per job {r['cpu_ms_per_job']:.2f}x, peak RSS "
                      f"{r['peak_rss_mib']:.2f}x, requests per job {r['requests_per_job']:.2f}x (without the event "
                      f"{r['requests_per_job_without_events']:.2f}x), status writes {r['status_writes_per_job']:.2f}x")
@@ -433,11 +439,27 @@ RATIOS = ("running_s", "complete_s", "pods_per_s", "cpu_ms_per_job", "peak_rss_m
           "requests_per_job_without_events", "status_writes_per_job")
 
 
+def medians(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each controller's figures per scenario, by ``<scenario>.<controller>``: the median of its finished rounds
+    (``--rounds``; one round: that run's), with ``rounds`` saying how many."""
+    grouped: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for r in results:
+        if "error" not in r:
+            grouped[f"{r['scenario']}.{r['controller']}"].append(r)
+    out = {}
+    for name, runs in grouped.items():
+        figures = {k: statistics.median(r[k] for r in runs) for k, v in runs[0].items()
+                   if isinstance(v, int | float) and not isinstance(v, bool) and k != "round"}
+        out[name] = {**runs[0], **figures, "rounds": len(runs)}
+        out[name].pop("round", None)
+    return out
+
+
 def ratios(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """trainjob's figure / Kubeflow's by scenario, and / the base operator's by ``<scenario>.change``, where
-    both finished."""
+    both finished (medians of the rounds)."""
     by_scenario: dict[str, dict[str, dict[str, Any]]] = collections.defaultdict(dict)
-    for r in results:
+    for r in medians(results).values():
         by_scenario[r["scenario"]][r["controller"]] = r
     out = {}
     for name, runs in by_scenario.items():
@@ -460,6 +482,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--scenarios", default="many,wide", help="which of many,wide to run (default both)")
     group.add_argument("--controllers", default="trainjob,kubeflow",
                        help="which of trainjob,kubeflow to run (default both, in that order)")
+    group.add_argument("--rounds", type=int, default=1,
+                       help="run each scenario this many times under each controller, the order of the controllers "
+                            "swapped every other round (whichever runs first on a new cluster is slowed by its "
+                            "warming up); the ratios are of the medians (default 1)")
     group.add_argument("--run-seconds", type=float, default=2.0,
                        help="how long a simulated pod runs before it exits 0 (default 2)")
     group.add_argument("--client-qps", type=int, default=500,
@@ -507,10 +533,15 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                       f"peak RSS {first_start:.0f} MiB; the runs below start it again, as on a cluster it ran on "
                       "before", flush=True)
                 for scenario in chosen:
-                    for name in (["base"] if args.baseline_src else []) + args.controllers.split(","):
-                        print(f"{scenario.name}: {scenario.jobs} TrainJobs x {scenario.nodes_per_job} nodes under "
-                              f"{name}", flush=True)
-                        results.append(run(cluster, controllers[name], scenario, args.timeout, args.profile))
+                    for round_ in range(args.rounds):
+                        order = args.controllers.split(",")
+                        if round_ % 2:  # every other round the other controller goes first
+                            order.reverse()
+                        for name in (["base"] if args.baseline_src else []) + order:
+                            print(f"{scenario.name}: {scenario.jobs} TrainJobs x {scenario.nodes_per_job} nodes "
+                                  f"under {name}" + (f", round {round_ + 1}" if args.rounds > 1 else ""), flush=True)
+                            result = run(cluster, controllers[name], scenario, args.timeout, args.profile)
+                            results.append({**result, "round": round_ + 1})
             finally:  # interrupted (Ctrl-C, SIGTERM): no controller outlives the control plane
                 for controller in controllers.values():
                     controller.stop()
@@ -521,8 +552,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                  "trainjob_first_start_rss_mib": first_start},
         "reference": {"jobset_published_pods_per_s": JOBSET_PODS_PER_S},
         "runs": results,
-        # by name, for benchmarks/compare.py (which passes lists over)
-        **{f"{r['scenario']}.{r['controller']}": {k: v for k, v in r.items() if k not in ("verbs", "error")}
-           for r in results if "error" not in r},
+        # by name, for benchmarks/compare.py (which passes lists over); the median of the rounds
+        **{name: {k: v for k, v in r.items() if k not in ("verbs", "error")} for name, r in medians(results).items()},
         **{f"{name}.ratio": r for name, r in ratios(results).items()},
     }
