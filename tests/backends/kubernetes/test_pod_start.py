@@ -215,3 +215,33 @@ def test_an_init_container_that_cannot_start_fails_the_job() -> None:
     failed = next(c for c in stored["status"]["conditions"] if c["type"] == "Failed")
     assert failed["message"].startswith(f"pod {NAME}-node-0-0 on node gpu-0: container fetch (image busybox:1): "
                                         "CrashLoopBackOff: back-off 40s restarting failed container; ")
+
+
+def test_pods_that_started_between_the_listing_and_their_read_leave_a_count() -> None:
+    """The few pods read whole had started by then (the listing is a moment older): the message counts the others
+    by what the listing printed for them."""
+    clock = [START]
+    api = MemoryApi(lambda: clock[0])
+    job = seed_job(api, {GRACE_ANNOTATION: "0"})
+    for index in range(5):
+        api.add_pod({"metadata": {"name": f"{NAME}-node-{index}-0", "namespace": NS,
+                                  "labels": {JOBSET_NAME_LABEL: NAME}},
+                     "spec": {"nodeName": f"gpu-{index}", "containers": [{"name": "node", "image": IMAGE}]},
+                     "status": waiting("ErrImagePull", PULL_ERROR)})
+    read = api.read_pod
+
+    def started_meanwhile(namespace: str, name: str) -> dict[str, Any] | None:
+        pod = read(namespace, name)
+        if pod is not None:
+            pod["status"] = {"phase": "Running", "containerStatuses": [{"name": "node", "state": {"running": {}}}]}
+        return pod
+
+    api.read_pod = started_meanwhile  # type: ignore[method-assign]
+    watch = PodStartWatch(api, StatusWriter(api, CachedReads(api), lambda: clock[0]))
+    watch.watch(job, {}, {}, {"status": STARTING}, START)
+    clock[0] = START + 10
+    assert watch.watch(job, {}, {}, {"status": STARTING}, clock[0]) == 0
+    stored = api.stored(TRAINJOBS, NS, NAME)
+    assert stored is not None
+    failed = next(c for c in stored["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["message"].startswith("2 of its pods showed ErrImagePull; its pods could not start for 0 s")

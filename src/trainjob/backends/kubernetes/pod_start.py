@@ -96,14 +96,17 @@ class Stuck:
 
     lines: list[str]
     unread: int = 0
+    #: The printed STATUS of the pods that cannot start (``ImagePullBackOff``, ``Init:CrashLoopBackOff``).
+    statuses: frozenset[str] = frozenset()
 
     def __bool__(self) -> bool:
         return bool(self.lines) or self.unread > 0
 
     def message(self) -> str:
+        if not self.lines:  # those read had started meanwhile
+            return f"{self.unread} of its pods showed {', '.join(sorted(self.statuses))}"
         more = len(self.lines) - 1 + self.unread
-        first = self.lines[0] if self.lines else "its pods could not start"
-        return first + (f" (and {more} more)" if more > 0 else "")
+        return self.lines[0] + (f" (and {more} more)" if more > 0 else "")
 
 
 def grace_seconds(job: dict[str, Any]) -> float:
@@ -165,11 +168,13 @@ class PodStartWatch:
     def look(self, namespace: str, name: str) -> Stuck:
         """The job's pods on a node and not running, as printed rows; those that cannot start read whole (at most
         :data:`READ_AT_MOST`), for their lines."""
-        names = [row.get("Name") for page in self.api.table_in_pages(PODS, namespace, f"{JOBSET_NAME_LABEL}={name}",
-                                                                     ON_A_NODE_NOT_RUNNING)
-                 for row in page if cannot_start(row.get("Status"))]
-        pods = [pod for pod in (self.api.read_pod(namespace, str(pod)) for pod in names[:READ_AT_MOST]) if pod]
-        return Stuck(pods_not_starting(pods), unread=max(len(names) - READ_AT_MOST, 0))
+        rows = [row for page in self.api.table_in_pages(PODS, namespace, f"{JOBSET_NAME_LABEL}={name}",
+                                                        ON_A_NODE_NOT_RUNNING)
+                for row in page if cannot_start(row.get("Status"))]
+        pods = [pod for pod in (self.api.read_pod(namespace, str(row.get("Name"))) for row in rows[:READ_AT_MOST])
+                if pod]
+        return Stuck(pods_not_starting(pods), unread=max(len(rows) - READ_AT_MOST, 0),
+                     statuses=frozenset(str(row["Status"]) for row in rows))
 
     def forget(self, namespace: str, name: str) -> None:
         self._seen.pop((namespace, name), None)
