@@ -74,16 +74,22 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_pod_start_watch(case: Case) -> None:
-    clock = [START]
-    api = MemoryApi(lambda: clock[0])
+def seed_job(api: MemoryApi, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """TrainJob ``ml/mnist`` (with ``annotations``) and the JobSet it owns."""
     job = api.seed({"apiVersion": TRAINJOBS.api_version, "kind": TRAINJOBS.kind,
-                    "metadata": {"name": NAME, "namespace": NS, "annotations": case.annotations or {}}, "spec": {}})
+                    "metadata": {"name": NAME, "namespace": NS, "annotations": annotations or {}}, "spec": {}})
     api.seed({"apiVersion": JOBSETS.api_version, "kind": JOBSETS.kind,
               "metadata": {"name": NAME, "namespace": NS,
                            "ownerReferences": [{"kind": "TrainJob", "name": NAME, "uid": job["metadata"]["uid"]}]},
               "spec": {"replicatedJobs": []}})
+    return job
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_pod_start_watch(case: Case) -> None:
+    clock = [START]
+    api = MemoryApi(lambda: clock[0])
+    seed_job(api, case.annotations)
     pod = f"{NAME}-node-0-0"
     api.add_pod({"metadata": {"name": pod, "namespace": NS, "labels": {JOBSET_NAME_LABEL: NAME}},
                  "spec": {"nodeName": "gpu-7", "containers": [{"name": "node", "image": IMAGE}]},
@@ -127,12 +133,7 @@ def test_only_pods_on_a_node_and_not_running_are_listed() -> None:
     only ones with a container that can fail to start (a pod waiting for the scheduler has none)."""
     clock = [START]
     api = MemoryApi(lambda: clock[0])
-    job = api.seed({"apiVersion": TRAINJOBS.api_version, "kind": TRAINJOBS.kind,
-                    "metadata": {"name": NAME, "namespace": NS, "annotations": {GRACE_ANNOTATION: "0"}}, "spec": {}})
-    api.seed({"apiVersion": JOBSETS.api_version, "kind": JOBSETS.kind,
-              "metadata": {"name": NAME, "namespace": NS,
-                           "ownerReferences": [{"kind": "TrainJob", "name": NAME, "uid": job["metadata"]["uid"]}]},
-              "spec": {"replicatedJobs": []}})
+    job = seed_job(api, {GRACE_ANNOTATION: "0"})
     for index, (node, status) in enumerate([
         (None, {"phase": "Pending"}),  # waiting for the scheduler
         ("gpu-1", {"phase": "Running", "containerStatuses": [{"name": "node", "state": {"running": {}}}]}),
@@ -160,14 +161,24 @@ def test_only_pods_on_a_node_and_not_running_are_listed() -> None:
         ("get", f"{NS}/{NAME}-node-0-2")]  # the one that cannot start, read whole for the message
 
 
-def seed_job(api: MemoryApi, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    job = api.seed({"apiVersion": TRAINJOBS.api_version, "kind": TRAINJOBS.kind,
-                    "metadata": {"name": NAME, "namespace": NS, "annotations": annotations or {}}, "spec": {}})
-    api.seed({"apiVersion": JOBSETS.api_version, "kind": JOBSETS.kind,
-              "metadata": {"name": NAME, "namespace": NS,
-                           "ownerReferences": [{"kind": "TrainJob", "name": NAME, "uid": job["metadata"]["uid"]}]},
-              "spec": {"replicatedJobs": []}})
-    return job
+def add_node_pods(api: MemoryApi, count: int, status: dict[str, Any]) -> None:
+    """``count`` pods of the job, one on each node ``gpu-<i>``, all with ``status``."""
+    for index in range(count):
+        api.add_pod({"metadata": {"name": f"{NAME}-node-{index}-0", "namespace": NS,
+                                  "labels": {JOBSET_NAME_LABEL: NAME}},
+                     "spec": {"nodeName": f"gpu-{index}", "containers": [{"name": "node", "image": IMAGE}]},
+                     "status": status})
+
+
+def failed_message(api: MemoryApi, job: dict[str, Any], clock: list[float]) -> str:
+    """The ``Failed`` message of a job of grace 0 after the watch's first look at its pods (10 s in)."""
+    watch = PodStartWatch(api, StatusWriter(api, CachedReads(api), lambda: clock[0]))
+    watch.watch(job, {}, {}, {"status": STARTING}, START)
+    clock[0] = START + 10
+    assert watch.watch(job, {}, {}, {"status": STARTING}, clock[0]) == 0
+    stored = api.stored(TRAINJOBS, NS, NAME)
+    assert stored is not None
+    return str(next(c for c in stored["status"]["conditions"] if c["type"] == "Failed")["message"])
 
 
 def test_of_many_pods_that_cannot_start_a_few_are_read_and_the_rest_counted() -> None:
@@ -176,22 +187,12 @@ def test_of_many_pods_that_cannot_start_a_few_are_read_and_the_rest_counted() ->
     clock = [START]
     api = MemoryApi(lambda: clock[0])
     job = seed_job(api, {GRACE_ANNOTATION: "0"})
-    for index in range(50):
-        api.add_pod({"metadata": {"name": f"{NAME}-node-{index}-0", "namespace": NS,
-                                  "labels": {JOBSET_NAME_LABEL: NAME}},
-                     "spec": {"nodeName": f"gpu-{index}", "containers": [{"name": "node", "image": IMAGE}]},
-                     "status": waiting("ImagePullBackOff", f'Back-off pulling image "{IMAGE}"')})
-    watch = PodStartWatch(api, StatusWriter(api, CachedReads(api), lambda: clock[0]))
-    watch.watch(job, {}, {}, {"status": STARTING}, START)
-    clock[0] = START + 10
-    assert watch.watch(job, {}, {}, {"status": STARTING}, clock[0]) == 0
+    add_node_pods(api, 50, waiting("ImagePullBackOff", f'Back-off pulling image "{IMAGE}"'))
+    message = failed_message(api, job, clock)
     assert sum(1 for verb, resource, _ in api.requests if resource == "pods" and verb == "get") == READ_AT_MOST
-    stored = api.stored(TRAINJOBS, NS, NAME)
-    assert stored is not None
-    failed = next(c for c in stored["status"]["conditions"] if c["type"] == "Failed")
-    assert failed["message"].startswith(f"pod {NAME}-node-0-0 on node gpu-0: container node (image {IMAGE}): "
-                                        f"ImagePullBackOff: Back-off pulling image")
-    assert "(and 49 more); its pods could not start for 0 s" in failed["message"]
+    assert message.startswith(f"pod {NAME}-node-0-0 on node gpu-0: container node (image {IMAGE}): "
+                              f"ImagePullBackOff: Back-off pulling image")
+    assert "(and 49 more); its pods could not start for 0 s" in message
 
 
 def test_an_init_container_that_cannot_start_fails_the_job() -> None:
@@ -206,15 +207,8 @@ def test_an_init_container_that_cannot_start_fails_the_job() -> None:
                      {"name": "fetch", "state": {"waiting": {"reason": "CrashLoopBackOff",
                                                              "message": "back-off 40s restarting failed container"}}}],
                      "containerStatuses": [{"name": "node", "state": {"waiting": {"reason": "PodInitializing"}}}]}})
-    watch = PodStartWatch(api, StatusWriter(api, CachedReads(api), lambda: clock[0]))
-    watch.watch(job, {}, {}, {"status": STARTING}, START)
-    clock[0] = START + 10
-    assert watch.watch(job, {}, {}, {"status": STARTING}, clock[0]) == 0
-    stored = api.stored(TRAINJOBS, NS, NAME)
-    assert stored is not None
-    failed = next(c for c in stored["status"]["conditions"] if c["type"] == "Failed")
-    assert failed["message"].startswith(f"pod {NAME}-node-0-0 on node gpu-0: container fetch (image busybox:1): "
-                                        "CrashLoopBackOff: back-off 40s restarting failed container; ")
+    assert failed_message(api, job, clock).startswith(f"pod {NAME}-node-0-0 on node gpu-0: container fetch (image busybox:1): "
+                                                  "CrashLoopBackOff: back-off 40s restarting failed container; ")
 
 
 def test_pods_that_started_between_the_listing_and_their_read_leave_a_count() -> None:
@@ -223,11 +217,7 @@ def test_pods_that_started_between_the_listing_and_their_read_leave_a_count() ->
     clock = [START]
     api = MemoryApi(lambda: clock[0])
     job = seed_job(api, {GRACE_ANNOTATION: "0"})
-    for index in range(5):
-        api.add_pod({"metadata": {"name": f"{NAME}-node-{index}-0", "namespace": NS,
-                                  "labels": {JOBSET_NAME_LABEL: NAME}},
-                     "spec": {"nodeName": f"gpu-{index}", "containers": [{"name": "node", "image": IMAGE}]},
-                     "status": waiting("ErrImagePull", PULL_ERROR)})
+    add_node_pods(api, 5, waiting("ErrImagePull", PULL_ERROR))
     read = api.read_pod
 
     def started_meanwhile(namespace: str, name: str) -> dict[str, Any] | None:
@@ -237,11 +227,5 @@ def test_pods_that_started_between_the_listing_and_their_read_leave_a_count() ->
         return pod
 
     api.read_pod = started_meanwhile  # type: ignore[method-assign]
-    watch = PodStartWatch(api, StatusWriter(api, CachedReads(api), lambda: clock[0]))
-    watch.watch(job, {}, {}, {"status": STARTING}, START)
-    clock[0] = START + 10
-    assert watch.watch(job, {}, {}, {"status": STARTING}, clock[0]) == 0
-    stored = api.stored(TRAINJOBS, NS, NAME)
-    assert stored is not None
-    failed = next(c for c in stored["status"]["conditions"] if c["type"] == "Failed")
-    assert failed["message"].startswith("2 of its pods showed ErrImagePull; its pods could not start for 0 s")
+    assert failed_message(api, job, clock).startswith(
+        "2 of its pods showed ErrImagePull; its pods could not start for 0 s")

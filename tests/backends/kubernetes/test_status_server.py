@@ -214,7 +214,7 @@ def test_the_secret_notes_its_names_so_a_restart_needs_no_certificate_parsing() 
 
 
 def test_a_restart_with_a_noted_secret_loads_no_cryptography(tmp_path: Any, subprocesses: Any) -> None:
-    """The operator's memory: ``cryptography`` is 7 MiB of it, and only the first start (or a new name) needs it."""
+    """The operator's memory: ``cryptography`` is 12 MiB of it, and only the first start (or a new name) needs it."""
     api = MemoryApi(time.time)
     load_or_create_serving_tls(api, "trainjob-system", [SERVICE])
     saved = tmp_path / "secret.json"

@@ -72,29 +72,25 @@ def test_a_relisting_delivers_what_was_deleted_while_nothing_watched(k8s: TrainJ
     assert sorted(e["object"]["metadata"]["name"] for e in events if e["type"] is None) == ["a", "c"]
 
 
-WAITING = {"waiting": {"reason": "ContainerCreating"}}
+def waiting(name: str, reason: str, message: str = "", restarts: int = 0) -> dict[str, Any]:
+    """A container status as a kubelet writes it: waiting for ``reason``."""
+    return {"name": name, "image": "i", "imageID": "", "ready": False, "restartCount": restarts,
+            "state": {"waiting": {"reason": reason, **({"message": message} if message else {})}}}
+
+
 #: Pod statuses as a kubelet writes them, and the STATUS ``kubectl get pods`` shows for each.
 PRINTED = [
     ({"phase": "Pending"}, "Pending"),
-    ({"phase": "Pending", "containerStatuses": [
-        {"name": "node", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
-         "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]},
+    ({"phase": "Pending", "containerStatuses": [waiting("node", "ImagePullBackOff", "Back-off pulling image")]},
      "ImagePullBackOff"),
-    ({"phase": "Pending", "initContainerStatuses": [
-        {"name": "init", "image": "i", "imageID": "", "ready": False, "restartCount": 3,
-         "state": {"waiting": {"reason": "CrashLoopBackOff"}}}],
-      "containerStatuses": [{"name": "node", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
-                             "state": {"waiting": {"reason": "PodInitializing"}}}]},
+    ({"phase": "Pending", "initContainerStatuses": [waiting("init", "CrashLoopBackOff", restarts=3)],
+      "containerStatuses": [waiting("node", "PodInitializing")]},
      "Init:CrashLoopBackOff"),
-    ({"phase": "Pending", "initContainerStatuses": [
-        {"name": "init", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
-         "state": {"waiting": {"reason": "PodInitializing"}}}],
-      "containerStatuses": [{"name": "node", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
-                             "state": {"waiting": {"reason": "PodInitializing"}}}]},
+    ({"phase": "Pending", "initContainerStatuses": [waiting("init", "PodInitializing")],
+      "containerStatuses": [waiting("node", "PodInitializing")]},
      "Init:0/1"),
     ({"phase": "Pending", "containerStatuses": [
-        {"name": "node", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
-         "state": {"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "hf" not found'}}}]},
+        waiting("node", "CreateContainerConfigError", 'secret "hf" not found')]},
      "CreateContainerConfigError"),
 ]
 
