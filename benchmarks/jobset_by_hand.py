@@ -208,7 +208,7 @@ def main() -> None:
             for round_ in range(args.rounds):
                 order = list(renderings) if round_ % 2 == 0 else list(reversed(renderings))
                 for name in order:
-                    figures = by_hand(cluster, renderings[name], f"r{round_}-{name}", args.timeout)
+                    figures = by_hand(cluster, renderings[name], f"r{round_}-{name.replace('+', '-plus-')}", args.timeout)
                     runs.append({"rendering": name, "round": round_ + 1, **figures})
                     print(f"  round {round_ + 1} {name:16} " + "  ".join(f"{k} {v:5.1f}" for k, v in figures.items()),
                           flush=True)
