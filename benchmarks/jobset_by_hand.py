@@ -89,12 +89,19 @@ def _keep(obj: dict[str, Any], key: str, keep: Callable[[dict[str, Any]], bool])
         obj.pop(key, None)
 
 
-def padded(jobset: dict[str, Any], size: int) -> dict[str, Any]:
-    """``jobset`` whose pod templates carry one more annotation of about ``size`` bytes."""
+def padded(jobset: dict[str, Any], length: int) -> dict[str, Any]:
+    """``jobset`` whose pod templates carry one more annotation, ``length`` characters long."""
     jobset = copy.deepcopy(jobset)
     for template in pod_templates(jobset):
-        template.setdefault("metadata", {}).setdefault("annotations", {})["benchmark/padding"] = "x" * max(size, 0)
+        template.setdefault("metadata", {}).setdefault("annotations", {})["benchmark/padding"] = "x" * max(length, 0)
     return jobset
+
+
+def grown(jobset: dict[str, Any], by: int) -> dict[str, Any]:
+    """``jobset`` :func:`padded` so that its first pod template is ``by`` bytes longer (the annotation's key and
+    quotes count)."""
+    overhead = size(padded(jobset, 0)) - size(jobset)
+    return padded(jobset, by - overhead)
 
 
 def size(jobset: dict[str, Any]) -> int:
@@ -143,8 +150,9 @@ def by_hand(cluster: TrainJobCluster, jobset: dict[str, Any], namespace: str, ti
         done = kwok_bench.condition_true(current, "Completed")
         if done:
             break
-        if kwok_bench.condition_true(current, "Failed"):
-            raise RuntimeError(f"JobSet failed: {kwok_bench.condition_true(current, 'Failed')}")
+        failed = kwok_bench.condition_true(current, "Failed")
+        if failed:
+            raise RuntimeError(f"JobSet failed: {failed}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"JobSet not Completed after {timeout:g} s")
         time.sleep(1)
@@ -197,9 +205,9 @@ def main() -> None:
             ours = capture(cluster, operator, args.fake_nodes)
             theirs = capture(cluster, kwok_bench.Kubeflow(cp), args.fake_nodes)
             renderings = {"trainjob": ours, "kubeflow": theirs, "trainjob-bare": without_status_client(ours),
-                          "kubeflow-padded": padded(theirs, size(ours) - size(theirs) - 40)}
+                          "kubeflow-padded": grown(theirs, size(ours) - size(theirs))}
             for extra in paddings:
-                renderings[f"kubeflow+{extra}"] = padded(theirs, extra - 40)
+                renderings[f"kubeflow+{extra}"] = grown(theirs, extra)
             if args.renderings:
                 renderings = {name: renderings[name] for name in chosen}
             sizes = {name: size(js) for name, js in renderings.items()}
