@@ -65,18 +65,11 @@ def without_status_client(jobset: dict[str, Any]) -> dict[str, Any]:
     """``jobset`` less what :func:`status_server.inject_status_client` (and the stall setting) put in its pods."""
     jobset = copy.deepcopy(jobset)
     for template in pod_templates(jobset):
-        meta = template.get("metadata") or {}
-        annotations = meta.get("annotations") or {}
-        annotations.pop(status_server.CA_ANNOTATION, None)
         pod = template["spec"]
         _keep(pod, "volumes", lambda volume: volume.get("name") != status_server.VOLUME)
         for container in [*(pod.get("initContainers") or []), *pod["containers"]]:
             _keep(container, "env", lambda var: var["name"] not in STATUS_CLIENT_ENV)
             _keep(container, "volumeMounts", lambda mount: mount.get("name") != status_server.VOLUME)
-        if "annotations" in meta and not annotations:
-            del meta["annotations"]
-        if "metadata" in template and not meta:
-            del template["metadata"]
     return jobset
 
 

@@ -114,7 +114,12 @@ def _post(status: dict[str, object]) -> bool:
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
     ca_file = os.environ.get(CA_CERT_ENV)
-    context = ssl.create_default_context(cafile=ca_file if ca_file and os.path.exists(ca_file) else None)
+    if ca_file and not os.path.exists(ca_file):
+        _log.warning("progress update to Kubeflow Trainer skipped: its CA %s is missing (from trainjob's operator: "
+                     "ConfigMap trainjob-status-ca of the job's namespace, made again when the operator starts)",
+                     ca_file)
+        return False
+    context = ssl.create_default_context(cafile=ca_file or None)
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS, context=context) as response:
             return response.status == 200

@@ -449,4 +449,6 @@ RARELY_USED = {
     ("trainer.kubeflow.org", "clustertrainingruntimes", "get"),  # a runtime created a moment before its job,
     ("trainer.kubeflow.org", "trainingruntimes", "get"),  # not yet delivered by the watch
     ("", "secrets", "update"),  # the status endpoint's certificate issued again for a new host name
+    ("", "configmaps", "get"),  # a namespace's CA ConfigMap made before this operator started (its create: 409)
+    ("", "configmaps", "patch"),  # one whose CA differs from the operator's
 }

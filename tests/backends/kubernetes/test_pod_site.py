@@ -37,10 +37,12 @@ dist.destroy_process_group()
 
 class _Endpoint(BaseHTTPRequestHandler):
     reports: list[tuple[float, str, dict[str, Any]]] = []
+    paths: list[str] = []
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.reports.append((time.time(), self.headers.get("Authorization", ""), body))
+        self.paths.append(self.path)
         answer = b'{"message": "accepted"}'
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -67,7 +69,9 @@ def test_a_pods_ranks_report_their_collectives_and_dump_their_stacks_when_they_s
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Endpoint)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(hook), "PYTHONUNBUFFERED": "1",
-           "TRAINJOB_COLLECTIVES_URL": f"http://127.0.0.1:{server.server_port}/collectives",
+           # as the operator sets them: the collectives URL relative to the job's status URL
+           "KUBEFLOW_TRAINER_SERVER_URL": f"http://127.0.0.1:{server.server_port}/trainjobs/mnist/status",
+           "TRAINJOB_COLLECTIVES_URL": "collectives",
            "KUBEFLOW_TRAINER_SERVER_TOKEN": str(tmp_path / "token"), "TRAINJOB_STALL_DUMP": "2"}
     try:
         untouched = subprocesses.run([sys.executable, "-c", "import sys; print('trainjob.pod_site' in sys.modules)"],
@@ -90,6 +94,7 @@ def test_a_pods_ranks_report_their_collectives_and_dump_their_stacks_when_they_s
     reports = _Endpoint.reports
     assert {body["rank"] for _, _, body in reports} == {0, 1}, reports
     assert {auth for _, auth, _ in reports} == {"Bearer projected-token"}
+    assert set(_Endpoint.paths) == {"/trainjobs/mnist/collectives"}
     # rank 0 waited in its all_reduce while none completed: a report said so, with the wait grown past 2 s
     stalled = [body for _, _, body in reports if body["rank"] == 0 and (body["waitingFor"] or 0) > 2
                and (body["completedAgo"] or 0) > 2]

@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 import pytest
 from kubetest.cluster import TrainJobCluster, wait_for
 
-from trainjob.backends.kubernetes.resources import TRAINJOBS
-from trainjob.backends.kubernetes.status_server import StatusEndpoint
+from trainjob.backends.kubernetes.resources import CONFIGMAPS, TRAINJOBS
+from trainjob.backends.kubernetes.status_server import CA_CONFIGMAP, StatusEndpoint
 
 OPERATOR_USER = "system:serviceaccount:trainjob-system:trainjob-operator"
 #: Copies the pod's token and CA next to the test, then waits for the test to say it is done.
@@ -101,6 +101,10 @@ def test_each_pods_token_writes_its_own_jobs_status_and_nothing_else(
     url_a, url_b = endpoint.url(namespace, "job-a"), endpoint.url(namespace, "job-b")
     assert (a / "url").read_text() == url_a  # what the operator told the pod
     token_a, token_b, ca = (a / "token").read_text().strip(), (b / "token").read_text().strip(), a / "ca.crt"
+    # the pods' CA is the namespace's ConfigMap, which the operator's namespace owns (uninstalling deletes it)
+    shared = k8s.api.get(CONFIGMAPS, namespace, CA_CONFIGMAP)
+    assert shared is not None and shared["data"] == {"ca.crt": ca.read_text()} == {"ca.crt": (b / "ca.crt").read_text()}
+    assert [(o["kind"], o["name"]) for o in shared["metadata"]["ownerReferences"]] == [("Namespace", "trainjob-system")]
 
     def running(name: str) -> bool:
         jobs = ((k8s.api.get(TRAINJOBS, namespace, name) or {}).get("status") or {}).get("jobsStatus") or []

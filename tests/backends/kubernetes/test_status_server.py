@@ -13,15 +13,18 @@ import sys
 import threading
 import time
 from typing import Any
+from urllib.parse import urljoin
 
 import pytest
 from kubetest.memory_api import MemoryApi
 
 from trainjob.backends.kubernetes.cache import ObjectCache
-from trainjob.backends.kubernetes.resources import SECRETS, TRAINJOBS
+from trainjob.backends.kubernetes.kubeapi import ApiError
+from trainjob.backends.kubernetes.resources import CONFIGMAPS, SECRETS, TRAINJOBS
 from trainjob.backends.kubernetes.status_server import (
-    CA_ANNOTATION,
+    CA_CONFIGMAP,
     VOLUME,
+    NamespaceCA,
     Refused,
     StatusEndpoint,
     StatusServer,
@@ -133,20 +136,66 @@ def test_every_container_gets_the_endpoint_the_token_and_the_ca_and_keeps_its_ow
     assert env == {"KUBEFLOW_TRAINER_SERVER_URL": "mine", "A": "1",
                    "KUBEFLOW_TRAINER_SERVER_TOKEN": "/var/run/secrets/trainer.kubeflow.org/token",
                    "KUBEFLOW_TRAINER_SERVER_CA_CERT": "/var/run/secrets/trainer.kubeflow.org/ca.crt",
-                   "TRAINJOB_COLLECTIVES_URL":
-                       "https://10.0.0.1:8443/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs/mnist/"
-                       "collectives"}
-    assert template["metadata"]["annotations"] == {CA_ANNOTATION: "CA PEM"}
+                   "TRAINJOB_COLLECTIVES_URL": "collectives"}
+    assert "metadata" not in template  # the CA is the namespace's ConfigMap, not a copy in every pod
     (volume,) = template["spec"]["volumes"]
-    token, ca = volume["projected"]["sources"]
+    token, ca, stacks = volume["projected"]["sources"]
     assert volume["name"] == VOLUME and token["serviceAccountToken"]["audience"] == "trainer.kubeflow.org"
-    assert ca["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"] == f"metadata.annotations['{CA_ANNOTATION}']"
+    assert ca == {"configMap": {"name": CA_CONFIGMAP, "optional": True}}
+    assert stacks["downwardAPI"]["items"][0]["path"] == "stacks-request"
     assert template["spec"]["containers"][0]["volumeMounts"] == [
         {"name": VOLUME, "mountPath": "/var/run/secrets/trainer.kubeflow.org", "readOnly": True}]
     fresh = jobset()
     inject_status_client(fresh, endpoint)
-    url = fresh["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["env"][0]
-    assert url["value"] == "https://10.0.0.1:8443/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs/mnist/status"
+    env = fresh["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    status = "https://10.0.0.1:8443/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs/mnist/status"
+    assert env[0]["value"] == status
+    # the collectives URL is the relative reference the pods resolve against the status URL (RFC 3986)
+    assert urljoin(status, env[3]["value"]) == status.removesuffix("status") + "collectives"
+
+
+def test_the_ca_configmap_is_made_once_per_namespace_and_mended_where_it_differs() -> None:
+    api = MemoryApi(clock=lambda: 0.0)
+    api.seed({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CA_CONFIGMAP, "namespace": "old"},
+              "data": {"ca.crt": "OLD"}}, CONFIGMAPS)
+    keeper = NamespaceCA(api, "CA PEM", {"metadata": {"name": "trainjob-system", "uid": "u-1"}})
+    for _ in range(3):  # three jobs in each namespace
+        keeper.ensure("ml")
+        keeper.ensure("old")
+    # once per namespace, none per job
+    assert [(verb, where) for verb, _, where in api.requests] == [
+        ("create", "ml/trainjob-status-ca"), ("create", "old/trainjob-status-ca"), ("get", "old/trainjob-status-ca"),
+        ("patch", "old/trainjob-status-ca")]
+    made = api.stored(CONFIGMAPS, "ml", CA_CONFIGMAP)
+    assert made is not None and made["data"] == {"ca.crt": "CA PEM"}
+    assert made["metadata"]["labels"] == {"app.kubernetes.io/part-of": "trainjob"}
+    assert made["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Namespace", "name": "trainjob-system", "uid": "u-1"}]
+    mended = api.stored(CONFIGMAPS, "old", CA_CONFIGMAP)
+    assert mended is not None and mended["data"] == {"ca.crt": "CA PEM"}  # a CA put in by hand, replaced
+
+
+def test_a_ca_configmap_that_cannot_be_made_is_tried_again_at_the_next_job(caplog: pytest.LogCaptureFixture) -> None:
+    class Forbidden(MemoryApi):  # what an API server answers an operator whose role lacks configmaps
+        refuse = True
+
+        def create(self, obj: dict[str, Any], ref: Any = None, timeout: float | None = None) -> dict[str, Any]:
+            if self.refuse:
+                self._record("create", "configmaps", "refused")
+                raise ApiError("cannot create ConfigMap: the API server answered 403 Forbidden", 403)
+            return super().create(obj, ref, timeout)
+
+    api = Forbidden(clock=lambda: 0.0)
+    keeper = NamespaceCA(api, "CA PEM")
+    keeper.ensure("ml")
+    keeper.ensure("ml")
+    assert len(api.requests) == 2 and "cannot keep ConfigMap ml/trainjob-status-ca" in caplog.text
+    api.refuse = False
+    keeper.ensure("ml")
+    keeper.ensure("ml")
+    assert len(api.requests) == 3
+    made = api.stored(CONFIGMAPS, "ml", CA_CONFIGMAP)
+    assert made is not None and "ownerReferences" not in made["metadata"]
 
 
 def handshake(server: ssl.SSLContext, client: ssl.SSLContext, host: str) -> str:

@@ -38,7 +38,12 @@ from trainjob.backends.kubernetes.resources import (
     VOLCANO_PODGROUPS,
 )
 from trainjob.backends.kubernetes.snapshot import SnapshotSigner, has_snapshot
-from trainjob.backends.kubernetes.status_server import StatusEndpoint, inject_status_client
+from trainjob.backends.kubernetes.status_server import (
+    CA_ANNOTATION,
+    NamespaceCA,
+    StatusEndpoint,
+    inject_status_client,
+)
 from trainjob.backends.kubernetes.status_writer import StatusWriter
 from trainjob.backends.stall import dump_setting, stall_policy
 from trainjob.constants import LAUNCH_ANNOTATION, STALL_DUMP_ENV
@@ -64,6 +69,8 @@ class Children:
         self.writer = writer
         self.events = events
         self.status_endpoint = status_endpoint
+        self.namespace_ca = None if status_endpoint is None else NamespaceCA(
+            api, status_endpoint.ca_pem, status_endpoint.ca_owner)
 
     def ensure(self, job: dict[str, Any], status: dict[str, Any],
                now: float) -> tuple[dict[str, Any] | None, float | None]:
@@ -177,7 +184,8 @@ class Children:
         made_jobset = False
         for obj in objects:
             if obj["kind"] == JOBSETS.kind:  # the snapshot and launch values travel with the JobSet's create
-                if self.status_endpoint is not None:
+                if self.status_endpoint is not None and self.namespace_ca is not None:
+                    self.namespace_ca.ensure(obj["metadata"]["namespace"])
                     inject_status_client(obj, self.status_endpoint)
                 _inject_stall_dumps(obj, job)
                 obj["metadata"].setdefault("annotations", {}).update(self.signer.annotations(job, snapshot))
@@ -236,6 +244,9 @@ class Children:
             want_template = new["template"]["spec"]["template"]
             for key in ("labels", "annotations"):
                 want = (want_template.get("metadata") or {}).get(key) or {}
+                legacy_ca = ((have_template.get("metadata") or {}).get(key) or {}).get(CA_ANNOTATION)
+                if legacy_ca is not None:  # the pods of a JobSet made by an earlier version read the CA from it
+                    want = {**want, CA_ANNOTATION: legacy_ca}
                 if ((have_template.get("metadata") or {}).get(key) or {}) != want:
                     have_template.setdefault("metadata", {})[key] = want
                     changed = True

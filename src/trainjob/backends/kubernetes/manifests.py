@@ -28,6 +28,7 @@ from trainjob.backends.kubernetes.resources import (
     VOLCANO_PODGROUPS,
 )
 from trainjob.backends.kubernetes.snapshot import KEY_SECRET
+from trainjob.backends.kubernetes.status_server import CA_CONFIGMAP
 from trainjob.backends.kubernetes.tls import TLS_SECRET
 from trainjob.constants import KUBEFLOW_TRAINER_VERSION
 
@@ -94,6 +95,11 @@ def rbac() -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
         # An MPI job's SSH key Secret and hostfile ConfigMap (owned by the job: deleted with it); never read.
         {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["create"]},
+        # The status endpoint's CA in each namespace with jobs, which their pods project (made with `create`);
+        # patch: a CA that differs from the operator's
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch"], "resourceNames": [CA_CONFIGMAP]},
+        # the operator's namespace owns those ConfigMaps: deleting it deletes them
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"], "resourceNames": [NAMESPACE]},
         # A failed job's message names the failing rank's exception: from its pods' status, else their logs.
         # get: the pod a status report's token was issued to (the status endpoint)
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},

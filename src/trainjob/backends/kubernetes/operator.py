@@ -55,6 +55,7 @@ from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
     ENDPOINT_SLICES,
     JOBSETS,
+    NAMESPACES,
     PODS,
     PYTORCHJOBS,
     TRAINING_RUNTIMES,
@@ -68,6 +69,7 @@ from trainjob.backends.kubernetes.status_server import StatusEndpoint, StatusSer
 from trainjob.backends.kubernetes.tls import load_or_create_serving_tls
 from trainjob.backends.kubernetes.watch import Watches
 from trainjob.backends.kubernetes.workqueue import WorkQueue
+from trainjob.errors import TrainJobError
 
 log = logging.getLogger("trainjob.operator")
 
@@ -292,6 +294,17 @@ class OperatorOptions:
     metrics_host: str = "0.0.0.0"
 
 
+def _namespace_object(api: KubeApi, name: str) -> dict[str, Any] | None:
+    """Namespace ``name`` (the operator's: it owns the ConfigMaps of the status endpoint's CA), ``None`` when it
+    cannot be read (they are then made without an owner)."""
+    try:
+        return api.get(NAMESPACES, None, name)
+    except TrainJobError as exc:
+        log.warning("cannot read Namespace %s, which owns the status endpoint's CA ConfigMaps: %s (they are made "
+                    "without an owner, and outlive the operator's namespace)", name, exc)
+        return None
+
+
 async def operate(options: OperatorOptions) -> None:
     """Run the operator as ``options`` say until their ``stop_flag`` is set (or the task is cancelled)."""
     o = options
@@ -307,7 +320,7 @@ async def operate(options: OperatorOptions) -> None:
     endpoint = server = None
     if o.status_url:
         tls = await asyncio.to_thread(load_or_create_serving_tls, api, home, status_hosts(o.status_url, home))
-        endpoint = StatusEndpoint(o.status_url, tls.ca_pem)
+        endpoint = StatusEndpoint(o.status_url, tls.ca_pem, await asyncio.to_thread(_namespace_object, api, home))
         server = StatusServer(api, cache, tls, host=o.status_host, port=o.status_port,
                               on_report=lambda result: metrics.observe_status_report(result == "accepted"),
                               on_written=lambda namespace, name: queue.add((namespace, name)),

@@ -52,6 +52,7 @@ SECRETS = ResourceRef("", "v1", "secrets", "Secret")
 #: The operator Service's EndpointSlice, which its leader writes.
 ENDPOINT_SLICES = ResourceRef("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
 CONFIGMAPS = ResourceRef("", "v1", "configmaps", "ConfigMap")
+NAMESPACES = ResourceRef("", "v1", "namespaces", "Namespace", namespaced=False)
 #: The operator replicas' leader election Lease.
 LEASES = ResourceRef("coordination.k8s.io", "v1", "leases", "Lease")
 

@@ -10,12 +10,15 @@ controller does. The pods find it through the variables the operator puts in eve
 - ``KUBEFLOW_TRAINER_SERVER_URL``: this endpoint for the pod's own job;
 - ``KUBEFLOW_TRAINER_SERVER_TOKEN``: a file holding a service-account token the kubelet projects for the pod with
   the audience ``trainer.kubeflow.org`` (it opens nothing on the API server);
-- ``KUBEFLOW_TRAINER_SERVER_CA_CERT``: a file holding the CA of the endpoint's certificate (:mod:`.tls`).
+- ``KUBEFLOW_TRAINER_SERVER_CA_CERT``: a file holding the CA of the endpoint's certificate (:mod:`.tls`), from
+  ConfigMap ``trainjob-status-ca``, which the operator keeps in each namespace it makes pods in
+  (:class:`NamespaceCA`): every pod of a thousand-node job names it rather than carrying its own copy.
 
 ``POST .../trainjobs/{name}/collectives`` with ``{"rank": 1, "completedAgo": 0.4, "waitingFor": null}`` (seconds;
 ``null``: no collective completed yet, none waiting) is how long ago rank 1's collectives last completed and how long
 one has been waiting, which a pod's ranks send every few seconds once their first collective ran, in images with
-trainjob (:mod:`trainjob.pod_site`, at ``TRAINJOB_COLLECTIVES_URL``). The endpoint keeps the latest of each rank
+trainjob (:mod:`trainjob.pod_site`, at ``TRAINJOB_COLLECTIVES_URL``, ``collectives``: a reference relative to
+``KUBEFLOW_TRAINER_SERVER_URL``). The endpoint keeps the latest of each rank
 by its own clock (:meth:`StatusServer.collectives`) for the stall watch of a job that does not report progress;
 nothing is written.
 
@@ -53,9 +56,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from trainjob.backends.kubernetes import status as st
 from trainjob.backends.kubernetes.json_endpoint import JsonEndpoint, Request
-from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL, TRAINJOBS
+from trainjob.backends.kubernetes.resources import (
+    CONFIGMAPS,
+    JOBSET_NAME_LABEL,
+    PART_OF,
+    PART_OF_LABEL,
+    TRAINJOBS,
+)
 from trainjob.backends.stall import RankCollectives
 from trainjob.constants import STACKS_REQUEST_ANNOTATION, STACKS_REQUEST_FILE
+from trainjob.errors import AlreadyExistsError, TrainJobError
 from trainjob.progress import MAX_METRICS
 
 if TYPE_CHECKING:
@@ -69,12 +79,17 @@ T = TypeVar("T")
 AUDIENCE = "trainer.kubeflow.org"
 URL_ENV, CA_CERT_ENV, TOKEN_ENV = ("KUBEFLOW_TRAINER_SERVER_URL", "KUBEFLOW_TRAINER_SERVER_CA_CERT",
                                    "KUBEFLOW_TRAINER_SERVER_TOKEN")
-#: Where a pod's ranks report their collectives (:mod:`trainjob.pod_site`).
+#: Where a pod's ranks report their collectives (:mod:`trainjob.pod_site`): a URL reference, resolved against
+#: ``KUBEFLOW_TRAINER_SERVER_URL`` (RFC 3986; the operator sets the relative ``collectives``).
 COLLECTIVES_URL_ENV = "TRAINJOB_COLLECTIVES_URL"
 #: Where the token and the CA are mounted in every container of a job's pods.
 MOUNT_PATH = "/var/run/secrets/trainer.kubeflow.org"
 VOLUME = "trainjob-status-client"
-#: The pod-template annotation the CA reaches the pods through (a downward-API file).
+#: The ConfigMap holding the CA (``ca.crt``) in every namespace the operator makes pods in (:class:`NamespaceCA`).
+CA_CONFIGMAP = "trainjob-status-ca"
+CA_KEY = "ca.crt"
+#: The pod-template annotation pods of earlier versions received the CA through (a downward-API file): a suspended
+#: JobSet made then keeps it when it resumes.
 CA_ANNOTATION = "trainer.kubeflow.org/status-server-ca"
 TOKEN_SECONDS = 3600
 _ROUTE = re.compile(
@@ -86,10 +101,12 @@ REVIEW_SECONDS = 600.0
 
 @dataclass(frozen=True)
 class StatusEndpoint:
-    """Where pods reach the endpoint (``https://host:port``) and the CA that signed its certificate."""
+    """Where pods reach the endpoint (``https://host:port``) and the CA that signed its certificate; ``ca_owner``:
+    the Namespace object that owns the CA's ConfigMaps (:class:`NamespaceCA`), ``None``: they have no owner."""
 
     base_url: str
     ca_pem: str
+    ca_owner: dict[str, Any] | None = None
 
     def url(self, namespace: str, name: str, what: str = "status") -> str:
         """The job's ``status`` endpoint, or its ``collectives`` one."""
@@ -99,27 +116,30 @@ class StatusEndpoint:
 
 def inject_status_client(jobset: dict[str, Any], endpoint: StatusEndpoint) -> None:
     """Give every container of ``jobset``'s pods the endpoint's URL for the job, a projected token with the
-    ``trainer.kubeflow.org`` audience and the CA, and the file ``trainjob stacks`` asks through, in place (variables
-    a container sets itself are kept)."""
+    ``trainer.kubeflow.org`` audience, the CA (ConfigMap :data:`CA_CONFIGMAP` of the job's namespace, which
+    :meth:`NamespaceCA.ensure` makes) and the file ``trainjob stacks`` asks through, in place (variables a container
+    sets itself are kept). What this adds travels with each of the job's pods at each of their changes, to every
+    watcher of pods: it is kept small (no per-pod copy of the CA, the collectives URL relative to the status one)."""
     meta = jobset["metadata"]
     env = [
         {"name": URL_ENV, "value": endpoint.url(meta["namespace"], meta["name"])},
         {"name": TOKEN_ENV, "value": f"{MOUNT_PATH}/token"},
-        {"name": CA_CERT_ENV, "value": f"{MOUNT_PATH}/ca.crt"},
-        {"name": COLLECTIVES_URL_ENV, "value": endpoint.url(meta["namespace"], meta["name"], "collectives")},
+        {"name": CA_CERT_ENV, "value": f"{MOUNT_PATH}/{CA_KEY}"},
+        {"name": COLLECTIVES_URL_ENV, "value": "collectives"},
     ]
     volume = {"name": VOLUME, "projected": {"sources": [
         {"serviceAccountToken": {"audience": AUDIENCE, "expirationSeconds": TOKEN_SECONDS, "path": "token"}},
+        # optional: a ConfigMap deleted by hand costs the pods their status reports (the client says why), not
+        # their start; the operator makes it again when it next starts
+        {"configMap": {"name": CA_CONFIGMAP, "optional": True}},
+        # `trainjob stacks NAME` asks the pod's ranks for their stacks through this one (trainjob.torch.rank_stacks)
         {"downwardAPI": {"items": [
-            {"path": "ca.crt", "fieldRef": {"fieldPath": f"metadata.annotations['{CA_ANNOTATION}']"}},
-            # `trainjob stacks NAME` asks the pod's ranks for their stacks through this one (trainjob.torch.rank_stacks)
             {"path": STACKS_REQUEST_FILE,
              "fieldRef": {"fieldPath": f"metadata.annotations['{STACKS_REQUEST_ANNOTATION}']"}},
         ]}},
     ]}}
     for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
         template = rj.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
-        template.setdefault("metadata", {}).setdefault("annotations", {})[CA_ANNOTATION] = endpoint.ca_pem
         pod = template.setdefault("spec", {})
         volumes = pod.setdefault("volumes", [])
         if not any(v.get("name") == VOLUME for v in volumes):
@@ -130,6 +150,48 @@ def inject_status_client(jobset: dict[str, Any], endpoint: StatusEndpoint) -> No
             mounts = container.setdefault("volumeMounts", [])
             if not any(m.get("name") == VOLUME for m in mounts):
                 mounts.append({"name": VOLUME, "mountPath": MOUNT_PATH, "readOnly": True})
+
+
+class NamespaceCA:
+    """Keeps ConfigMap :data:`CA_CONFIGMAP` (the endpoint's CA, key ``ca.crt``) in each namespace the operator
+    makes pods in, which their status-client volume projects: made on the first job there since the operator
+    started (one request per namespace, none per job), its CA replaced where it differs (a CA put in the Secret
+    by hand). ``owner``: the operator's Namespace, whose deletion (uninstalling trainjob) deletes them all."""
+
+    def __init__(self, api: KubeApi, ca_pem: str, owner: dict[str, Any] | None = None) -> None:
+        self.api, self.ca_pem = api, ca_pem
+        self._owner = owner
+        self._ready: set[str] = set()
+
+    def body(self, namespace: str) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": CA_CONFIGMAP, "namespace": namespace,
+                                "labels": {PART_OF_LABEL: PART_OF}}
+        if self._owner is not None:
+            owner = self._owner["metadata"]
+            meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Namespace", "name": owner["name"],
+                                        "uid": owner["uid"]}]
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {CA_KEY: self.ca_pem}}
+
+    def ensure(self, namespace: str) -> None:
+        """Make or mend the namespace's ConfigMap unless done since the operator started; a failure is logged
+        (the pods start without the CA, and their status client says so) and tried again at the next job."""
+        if namespace in self._ready:
+            return
+        try:
+            try:
+                self.api.create(self.body(namespace), CONFIGMAPS)
+            except AlreadyExistsError:
+                current = self.api.get(CONFIGMAPS, namespace, CA_CONFIGMAP)
+                if current is None:  # deleted in between: the next job makes it
+                    return
+                if (current.get("data") or {}).get(CA_KEY) != self.ca_pem:
+                    self.api.patch(CONFIGMAPS, namespace, CA_CONFIGMAP, {"data": {CA_KEY: self.ca_pem}})
+                    log.info("replaced the CA in ConfigMap %s/%s", namespace, CA_CONFIGMAP)
+        except TrainJobError as exc:
+            log.warning("cannot keep ConfigMap %s/%s (the CA the status endpoint's clients verify it by): %s",
+                        namespace, CA_CONFIGMAP, exc)
+            return
+        self._ready.add(namespace)
 
 
 class Refused(Exception):

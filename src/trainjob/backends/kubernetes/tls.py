@@ -3,7 +3,8 @@
 The operator keeps a self-signed CA and a serving certificate for its status endpoint's host names in the Secret
 ``trainjob-operator-status-tls`` of its namespace (``ca.crt``, ``tls.crt``, ``tls.key``), created by the first
 replica that starts, so every replica serves the same certificate and a restart changes nothing the running pods
-hold. The pods receive ``ca.crt`` through a downward-API file (:mod:`.children` puts it in their template)::
+hold. The pods receive ``ca.crt`` from ConfigMap ``trainjob-status-ca`` of their namespace, which their status-client
+volume projects (:class:`.status_server.NamespaceCA`)::
 
     tls = load_or_create_serving_tls(api, "trainjob-system", ["trainjob-operator.trainjob-system.svc"])
     context = tls.server_context()     # ssl.SSLContext for the HTTPS server

@@ -509,12 +509,25 @@ def pod_main():
     """What a training process of a Kubernetes pod gets, in an image with trainjob whose ``trainjob-site.pth``
     loads this module (:mod:`trainjob.pod_site`): its collectives reported to the operator, for the stall watch of
     a job that does not report progress, and its stacks in its log when they stop (:func:`_collectives_post`).
-    The operator sets ``TRAINJOB_COLLECTIVES_URL`` next to the status endpoint's variables."""
+    The operator sets ``TRAINJOB_COLLECTIVES_URL`` next to the status endpoint's variables, a URL reference
+    resolved against ``KUBEFLOW_TRAINER_SERVER_URL`` (its ``collectives`` is the job's endpoint beside ``status``)."""
+    from urllib.parse import urljoin
+
     env = os.environ
     url, token, ca = (env.get("TRAINJOB_COLLECTIVES_URL"), env.get("KUBEFLOW_TRAINER_SERVER_TOKEN"),
                       env.get("KUBEFLOW_TRAINER_SERVER_CA_CERT"))
     stacks_after = _pod_stacks_after(env.get("TRAINJOB_STALL_DUMP"))
     if "LOCAL_RANK" not in env or _WORKER_MARK in env or not url or not token or stacks_after is None:
+        return
+    url = urljoin(env.get("KUBEFLOW_TRAINER_SERVER_URL") or "", url)
+    if not url.startswith(("https:", "http:")):
+        sys.stderr.write(f"trainjob: TRAINJOB_COLLECTIVES_URL={env['TRAINJOB_COLLECTIVES_URL']!r} is no URL, even "
+                         "against KUBEFLOW_TRAINER_SERVER_URL: the stall watch hears nothing from this rank\n")
+        return
+    if ca and not os.path.exists(ca):
+        sys.stderr.write(f"trainjob: the status endpoint's CA {ca} is missing (ConfigMap trainjob-status-ca of the "
+                         "job's namespace; the operator makes it when it starts): the stall watch hears nothing "
+                         "from this rank\n")
         return
     env[_WORKER_MARK] = str(os.getpid())  # the processes it starts inherit the mark and are left alone
     publish = _collectives_post(url, token, ca, int(env.get("RANK", "0") or 0), stacks_after)
