@@ -81,8 +81,12 @@ STALL_ACTION_ANNOTATION = f"{ANNOTATION_PREFIX}stall-action"
 STALL_INTERVAL_FACTOR = 10.0
 STALL_FLOOR_SECONDS = 60.0
 #: In a Kubernetes job's pods: when a rank that stops reporting dumps its own stacks to its log
-#: (:mod:`trainjob.torch.rank_stacks`): ``auto``, seconds, or ``off``.
+#: (:mod:`trainjob.torch.rank_stacks`): ``auto`` (also where it is absent and the next one is set), seconds, or
+#: ``off``.
 STALL_DUMP_ENV = "TRAINJOB_STALL_DUMP"
+#: In a Kubernetes job's pods: where their ranks report their collectives (:mod:`trainjob.pod_site`), a URL reference
+#: resolved against ``KUBEFLOW_TRAINER_SERVER_URL`` (RFC 3986; the operator sets the relative ``collectives``).
+COLLECTIVES_URL_ENV = "TRAINJOB_COLLECTIVES_URL"
 #: ``trainjob stacks NAME`` on Kubernetes: the pod annotation it sets to a new value to ask the pod's ranks for
 #: their stacks, and the file of the pods' status-client volume the kubelet writes it into (a downward-API item).
 STACKS_REQUEST_ANNOTATION = "trainjob/stacks-request"

@@ -59,6 +59,17 @@ def test_no_watchdog_unless_the_operator_asks(rank) -> None:
     assert "trainjob-stacks" not in rank({"RANK": "0"}).stderr
 
 
+def test_a_pod_with_the_status_client_and_no_setting_dumps_at_auto(rank) -> None:
+    """The operator leaves ``TRAINJOB_STALL_DUMP=auto`` out of pods with its status client: a rank there watches
+    itself as with ``auto`` (so none dumps within the floor's 30 s here), and ``off`` still turns it off."""
+    script = ("import trainjob.torch as tt\nfrom trainjob.torch import rank_stacks\ntt.report({'loss': 1.0}, step=1)\n"
+              "print(rank_stacks._watchdog is not None and rank_stacks._watchdog.setting)\n")
+    pod = {"RANK": "0", "TRAINJOB_COLLECTIVES_URL": "collectives"}
+    assert rank(pod, script).stdout.splitlines()[-1] == "auto"
+    assert rank({**pod, "TRAINJOB_STALL_DUMP": "off"}, script).stdout.splitlines()[-1] == "False"
+    assert rank({"RANK": "0"}, script).stdout.splitlines()[-1] == "False"
+
+
 ASKED = """
 import sys, time
 from pathlib import Path

@@ -4,8 +4,9 @@ reporting, and when ``trainjob stacks NAME`` asks.
 The operator cannot signal a pod's processes, so on Kubernetes every rank watches itself, on a thread of its own
 (started by :func:`trainjob.torch.init` or the first :func:`trainjob.torch.report`):
 
-- **A stall.** The operator sets ``TRAINJOB_STALL_DUMP`` in the job's pods (``auto``, or the seconds after which to
-  dump: half the job's ``trainjob/stall-timeout``); a rank then counts its own calls of :func:`trainjob.torch.report`
+- **A stall.** The operator sets ``TRAINJOB_STALL_DUMP`` in the job's pods (``off``, or the seconds after which to
+  dump: half the job's ``trainjob/stall-timeout``; ``auto`` where it is absent from a pod with the status client,
+  ``TRAINJOB_COLLECTIVES_URL``); a rank then counts its own calls of :func:`trainjob.torch.report`
   (every rank calls it: only rank 0 records). When a rank has not reported for longer than that
   (:func:`trainjob.log_stacks.stacks_after`: half the operator's own limit, so the dump is in the log before the
   operator acts), it writes every thread's stack once. The operator reads them from the pods' logs when it finds
@@ -31,7 +32,7 @@ import tempfile
 import threading
 import time
 
-from trainjob.constants import STACKS_REQUEST_FILE, STALL_DUMP_ENV
+from trainjob.constants import COLLECTIVES_URL_ENV, STACKS_REQUEST_FILE, STALL_DUMP_ENV
 from trainjob.log_stacks import stacks_after, stacks_for_log
 from trainjob.torch.kubeflow_status import TOKEN_ENV
 
@@ -116,7 +117,7 @@ def start() -> None:
     if _started:
         return
     _started = True
-    setting = os.environ.get(STALL_DUMP_ENV)
+    setting = os.environ.get(STALL_DUMP_ENV) or ("auto" if os.environ.get(COLLECTIVES_URL_ENV) else None)
     setting = None if not setting or setting == "off" else setting
     token = os.environ.get(TOKEN_ENV)
     request_file = os.path.join(os.path.dirname(token), STACKS_REQUEST_FILE) if token else None

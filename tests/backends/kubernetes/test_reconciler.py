@@ -29,6 +29,7 @@ from trainjob.backends.kubernetes.reconcile import Reconciler
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
     COMPLETION_INDEX_LABEL,
+    CONFIGMAPS,
     COSCHEDULING_PODGROUPS,
     JOBSET_NAME_LABEL,
     JOBSETS,
@@ -973,6 +974,26 @@ def test_a_jobset_whose_event_was_cut_off_gets_it_from_the_next_replica_once() -
     assert [(e["reason"], e["message"]) for e in api.events] == [("JobSetCreated", "created JobSet mnist")]
     jobset = api.stored(JOBSETS, NS, NAME)
     assert api.events[0]["metadata"]["name"] == f"{NAME}.{jobset['metadata']['uid']}"
+
+
+def test_the_pods_stall_setting_is_left_out_where_the_status_client_implies_auto() -> None:
+    """A pod with the status client (``TRAINJOB_COLLECTIVES_URL``) takes ``auto`` when ``TRAINJOB_STALL_DUMP`` is
+    absent: the operator leaves the default out of each of the job's pods, and its namespace's CA ConfigMap is made
+    with the job's first JobSet."""
+    def env_of(reconciler: Reconciler, api: MemoryApi) -> dict[str, str]:
+        reconciler.reconcile(NS, NAME)
+        container = api.stored(JOBSETS, NS, NAME)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"][
+            "spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    clock, api = cluster_with(trainjob())
+    pushed = env_of(Reconciler(api, SIGNER, clock=clock, cache=SyncedWatchCache(api),
+                               status_endpoint=StatusEndpoint("https://10.0.0.1:8443", "CA")), api)
+    assert pushed["TRAINJOB_COLLECTIVES_URL"] == "collectives" and "TRAINJOB_STALL_DUMP" not in pushed
+    assert api.stored(CONFIGMAPS, NS, "trainjob-status-ca")["data"] == {"ca.crt": "CA"}
+    clock, api = cluster_with(trainjob())
+    polled = env_of(Reconciler(api, SIGNER, clock=clock, cache=SyncedWatchCache(api)), api)
+    assert polled["TRAINJOB_STALL_DUMP"] == "auto" and "TRAINJOB_COLLECTIVES_URL" not in polled
 
 
 def test_pod_counts_moving_in_a_burst_are_written_once_when_it_settles_and_conditions_at_once() -> None:

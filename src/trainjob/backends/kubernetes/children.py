@@ -187,7 +187,7 @@ class Children:
                 if self.status_endpoint is not None and self.namespace_ca is not None:
                     self.namespace_ca.ensure(obj["metadata"]["namespace"])
                     inject_status_client(obj, self.status_endpoint)
-                _inject_stall_dumps(obj, job)
+                _inject_stall_dumps(obj, job, status_client=self.status_endpoint is not None)
                 obj["metadata"].setdefault("annotations", {}).update(self.signer.annotations(job, snapshot))
                 obj["metadata"]["annotations"][LAUNCH_ANNOTATION] = json.dumps(launch.to_dict(), sort_keys=True)
             try:
@@ -383,14 +383,18 @@ def limit_extended_resources(objects: list[dict[str, Any]]) -> list[str]:
     return changes
 
 
-def _inject_stall_dumps(jobset: dict[str, Any], job: dict[str, Any]) -> None:
+def _inject_stall_dumps(jobset: dict[str, Any], job: dict[str, Any], status_client: bool) -> None:
     """Tell every container of ``jobset``'s pods when a rank that stops reporting writes its stacks to its log
-    (``TRAINJOB_STALL_DUMP``; a variable the container sets itself is kept)."""
+    (``TRAINJOB_STALL_DUMP``; a variable the container sets itself is kept). Pods with the status client
+    (``status_client``: ``TRAINJOB_COLLECTIVES_URL`` set) take ``auto`` without it, so they are not given it."""
     try:
         policy = stall_policy((job.get("metadata") or {}).get("annotations"), max_restarts=1)
     except ValidationError:  # the stall watch fails the job with the reason once it runs
         return
-    variable = {"name": STALL_DUMP_ENV, "value": dump_setting(policy)}
+    setting = dump_setting(policy)
+    if setting == "auto" and status_client:
+        return
+    variable = {"name": STALL_DUMP_ENV, "value": setting}
     for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
         pod = ((rj.get("template") or {}).get("spec") or {}).get("template", {}).get("spec") or {}
         for container in pod.get("containers") or []:

@@ -64,7 +64,7 @@ from trainjob.backends.kubernetes.resources import (
     TRAINJOBS,
 )
 from trainjob.backends.stall import RankCollectives
-from trainjob.constants import STACKS_REQUEST_ANNOTATION, STACKS_REQUEST_FILE
+from trainjob.constants import COLLECTIVES_URL_ENV, STACKS_REQUEST_ANNOTATION, STACKS_REQUEST_FILE
 from trainjob.errors import AlreadyExistsError, TrainJobError
 from trainjob.progress import MAX_METRICS
 
@@ -79,9 +79,6 @@ T = TypeVar("T")
 AUDIENCE = "trainer.kubeflow.org"
 URL_ENV, CA_CERT_ENV, TOKEN_ENV = ("KUBEFLOW_TRAINER_SERVER_URL", "KUBEFLOW_TRAINER_SERVER_CA_CERT",
                                    "KUBEFLOW_TRAINER_SERVER_TOKEN")
-#: Where a pod's ranks report their collectives (:mod:`trainjob.pod_site`): a URL reference, resolved against
-#: ``KUBEFLOW_TRAINER_SERVER_URL`` (RFC 3986; the operator sets the relative ``collectives``).
-COLLECTIVES_URL_ENV = "TRAINJOB_COLLECTIVES_URL"
 #: Where the token and the CA are mounted in every container of a job's pods.
 MOUNT_PATH = "/var/run/secrets/trainer.kubeflow.org"
 VOLUME = "trainjob-status-client"

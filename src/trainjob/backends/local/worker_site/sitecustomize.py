@@ -516,7 +516,7 @@ def pod_main():
     env = os.environ
     url, token, ca = (env.get("TRAINJOB_COLLECTIVES_URL"), env.get("KUBEFLOW_TRAINER_SERVER_TOKEN"),
                       env.get("KUBEFLOW_TRAINER_SERVER_CA_CERT"))
-    stacks_after = _pod_stacks_after(env.get("TRAINJOB_STALL_DUMP"))
+    stacks_after = _pod_stacks_after(env.get("TRAINJOB_STALL_DUMP") or "auto")  # the operator leaves auto out
     if "LOCAL_RANK" not in env or _WORKER_MARK in env or not url or not token or stacks_after is None:
         return
     url = urljoin(env.get("KUBEFLOW_TRAINER_SERVER_URL") or "", url)
