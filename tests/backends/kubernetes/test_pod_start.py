@@ -30,6 +30,11 @@ STARTING = {"replicatedJobsStatus": [{"name": "node", "active": 1, "ready": 0}]}
 STARTED = {"replicatedJobsStatus": [{"name": "node", "active": 1, "ready": 1}]}
 
 
+def rising(ready: int) -> dict[str, Any]:
+    """A JobSet of a thousand nodes with ``ready`` of them running."""
+    return {"replicatedJobsStatus": [{"name": "node", "active": 1000, "ready": ready}]}
+
+
 def waiting(reason: str, message: str = "") -> dict[str, Any]:
     return {"phase": "Pending", "containerStatuses": [
         {"name": "node", "image": IMAGE, "ready": False,
@@ -67,6 +72,15 @@ CASES = [
           (60, STARTING, None)], due_in=10, lists=4),
     Case("started-after-all-forgets", [(0, STARTING, waiting("ErrImagePull", PULL_ERROR)), (10, STARTING, None),
                                        (15, STARTED, None), (16, STARTING, None)], due_in=10, lists=1),
+    Case("pods-coming-up-are-not-listed",  # a thousand pods on a busy cluster: slow, not stuck
+         [(0, rising(0), waiting("ContainerCreating")), (10, rising(300), None), (20, rising(600), None),
+          (30, rising(900), None)], due_in=10, lists=0),
+    Case("a-count-that-stops-growing-is-looked-at",
+         [(0, rising(0), waiting("ContainerCreating")), (10, rising(300), None), (20, rising(300), None)],
+         due_in=10, lists=1),
+    Case("a-count-that-grows-does-not-hide-one-that-cannot-start",
+         [(0, rising(0), waiting("ErrImagePull", PULL_ERROR)), (10, rising(0), None), (20, rising(300), None),
+          (30, rising(600), None), (40, rising(900), None)], due_in=0, lists=4, failed=True),
     Case("annotation-zero-fails-at-first-sight", [(0, STARTING, waiting("CreateContainerConfigError",
                                                                         'secret "hf-token" not found')),
                                                   (10, STARTING, None)],

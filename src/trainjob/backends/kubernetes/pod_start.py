@@ -4,7 +4,9 @@ what the node was told, instead of waiting in ``ImagePullBackOff`` for ever.
 
 The JobSet's status is the cheap signal: a replicated job with more active child Jobs than ready ones has pods not
 yet running. Only a job that stays so for :data:`LOOK_AFTER_SECONDS` gets its pods listed (again after 10, 20,
-40, then every 60 s while it lasts; every 10 s once one cannot start), and only those on a node and not running
+40, then every 60 s while it lasts; every 10 s once one cannot start), and not while each such replicated job has
+more ready pods than at the last check (a thousand pods coming up on a busy cluster are slow, not stuck: the look
+waits until their count stops growing), and only those on a node and not running
 (:data:`ON_A_NODE_NOT_RUNNING`: a pod still waiting for the scheduler has no container to fail). They are listed as
 ``kubectl get pods`` lists them, as the API server's printed ``Table`` (name, ``STATUS``, node: some 150 bytes a
 pod, where the pod itself is some 5 KiB), so a job of a thousand nodes costs a look over a thousand short rows; only
@@ -60,6 +62,8 @@ LOOK_AT_MOST_EVERY = 60.0
 @dataclass
 class _Seen:
     next_look: float
+    #: Ready pods per replicated job at the last check.
+    ready: dict[str, int]
     interval: float = LOOK_AFTER_SECONDS
     failing_since: float | None = None
 
@@ -125,6 +129,19 @@ def _starting(jobset: dict[str, Any]) -> bool:
                for entry in (jobset.get("status") or {}).get("replicatedJobsStatus") or [])
 
 
+def _ready(jobset: dict[str, Any]) -> dict[str, int]:
+    """Ready pods per replicated job."""
+    return {str(entry.get("name")): entry.get("ready") or 0
+            for entry in (jobset.get("status") or {}).get("replicatedJobsStatus") or []}
+
+
+def _coming_up(jobset: dict[str, Any], before: dict[str, int]) -> bool:
+    """Whether every replicated job with pods not yet ready has more ready ones than ``before``."""
+    return all((entry.get("ready") or 0) > before.get(str(entry.get("name")), 0)
+               for entry in (jobset.get("status") or {}).get("replicatedJobsStatus") or []
+               if (entry.get("active") or 0) > (entry.get("ready") or 0))
+
+
 class PodStartWatch:
     """Fails jobs whose pods cannot start (see the module's docstring); remembers, per job, when to look at its
     starting pods next and since when one has been failing to start."""
@@ -142,9 +159,13 @@ class PodStartWatch:
         if not _starting(jobset):
             self._seen.pop(key, None)
             return None
-        seen = self._seen.setdefault(key, _Seen(next_look=now + LOOK_AFTER_SECONDS))
+        seen = self._seen.setdefault(key, _Seen(next_look=now + LOOK_AFTER_SECONDS, ready=_ready(jobset)))
         if now < seen.next_look:
             return seen.next_look - now
+        coming_up, seen.ready = _coming_up(jobset, seen.ready), _ready(jobset)
+        if coming_up and seen.failing_since is None:  # slow, not stuck: check the count again, list nothing
+            seen.next_look = now + LOOK_AFTER_SECONDS
+            return LOOK_AFTER_SECONDS
         try:
             stuck: Stuck | None = self.look(*key)
         except TrainJobError as exc:
