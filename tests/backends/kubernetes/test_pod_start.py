@@ -30,9 +30,9 @@ STARTING = {"replicatedJobsStatus": [{"name": "node", "active": 1, "ready": 0}]}
 STARTED = {"replicatedJobsStatus": [{"name": "node", "active": 1, "ready": 1}]}
 
 
-def rising(ready: int) -> dict[str, Any]:
-    """A JobSet of a thousand nodes with ``ready`` of them running."""
-    return {"replicatedJobsStatus": [{"name": "node", "active": 1000, "ready": ready}]}
+def rising(ready: int, active: int = 1000) -> dict[str, Any]:
+    """A JobSet of a thousand nodes with ``active`` of their pods made and ``ready`` of them running."""
+    return {"replicatedJobsStatus": [{"name": "node", "active": active, "ready": ready}]}
 
 
 def waiting(reason: str, message: str = "") -> dict[str, Any]:
@@ -75,6 +75,9 @@ CASES = [
     Case("pods-coming-up-are-not-listed",  # a thousand pods on a busy cluster: slow, not stuck
          [(0, rising(0), waiting("ContainerCreating")), (10, rising(300), None), (20, rising(600), None),
           (30, rising(900), None)], due_in=10, lists=0),
+    Case("pods-being-made-are-not-listed",  # the Job controller still making them: none ready yet
+         [(0, rising(0, 100), waiting("ContainerCreating")), (10, rising(0, 400), None), (20, rising(0, 800), None),
+          (30, rising(50), None), (40, rising(60), None)], due_in=10, lists=0),
     Case("a-count-that-stops-growing-is-looked-at",
          [(0, rising(0), waiting("ContainerCreating")), (10, rising(300), None), (20, rising(300), None)],
          due_in=10, lists=1),

@@ -5,8 +5,9 @@ what the node was told, instead of waiting in ``ImagePullBackOff`` for ever.
 The JobSet's status is the cheap signal: a replicated job with more active child Jobs than ready ones has pods not
 yet running. Only a job that stays so for :data:`LOOK_AFTER_SECONDS` gets its pods listed (again after 10, 20,
 40, then every 60 s while it lasts; every 10 s once one cannot start), and not while each such replicated job has
-more ready pods than at the last check (a thousand pods coming up on a busy cluster are slow, not stuck: the look
-waits until their count stops growing), and only those on a node and not running
+more active or more ready child Jobs than at the last check (a thousand pods being made and coming up on a busy
+cluster are slow, not stuck: the look waits until their counts stop growing), and only those on a node and not
+running
 (:data:`ON_A_NODE_NOT_RUNNING`: a pod still waiting for the scheduler has no container to fail). They are listed as
 ``kubectl get pods`` lists them, as the API server's printed ``Table`` (name, ``STATUS``, node: some 150 bytes a
 pod, where the pod itself is some 5 KiB), so a job of a thousand nodes costs a look over a thousand short rows; only
@@ -62,8 +63,8 @@ LOOK_AT_MOST_EVERY = 60.0
 @dataclass
 class _Seen:
     next_look: float
-    #: Ready pods per replicated job at the last check.
-    ready: dict[str, int]
+    #: Active and ready child Jobs per replicated job at the last check.
+    counts: dict[str, tuple[int, int]]
     interval: float = LOOK_AFTER_SECONDS
     failing_since: float | None = None
 
@@ -129,17 +130,18 @@ def _starting(jobset: dict[str, Any]) -> bool:
                for entry in (jobset.get("status") or {}).get("replicatedJobsStatus") or [])
 
 
-def _ready(jobset: dict[str, Any]) -> dict[str, int]:
-    """Ready pods per replicated job."""
-    return {str(entry.get("name")): entry.get("ready") or 0
+def _counts(jobset: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Active and ready child Jobs per replicated job."""
+    return {str(entry.get("name")): (entry.get("active") or 0, entry.get("ready") or 0)
             for entry in (jobset.get("status") or {}).get("replicatedJobsStatus") or []}
 
 
-def _coming_up(jobset: dict[str, Any], before: dict[str, int]) -> bool:
-    """Whether every replicated job with pods not yet ready has more ready ones than ``before``."""
-    return all((entry.get("ready") or 0) > before.get(str(entry.get("name")), 0)
-               for entry in (jobset.get("status") or {}).get("replicatedJobsStatus") or []
-               if (entry.get("active") or 0) > (entry.get("ready") or 0))
+def _coming_up(jobset: dict[str, Any], before: dict[str, tuple[int, int]]) -> bool:
+    """Whether every replicated job with pods not yet ready has more active or more ready child Jobs than
+    ``before`` (its pods are still being made, or coming up)."""
+    now = _counts(jobset)
+    return all(now[name][0] > before.get(name, (0, 0))[0] or now[name][1] > before.get(name, (0, 0))[1]
+               for name, (active, ready) in now.items() if active > ready)
 
 
 class PodStartWatch:
@@ -159,10 +161,10 @@ class PodStartWatch:
         if not _starting(jobset):
             self._seen.pop(key, None)
             return None
-        seen = self._seen.setdefault(key, _Seen(next_look=now + LOOK_AFTER_SECONDS, ready=_ready(jobset)))
+        seen = self._seen.setdefault(key, _Seen(next_look=now + LOOK_AFTER_SECONDS, counts=_counts(jobset)))
         if now < seen.next_look:
             return seen.next_look - now
-        coming_up, seen.ready = _coming_up(jobset, seen.ready), _ready(jobset)
+        coming_up, seen.counts = _coming_up(jobset, seen.counts), _counts(jobset)
         if coming_up and seen.failing_since is None:  # slow, not stuck: check the count again, list nothing
             seen.next_look = now + LOOK_AFTER_SECONDS
             return LOOK_AFTER_SECONDS
