@@ -136,10 +136,9 @@ def _counts(jobset: dict[str, Any]) -> dict[str, tuple[int, int]]:
             for entry in (jobset.get("status") or {}).get("replicatedJobsStatus") or []}
 
 
-def _coming_up(jobset: dict[str, Any], before: dict[str, tuple[int, int]]) -> bool:
-    """Whether every replicated job with pods not yet ready has more active or more ready child Jobs than
+def _coming_up(now: dict[str, tuple[int, int]], before: dict[str, tuple[int, int]]) -> bool:
+    """Whether every replicated job with pods not yet ready has more active or more ready child Jobs ``now`` than
     ``before`` (its pods are still being made, or coming up)."""
-    now = _counts(jobset)
     return all(now[name][0] > before.get(name, (0, 0))[0] or now[name][1] > before.get(name, (0, 0))[1]
                for name, (active, ready) in now.items() if active > ready)
 
@@ -164,7 +163,8 @@ class PodStartWatch:
         seen = self._seen.setdefault(key, _Seen(next_look=now + LOOK_AFTER_SECONDS, counts=_counts(jobset)))
         if now < seen.next_look:
             return seen.next_look - now
-        coming_up, seen.counts = _coming_up(jobset, seen.counts), _counts(jobset)
+        counts = _counts(jobset)
+        coming_up, seen.counts = _coming_up(counts, seen.counts), counts
         if coming_up and seen.failing_since is None:  # slow, not stuck: check the count again, list nothing
             seen.next_look = now + LOOK_AFTER_SECONDS
             return LOOK_AFTER_SECONDS
