@@ -54,7 +54,8 @@ def test_submit_pytorchjob_maps_arena_flags_onto_the_trainjob(local_jobs, cli, t
     override = resource["spec"]["podTemplateOverrides"][0]["spec"]
     assert override["volumes"] == [{"name": "data-0", "persistentVolumeClaim": {"claimName": "datasets"}}]
     assert override["containers"][0]["volumeMounts"] == [{"name": "data-0", "mountPath": "/data"}]
-    assert cli("wait", "arena", "--timeout", "120")[0] == 0
+    code, _, err = cli("wait", "arena", "--timeout", "120")
+    assert code == 0, f"{err}\n{cli('describe', 'arena')[1]}\n{cli('logs', 'arena')[1]}"
     assert "node-1/rank-1 | worker 1 ['--epochs', '2']" in cli("logs", "arena")[1]
 
 

@@ -40,6 +40,7 @@ import time
 import psutil
 
 from trainjob.constants import RAY_NUM_CPUS_ENV, RAY_NUM_GPUS_ENV
+from trainjob.ports import free_port
 from trainjob.ray import REPORTING_CALLBACK, REPORTS_FILE_ENV
 from trainjob.ray.reporting import read_reports
 from trainjob.ray_storage import driver_script, storage_paths, storage_problem
@@ -205,7 +206,7 @@ class RayNode:
     def free_port(self) -> int:
         """A free port that is none of the ports this node already uses (the head's was picked the same way, by
         whoever started the node, and is free again until Ray binds it)."""
-        while (port := _free_port()) in self.ports:
+        while (port := free_port("")) in self.ports:
             pass
         self.ports.add(port)
         return port
@@ -270,12 +271,6 @@ def _reachable(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 if __name__ == "__main__":

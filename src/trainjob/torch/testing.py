@@ -18,25 +18,19 @@ import importlib
 import multiprocessing as mp
 import os
 import pickle
-import socket
 import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
+from trainjob.ports import free_port
+
 __all__ = ["DistributedRunError", "free_port", "run_distributed"]
 
 
 class DistributedRunError(RuntimeError):
     """A rank raised, exited without a result, or the run timed out."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _resolve(target: str) -> Any:

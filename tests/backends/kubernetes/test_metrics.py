@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import socket
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from trainjob.backends.kubernetes.metrics import OperatorMetrics
+from trainjob.ports import free_port
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -180,12 +180,6 @@ def _core(host: str):  # type: ignore[no-untyped-def]
     return kubernetes.client.ApiClient(configuration)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_requests_through_an_instrumented_client_are_counted_by_verb_and_code(
     metrics: OperatorMetrics, api_server: str
 ) -> None:
@@ -217,7 +211,7 @@ def test_requests_through_an_instrumented_client_are_counted_by_verb_and_code(
 def test_a_request_that_gets_no_answer_is_counted_with_code_none(metrics: OperatorMetrics) -> None:
     import kubernetes.client
 
-    client = metrics.instrument(_core(f"http://127.0.0.1:{_free_port()}"))
+    client = metrics.instrument(_core(f"http://127.0.0.1:{free_port()}"))
     try:
         with pytest.raises(Exception):  # noqa: B017 (urllib3's connection error, whatever its class)
             kubernetes.client.CoreV1Api(client).list_namespaced_pod("default", _request_timeout=(2, 2))

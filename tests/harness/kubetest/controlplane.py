@@ -44,6 +44,7 @@ from kubetest.nodes import (
     kube_proxy_argv,
 )
 from kubetest.pki import CertificateAuthority, service_account_key
+from trainjob.ports import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO / "scripts" / "cluster" / "build.sh"
@@ -105,12 +106,6 @@ def build_components() -> dict[str, Any]:
     if done.returncode != 0:
         raise RuntimeError(f"scripts/cluster/build.sh failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return json.loads(Path(done.stdout.strip().splitlines()[-1]).read_text())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def kubeconfig(path: Path, server: str, ca: Path, **user: str) -> Path:

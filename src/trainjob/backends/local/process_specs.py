@@ -54,7 +54,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -84,6 +83,7 @@ from trainjob.backends.local.worker_site import STACKS_DIR_ENV, STACKS_SIGNAL, S
 from trainjob.backends.stall import StallPolicy
 from trainjob.constants import JOB_DIR_ENV, METRICS_FILE_ENV, PET_RDZV_ENDPOINT, PET_RDZV_ID
 from trainjob.errors import ValidationError
+from trainjob.ports import free_port  # noqa: F401  (the supervisor's)
 from trainjob.runtime.launch import Addressing, addressing_env
 
 # Building a spec from a plan (at submit) needs the API's quantities and the MPI plugin; the supervisor, which
@@ -442,13 +442,6 @@ def share_gpus(num_nodes: int, per_node: int, available: list[str]) -> tuple[lis
             "nodes without GPUs run on CPU",
         )
     return sets, note
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 NODE_BACKOFF_ENV = "TRAINJOB_NODE_BACKOFF_SECONDS"
