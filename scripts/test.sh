@@ -3,23 +3,24 @@
 #   bash scripts/test.sh            every tier: the cluster, browser and multi-process tests included (CI runs this)
 #   bash scripts/test.sh --fast     only the tests that start nothing: no cluster, browser or process (~1 minute)
 #   bash scripts/test.sh -m procs   one tier (markers: cluster, nodes, browser, procs; tests/harness/jobtest/tiers.py)
-# The Kubernetes tests run on a real cluster built from Go modules (scripts/cluster/build.sh: about 25 min on 2 cores
-# the first time, seconds once cached under ~/.cache/trainjob/cluster) with two real nodes (kubelet, Debian's
-# containerd and runc) whose pods run images built here (python -m kubetest.images); they need Go and root.
+# The Kubernetes tests run on a real cluster built from Go modules with two real nodes (kubelet, Debian's containerd
+# and runc) whose pods run images built here (python -m kubetest.images); they need Go and root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fast=0
 for arg in "$@"; do [ "$arg" = "--fast" ] && fast=1; done
 bash scripts/setup.sh
 .venv/bin/ruff check src tests examples benchmarks
-if [ "$fast" = 0 ]; then
+# The test cluster's components (scripts/cluster/build.sh: about 25 min on 2 cores the first time, seconds once
+# cached under ~/.cache/trainjob/cluster) and the nodes' images (pause, CoreDNS, the training image of
+# deploy/training.Dockerfile), built with buildah and pushed to the loopback registry's storage: about 8 min the
+# first time, seconds once cached under ~/.cache/trainjob/images (the training image again only when src/,
+# examples/ or the lock change).
+prepare_cluster() {
   if command -v go >/dev/null; then
-    start=$SECONDS
+    local start=$SECONDS
     bash scripts/cluster/build.sh >/dev/null
     echo "test.sh: test cluster components ready in $((SECONDS - start)) s"
-    # The nodes' images (pause, CoreDNS, the training image of deploy/training.Dockerfile), built with buildah and
-    # pushed to the loopback registry's storage: about 8 min the first time, seconds once cached under
-    # ~/.cache/trainjob/images (the training image again only when src/, examples/ or the lock change).
     if [ "$(id -u)" = 0 ] && command -v buildah >/dev/null && command -v docker-registry >/dev/null; then
       start=$SECONDS
       PYTHONPATH=tests/harness .venv/bin/python -m kubetest.images >/dev/null
@@ -30,29 +31,43 @@ if [ "$fast" = 0 ]; then
   else
     echo "test.sh: Go not found: the Kubernetes tests will be skipped (set TRAINJOB_REQUIRE_CLUSTER=1 to fail instead)"
   fi
-  # DeepSpeed's CPU ops, built once per .venv under ~/.cache/trainjob/torch-extensions (about 1.5 min on 2 cores,
-  # seconds once built) rather than on first use inside the DeepSpeed tests, beside their jobs.
+}
+# DeepSpeed's CPU ops, built once per .venv under ~/.cache/trainjob/torch-extensions (about 1.5 min on 2 cores,
+# seconds once built) rather than on first use inside the DeepSpeed tests, beside their jobs.
+prepare_deepspeed() {
+  local start=$SECONDS
   PYTHONPATH=tests/harness .venv/bin/python -m jobtest.deepspeed_ops
-fi
+  echo "test.sh: DeepSpeed's CPU ops ready in $((SECONDS - start)) s"
+}
 # The slowest tests close the report, so what a change costs shows in every run.
 if [ "$#" -gt 0 ]; then
+  if [ "$fast" = 0 ]; then
+    prepare_cluster
+    prepare_deepspeed
+  fi
   exec .venv/bin/python -m pytest -q --durations=25 "$@"
 fi
-# Every tier, in two pytest sessions side by side: the cluster tier spends much of its time waiting on controllers
-# and pods (about half of 2 cores busy), the others keep the cores busy; together they take about the time of the
-# longer one. The cluster tier's report follows the others'. Each test counts only its own processes: the local
-# jobs' (by their job directory) or the pods' (by their network namespace).
+# Every tier, in two chains side by side: the cluster's components and images, then the cluster tier, which spends
+# much of its time waiting on controllers and pods (about half of 2 cores busy); DeepSpeed's ops, then the other
+# tiers, which keep the cores busy. Together they take about the time of the longer one. (The local container tests
+# use the training image too: they wait on the image cache's lock while the cluster chain builds it.) The cluster
+# chain's report follows the others'. Each test counts only its own processes: the local jobs' (by their job
+# directory) or the pods' (by their network namespace).
 report=$(mktemp -d)
 cluster=
-stop_cluster() {  # an interrupted run: the cluster session tears its control plane and pods down (SIGINT)
+stop_cluster() {  # an interrupted run: the cluster session (pytest, exec'd by its chain) tears its control plane and pods down (SIGINT)
   [ -n "$cluster" ] && kill -INT "$cluster" 2>/dev/null && wait "$cluster" 2>/dev/null
   cat "$report/cluster.txt" 2>/dev/null
   rm -rf "$report"
 }
 trap 'stop_cluster; exit 130' INT TERM
-.venv/bin/python -m pytest -q --durations=15 -p no:cacheprovider -m cluster >"$report/cluster.txt" 2>&1 &
+(
+  prepare_cluster
+  exec .venv/bin/python -m pytest -q --durations=15 -p no:cacheprovider -m cluster
+) >"$report/cluster.txt" 2>&1 &
 cluster=$!
 others=0
+prepare_deepspeed
 .venv/bin/python -m pytest -q --durations=15 -m "not cluster" || others=$?
 cluster_rc=0
 wait "$cluster" || cluster_rc=$?

@@ -78,6 +78,20 @@ def test_every_job_the_quick_start_reads_is_created_before() -> None:
             assert names and set(names) <= created, f"{command!r} reads {names}; created so far: {sorted(created)}"
 
 
+def _check_the_first_job(out: str, home: str) -> None:
+    """The digits example on 2 nodes x 2 processes: 4 ranks, at least 95 % test accuracy, its progress to the last
+    step and its checkpoint in the job's folder."""
+    from trainjob.backends.local.client.backend import LocalBackend, LocalProcessBackendConfig
+
+    assert "node-0/rank-0 | training on 4 processes" in out, out[-6000:]
+    assert float(out.split("final test accuracy ")[1].split()[0]) >= 0.95, out[-6000:]
+    backend = LocalBackend(LocalProcessBackendConfig(home=Path(home)))
+    job = backend.get_job("digits")
+    assert job.status == "Complete" and job.progress.step == job.progress.total_steps, job
+    assert job.progress.metrics["loss"] < 0.5, job.progress
+    assert (backend.store.job_dir("digits") / "checkpoints" / "checkpoint.pt").is_file()
+
+
 @pytest.mark.timeout(900)
 def test_the_quick_start_runs_as_written(subprocesses, tmp_path: Path) -> None:
     env = {**os.environ, "TRAINJOB_HOME": str(tmp_path / "home"),
@@ -90,7 +104,8 @@ def test_the_quick_start_runs_as_written(subprocesses, tmp_path: Path) -> None:
             outputs.append(result.stdout + result.stderr)  # whole: a rank's last warnings may be long
             transcript.append(f"$ {command}\n{result.stdout[-1500:]}{result.stderr[-1500:]}")
             assert result.returncode == 0, "\n".join(transcript)
-        assert "final test accuracy" in outputs[0], outputs[0][-6000:]
+            if len(outputs) == 1:  # the README's first job, before later lines delete it
+                _check_the_first_job(outputs[0], env["TRAINJOB_HOME"])
         assert "digits-yaml" in outputs[3] and "digits-bg" in outputs[3], outputs[3]
         assert outputs[5].count("node-0/rank-0 | ") >= 5 and "final test accuracy" in outputs[5], outputs[5][-6000:]
     finally:
