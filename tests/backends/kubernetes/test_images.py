@@ -94,3 +94,20 @@ def test_working_containers_left_on_older_images_do_not_keep_them(scratch_builde
     assert containers() == [kept]
     assert builder.buildah("images", "--all", "--format={{.Name}}:{{.Tag}}").split() == [new]
     builder.buildah("rm", kept)
+
+
+def test_the_image_registry_keeps_its_port_while_it_is_free(tmp_path: Path) -> None:
+    """buildah skips layers it knows are at that address: the cache's registry serves on the same one each session."""
+    import socket
+
+    from kubetest.images import _port_of
+
+    storage = tmp_path / "registry"
+    first = _port_of(storage)
+    assert (tmp_path / "registry.port").read_text().strip() == str(first)
+    assert _port_of(storage) == first
+    with socket.socket() as taken:  # another program holds it: a new port, kept from then on
+        taken.bind(("127.0.0.1", first))
+        taken.listen()
+        second = _port_of(storage)
+    assert second != first and _port_of(storage) == second
