@@ -279,8 +279,9 @@ class Builder:
         ).returncode == 0
 
     def push(self, local: str, registry: Registry, remote: str) -> None:
-        # Uncompressed layers: gzip of torch's CUDA libraries alone takes minutes of one core, and the registry and
-        # the nodes are on this disk.
+        # --disable-compression is what we want (the registry and the nodes are on this disk), but buildah's
+        # containers/image gzips every layer for a registry regardless; a layer the registry already has at this
+        # address (its blob info cache says so) is skipped, which is why the cache's registry keeps its port.
         self.buildah("push", "--tls-verify=false", "--disable-compression", "--quiet", local,
                      f"docker://{registry.address}/{remote}", what=f"pushing {local}")
 
