@@ -14,7 +14,7 @@ import random
 import socket
 from pathlib import Path
 
-__all__ = ["free_port", "listening_range"]
+__all__ = ["free_port", "is_free", "listening_range"]
 
 LOWEST = 20000  # below: well-known and registered services' ports
 TRIES = 50
@@ -38,15 +38,19 @@ def free_port(host: str = "127.0.0.1") -> int:
     ports = listening_range()
     for _ in range(TRIES if ports else 0):
         port = _random.choice(ports)
-        if _bindable(host, port):
+        if is_free(host, port):
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
-def _bindable(host: str, port: int) -> bool:
+def is_free(host: str, port: int, reuse_address: bool = False) -> bool:
+    """Whether ``port`` on ``host`` can be bound now; with ``reuse_address``, as a server setting ``SO_REUSEADDR``
+    binds it (Go's listeners do), which connections left in ``TIME_WAIT`` do not stop."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        if reuse_address:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

@@ -13,7 +13,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainjob.backends.local import process_specs
 from trainjob.backends.local.node_env import warm_node_env
 from trainjob.backends.local.node_keeper.warm_torchrun import (
     differences,
@@ -21,6 +20,7 @@ from trainjob.backends.local.node_keeper.warm_torchrun import (
     shadowed_modules,
 )
 from trainjob.backends.local.supervisor import nodes, warm_keepers
+from trainjob.ports import free_port
 
 # What a rank says of itself: its parent's command line (the node's process) and a variable of the node's.
 RANK = """
@@ -47,7 +47,7 @@ def supervised(tmp_path: Path):
 def node_spec(job_dir: Path, argv: list[str], **env: str) -> dict:
     node_env = warm_node_env(os.environ, sys.executable)
     node_env.update({"TRAINJOB_JOB_DIR": str(job_dir), "PET_NNODES": "1", "PET_NPROC_PER_NODE": "1",
-                     "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(process_specs.free_port()),
+                     "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(free_port()),
                      "PET_NODE_RANK": "0", **env})
     return {"home": str(job_dir), "name": "job", "job_dir": str(job_dir), "node": 0, "cwd": str(job_dir),
             "argv": argv, "env": node_env, "cpus": [], "log_max_bytes": 1 << 20, "mounts": []}

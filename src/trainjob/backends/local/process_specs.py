@@ -83,7 +83,6 @@ from trainjob.backends.local.worker_site import STACKS_DIR_ENV, STACKS_SIGNAL, S
 from trainjob.backends.stall import StallPolicy
 from trainjob.constants import JOB_DIR_ENV, METRICS_FILE_ENV, PET_RDZV_ENDPOINT, PET_RDZV_ID
 from trainjob.errors import ValidationError
-from trainjob.ports import free_port  # noqa: F401  (the supervisor's)
 from trainjob.runtime.launch import Addressing, addressing_env
 
 # Building a spec from a plan (at submit) needs the API's quantities and the MPI plugin; the supervisor, which

@@ -65,6 +65,7 @@ from trainjob.backends.local.supervisor.warm_keepers import release_warm_keepers
 from trainjob.backends.local.volumes import read_host_volumes
 from trainjob.constants import COMPLETE, CREATED, FAILED, QUEUED, RUNNING, SUSPENDED
 from trainjob.errors import NotFoundError, is_disk_full
+from trainjob.ports import free_port
 
 #: How often the supervisor looks at what nodes do not wake it for (metrics, requests, the stall watch); a
 #: keeper that exits wakes it at once (its pidfd).
@@ -149,7 +150,7 @@ class Supervisor:
             return
         started = self.row["started"] or time.time()
         restarts = self.row["restarts"]
-        self.python, self.restarts, self.port = python, restarts, process_specs.free_port()
+        self.python, self.restarts, self.port = python, restarts, free_port()
         info = rendezvous.store_info(self.job_dir) if adopted and self.spec.shrinkable else None
         self.rendezvous_port = info["port"] if info else None
         while not self.terminating:
@@ -222,14 +223,14 @@ class Supervisor:
         """Start every node's keeper; the job becomes Running (from Created) in the same store write that records
         the nodes (``job_started`` is its start time)."""
         (self.job_dir / "logs").mkdir(parents=True, exist_ok=True)
-        port = process_specs.free_port()
+        port = free_port()
         self.nodes, self.recorded = [], set()
         self.lost, self.returned, self.grow_requested = {}, set(), None
         self.resize_reasons = ["the node group was restarted"] if restarts else []
         self.stall_watch.reset()
         if self.spec.shrinkable:
             rendezvous.clear_grow(self.job_dir)
-            self.rendezvous_port = process_specs.free_port()
+            self.rendezvous_port = free_port()
             self.rendezvous_store = rendezvous.start_store(self.job_dir, self.rendezvous_port, python,
                                                           self.spec.base_env or process_specs.passed_env(os.environ))
         self.python, self.port, self.restarts = python, port, restarts
