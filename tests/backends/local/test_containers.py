@@ -29,10 +29,6 @@ EXAMPLE = REPO / "examples" / "digits_ddp.py"
 
 
 PODMAN = shutil.which("podman") or "podman"  # found once: a test takes PATH away
-#: The image fixture may wait minutes for the training image: ``scripts/test.sh`` builds it beside these tests, in
-#: the cluster chain, holding the image cache's lock (about 8 minutes on a cold cache). Only each test's own body
-#: is held to the usual limit; the build's own commands have theirs.
-pytestmark = pytest.mark.timeout(300, func_only=True)
 
 
 def _podman(*args: str) -> str:
