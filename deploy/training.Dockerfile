@@ -7,8 +7,19 @@
 # the ray-distributed runtime). torch's CUDA libraries come with it from PyPI: the image is several GB, most of it
 # the first layer below.
 ARG BASE=python:3.11-slim
-FROM ${BASE}
+
+# What layer 1 below installs: trainjob's dependencies and EXTRAS' from pyproject.toml, and the build tools that
+# install trainjob. Listed in a stage of its own, so that layer 1 is rebuilt when this list or the lock change, and
+# not on every edit to pyproject.toml (its tool settings, its version).
+FROM ${BASE} AS requirements
 ARG EXTRAS=examples
+COPY pyproject.toml /tmp/pyproject.toml
+RUN python3 -c 'import os, tomllib; p = tomllib.load(open("/tmp/pyproject.toml", "rb"))["project"]; \
+extras = [e for e in os.environ["EXTRAS"].split(",") if e]; \
+print("\n".join(p["dependencies"] + [d for e in extras for d in p["optional-dependencies"][e]] + ["setuptools", "wheel"]))' \
+      > /requirements.txt
+
+FROM ${BASE}
 
 # Build-time only, never in a layer: a CA bundle for a TLS proxy between the build and PyPI, and a pip cache
 # mounted into the build (buildah bud --volume ~/.cache/pip:/pip-cache --build-arg PIP_CACHE_DIR=/pip-cache).
@@ -20,14 +31,11 @@ ENV VIRTUAL_ENV=/opt/trainjob \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Layer 1, the large one, rebuilt only when the lock, pyproject.toml or EXTRAS change: every package trainjob and
-# the extras import, at the lock's versions, and the build tools that install trainjob below.
-COPY requirements/dev.lock pyproject.toml /tmp/trainjob-deps/
+# Layer 1, the large one, rebuilt only when the lock or the list above change: every package trainjob and the
+# extras import, at the lock's versions.
+COPY requirements/dev.lock /tmp/trainjob-deps/dev.lock
+COPY --from=requirements /requirements.txt /tmp/trainjob-deps/requirements.txt
 RUN python3 -m venv /opt/trainjob \
- && python3 -c 'import os, tomllib; p = tomllib.load(open("/tmp/trainjob-deps/pyproject.toml", "rb"))["project"]; \
-extras = [e for e in os.environ["EXTRAS"].split(",") if e]; \
-print("\n".join(p["dependencies"] + [d for e in extras for d in p["optional-dependencies"][e]] + ["setuptools", "wheel"]))' \
-      > /tmp/trainjob-deps/requirements.txt \
  && pip install -q -c /tmp/trainjob-deps/dev.lock -r /tmp/trainjob-deps/requirements.txt \
  && rm -rf /tmp/trainjob-deps /root/.cache/pip
 

@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -102,6 +103,12 @@ def _hash_paths(paths: list[Path], extra: str = "") -> str:
             digest.update(str(path.relative_to(REPO) if path.is_relative_to(REPO) else path.name).encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def _dependency_lists() -> str:
+    """pyproject.toml's dependencies and optional dependencies, what the Dockerfiles' first layer is made of."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return json.dumps([project.get("dependencies", []), project.get("optional-dependencies", {})], sort_keys=True)
 
 
 @contextlib.contextmanager
@@ -356,10 +363,10 @@ class Builder:
         reference = _dockerfile_reference(name, inputs, base, args)
         if self.exists(reference):
             return reference
-        # A new dependency layer (GBs for the training image) is built when the lock, pyproject.toml or the
-        # Dockerfile change: the older images and their build cache go first, or each such change would keep another
-        # copy on this disk.
-        deps = _hash_paths([REPO / "requirements/dev.lock", REPO / "pyproject.toml", dockerfile], extra=extra)
+        # A new dependency layer (GBs for the training image) is built when the lock, pyproject.toml's dependency
+        # lists or the Dockerfile change (any other edit to pyproject.toml reuses it): the older images and their
+        # build cache go first, or each such change would keep another copy on this disk.
+        deps = _hash_paths([REPO / "requirements/dev.lock", dockerfile], extra=f"{extra} {_dependency_lists()}")
         stamp = self.cache / "buildah" / f"{name}-deps"
         if stamp.exists() and stamp.read_text() != deps:
             self._remove_tags(reference.rsplit(":", 1)[0], keep=None)
