@@ -47,39 +47,52 @@ if [ "$#" -gt 0 ]; then
   fi
   exec .venv/bin/python -m pytest -q --durations=25 "$@"
 fi
-# Every tier, in two chains side by side: the cluster's components and images, then the cluster tier, which spends
-# much of its time waiting on controllers and pods (about half of 2 cores busy); DeepSpeed's ops, then the other
-# tiers, which keep the cores busy. Together they take about the time of the longer one. (The local container tests
-# use the training image too: they wait on the image cache's lock while the cluster chain builds it.) The cluster
-# chain's report follows the others'. Each test counts only its own processes: the local jobs' (by their job
-# directory) or the pods' (by their network namespace).
+# Every tier, in three chains side by side: the cluster's components and images, then the cluster tier, which spends
+# much of its time waiting on controllers and pods; the local backend's tests (and Ray's, the dashboard's), which
+# spend much of theirs waiting on jobs that stall, lose nodes or restart on purpose; DeepSpeed's ops, then the rest
+# (the training library's, the CLI's), which keep the cores busy. Together they take about the time of the longest.
+# (The local container tests use the training image too: they wait on the image cache's lock while the cluster
+# chain builds it.) Each chain's report follows. Each test counts only its own processes: the local jobs' (by their
+# job directory) or the pods' (by their network namespace), so the chains do not see each other's.
+LOCAL_TESTS=(tests/backends tests/ray tests/ui tests/fuzz tests/test_client.py)
 report=$(mktemp -d)
 cluster=
-stop_cluster() {  # an interrupted run: the cluster session (pytest, exec'd by its chain) tears its control plane and pods down (SIGINT)
-  [ -n "$cluster" ] && kill -INT "$cluster" 2>/dev/null && wait "$cluster" 2>/dev/null
-  cat "$report/cluster.txt" 2>/dev/null
+local_tier=
+stop_chains() {  # an interrupted run: each pytest session (exec'd by its chain) tears its fixtures down on SIGINT
+  for pid in $cluster $local_tier; do kill -INT "$pid" 2>/dev/null; done
+  for pid in $cluster $local_tier; do wait "$pid" 2>/dev/null; done
+  cat "$report/local.txt" "$report/cluster.txt" 2>/dev/null
   rm -rf "$report"
 }
-trap 'stop_cluster; exit 130' INT TERM
+trap 'stop_chains; exit 130' INT TERM
 (
   prepare_cluster
   exec .venv/bin/python -m pytest -q --durations=15 -p no:cacheprovider -m cluster
 ) >"$report/cluster.txt" 2>&1 &
 cluster=$!
+.venv/bin/python -m pytest -q --durations=15 -p no:cacheprovider -m "not cluster" "${LOCAL_TESTS[@]}" \
+  >"$report/local.txt" 2>&1 &
+local_tier=$!
 others=0
-if prepare_deepspeed; then  # a failure here still waits for the cluster chain, which ends on its own
-  .venv/bin/python -m pytest -q --durations=15 -m "not cluster" || others=$?
+if prepare_deepspeed; then  # a failure here still waits for the other chains, which end on their own
+  .venv/bin/python -m pytest -q --durations=15 -m "not cluster" "${LOCAL_TESTS[@]/#/--ignore=}" || others=$?
 else
-  echo "test.sh: building DeepSpeed's CPU ops failed; the other tiers did not run"
+  echo "test.sh: building DeepSpeed's CPU ops failed; the training library's and the CLI's tests did not run"
   others=1
 fi
+local_rc=0
+wait "$local_tier" || local_rc=$?
 cluster_rc=0
 wait "$cluster" || cluster_rc=$?
 cluster=
+local_tier=
 trap - INT TERM
+echo
+echo "==================== the local backend's tiers (run beside the tests above) ===================="
+cat "$report/local.txt"
 echo
 echo "==================== the cluster tier (run beside the tests above) ===================="
 cat "$report/cluster.txt"
 rm -rf "$report"
-echo "test.sh: cluster tier exit $cluster_rc, the other tiers exit $others"
-[ "$others" = 0 ] && [ "$cluster_rc" = 0 ]
+echo "test.sh: cluster tier exit $cluster_rc, the local backend's tiers exit $local_rc, the other tiers exit $others"
+[ "$others" = 0 ] && [ "$local_rc" = 0 ] && [ "$cluster_rc" = 0 ]
