@@ -21,6 +21,8 @@ from trainjob.backends.kubernetes.operator import OperatorState, enqueue_trainjo
 from trainjob.backends.kubernetes.pytorchjob import OPERATOR_NAME, OPERATOR_NAME_LABEL
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
+    JOBS,
+    JOBSET_NAME_LABEL,
     JOBSETS,
     PODS,
     RUNTIME_SNAPSHOT_ANNOTATION,
@@ -209,7 +211,8 @@ def test_trainjob_operator_command_serves_probes_reconciles_and_stops_on_sigint(
     (JOBSETS, TRAINJOB_NAME_LABEL),
     (PODS, f"{OPERATOR_NAME_LABEL}={OPERATOR_NAME}"),
     (TRAINJOBS, ""),
-], ids=["jobsets-of-trainjobs", "pods-of-pytorchjobs", "every-trainjob"])
+    (JOBS, JOBSET_NAME_LABEL),
+], ids=["jobsets-of-trainjobs", "pods-of-pytorchjobs", "every-trainjob", "child-jobs-of-jobsets"])
 def test_the_api_server_filters_the_watched_pods_and_jobsets(resource: ResourceRef, selector: str) -> None:
     import asyncio
 

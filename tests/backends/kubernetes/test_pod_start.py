@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubetest.memory_api import MemoryApi
 
-from trainjob.backends.kubernetes.cache import CachedReads
+from trainjob.backends.kubernetes.cache import CachedReads, ObjectCache
 from trainjob.backends.kubernetes.pod_start import (
     GRACE_ANNOTATION,
     READ_AT_MOST,
@@ -19,7 +19,13 @@ from trainjob.backends.kubernetes.pod_start import (
     PodStartWatch,
     pods_not_starting,
 )
-from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL, JOBSETS, TRAINJOBS
+from trainjob.backends.kubernetes.resources import (
+    JOBS,
+    JOBSET_NAME_LABEL,
+    JOBSETS,
+    REPLICATED_JOB_LABEL,
+    TRAINJOBS,
+)
 from trainjob.backends.kubernetes.status_writer import StatusWriter
 
 NS, NAME, START = "ml", "mnist", 1_800_000_000.0
@@ -246,3 +252,51 @@ def test_pods_that_started_between_the_listing_and_their_read_leave_a_count() ->
     api.read_pod = started_meanwhile  # type: ignore[method-assign]
     assert failed_message(api, job, clock).startswith(
         "2 of its pods showed ErrImagePull; its pods could not start for 0 s")
+
+
+def child_job(ready: int, active: int = 1000, rv: int = 1) -> dict[str, Any]:
+    """The one child Job of a built-in runtime's JobSet of a thousand nodes: ``active`` pods made, ``ready`` up."""
+    return {"metadata": {"name": f"{NAME}-node-0", "namespace": NS, "uid": "j1", "resourceVersion": str(rv),
+                         "labels": {JOBSET_NAME_LABEL: NAME, REPLICATED_JOB_LABEL: "node", "other": "dropped"},
+                         "annotations": {"big": "x" * 1000}},
+            "spec": {"parallelism": active, "template": {"spec": {"containers": [{"name": "node"}]}}},
+            "status": {"active": active, "ready": ready, "terminating": 0}}
+
+
+@pytest.mark.parametrize(("readies", "lists"), [
+    ((0, 300, 600, 900), 0),  # coming up: the child Job's ready pods grow between checks, nothing is listed
+    ((0, 300, 300), 1),  # the count stopped growing: looked at
+], ids=["the-child-jobs-pods-coming-up-are-not-listed", "the-child-jobs-pods-stuck-are-looked-at"])
+def test_the_child_jobs_pod_counts_decide_the_look(readies: tuple[int, ...], lists: int) -> None:
+    """The built-in runtimes make one child Job of ``numNodes`` pods: its JobSet counts one active Job and no ready
+    one until the last pod is up, so only the child Job's own counts (from the operator's watch of Jobs) tell a
+    thousand pods coming up from pods that stopped coming up."""
+    clock = [START]
+    api = MemoryApi(lambda: clock[0])
+    job = seed_job(api)
+    add_node_pods(api, 3, waiting("ContainerCreating"))
+    cache = ObjectCache()
+    watch = PodStartWatch(api, StatusWriter(api, CachedReads(api), lambda: clock[0]), cache.pod_counts)
+    for step, ready in enumerate(readies):
+        clock[0] = START + 10 * step
+        cache.observe(JOBS, child_job(ready, rv=step + 1))
+        assert watch.watch(job, {}, {}, {"status": STARTING}, clock[0]) == pytest.approx(10)
+    assert sum(1 for verb, resource, _ in api.requests if resource == "pods" and verb == "list") == lists
+
+
+def test_the_cache_keeps_a_child_jobs_counts_only_and_forgets_it_when_deleted() -> None:
+    cache = ObjectCache()
+    cache.observe(JOBS, child_job(5, active=8))
+    cache.observe(JOBS, {**child_job(2, active=2), "metadata": {**child_job(0)["metadata"], "name": "mnist-launcher-0",
+                                                                "labels": {JOBSET_NAME_LABEL: NAME,
+                                                                           REPLICATED_JOB_LABEL: "launcher"}}})
+    kept = cache.get(JOBS, NS, f"{NAME}-node-0")
+    assert kept == {"metadata": {"name": f"{NAME}-node-0", "namespace": NS, "uid": "j1", "resourceVersion": "1",
+                                 "labels": {JOBSET_NAME_LABEL: NAME, REPLICATED_JOB_LABEL: "node"}},
+                    "status": {"active": 8, "ready": 5}}
+    assert cache.pod_counts(NS, NAME) == {"node": (8, 5), "launcher": (2, 2)}
+    assert cache.pod_counts(NS, "other") == {} and cache.pod_counts("elsewhere", NAME) == {}
+    cache.observe(JOBS, child_job(4, active=8, rv=0))  # an older event than what the cache has: ignored
+    assert cache.pod_counts(NS, NAME)["node"] == (8, 5)
+    cache.observe(JOBS, child_job(8, active=8, rv=2), deleted=True)
+    assert cache.pod_counts(NS, NAME) == {"launcher": (2, 2)} and cache.get(JOBS, NS, f"{NAME}-node-0") is None

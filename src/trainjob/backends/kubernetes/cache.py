@@ -1,4 +1,5 @@
-"""The operator's watch cache: the last state of every TrainJob, JobSet and runtime its watches delivered.
+"""The operator's watch cache: the last state of every TrainJob, JobSet and runtime its watches delivered, and the
+pod counts of the JobSets' child Jobs.
 
 The reconciler reads TrainJobs, JobSets and runtimes from here instead of asking the API server, as controllers
 built on informers do (it still lists pods and reads their logs where it needs them: :mod:`.reconcile`). The
@@ -6,11 +7,15 @@ watches (:mod:`.watch`, through the handlers of :mod:`.operator`) feed it with :
 through :class:`CachedReads`, which also stores what its own writes returned (:meth:`ObjectCache.store`), so the
 next pass sees them even before their watch event arrives::
 
-    cache = ObjectCache()                                      # TrainJobs, JobSets and runtimes (WATCHED)
+    cache = ObjectCache()                                      # TrainJobs, JobSets, runtimes, child Jobs (WATCHED)
     cache.observe(TRAINJOBS, event["object"])                 # ADDED / MODIFIED / the initial listing
     cache.observe(JOBSETS, event["object"], deleted=True)     # DELETED
     job = cache.get(TRAINJOBS, "ml", "mnist")                 # dict, or None when not seen (or deleted)
     gone = cache.last_deleted(JOBSETS, "ml", "mnist")         # the object as it was when it was deleted
+    cache.pod_counts("ml", "mnist")                           # {"node": (active, ready)}: its child Jobs' pods
+
+A child Job is kept trimmed (:func:`trim_job`): its name, its JobSet's and replicated job's labels and its pod
+counts, some 300 bytes where the Job is several KiB; nothing else of it is read.
 
 Events and stored writes may arrive out of order (a watch event older than the response of a write made since):
 the newer ``resourceVersion`` wins. Resource versions are etcd revisions, the same counter for every object, so
@@ -30,7 +35,10 @@ from typing import TYPE_CHECKING, Any
 
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
+    JOBS,
+    JOBSET_NAME_LABEL,
     JOBSETS,
+    REPLICATED_JOB_LABEL,
     RUNTIME_KINDS,
     TRAINING_RUNTIMES,
     TRAINJOBS,
@@ -42,9 +50,27 @@ if TYPE_CHECKING:
 
 Key = tuple[str, str, str]  # (plural.group, namespace or "", name)
 #: The kinds the operator watches and reads from its cache.
-WATCHED = (TRAINJOBS, JOBSETS, CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES)
+WATCHED = (TRAINJOBS, JOBSETS, CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, JOBS)
+_JOBS_KIND = f"{JOBS.plural}.{JOBS.group}"
+#: What is kept of a child Job's status: how many of its pods are active (not finished), ready, done.
+JOB_COUNTS = ("active", "ready", "succeeded", "failed")
 #: How many deleted objects are remembered (for a JobSet's snapshot, and to drop late events about them).
 DELETED_KEPT = 10_000
+
+
+def trim_job(job: dict[str, Any]) -> dict[str, Any]:
+    """What the cache keeps of a JobSet's child Job: its identity, its JobSet's and replicated job's labels, and the
+    pod counts of its status."""
+    meta = job.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = job.get("status") or {}
+    return {
+        "metadata": {
+            **{k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta},
+            "labels": {k: labels[k] for k in (JOBSET_NAME_LABEL, REPLICATED_JOB_LABEL) if k in labels},
+        },
+        "status": {k: status[k] for k in JOB_COUNTS if k in status},
+    }
 
 
 def _key(ref: ResourceRef, namespace: str | None, name: str) -> Key:
@@ -71,6 +97,8 @@ class ObjectCache:
         self._kinds = {f"{ref.plural}.{ref.group}" for ref in kinds}
         self._objects: dict[Key, dict[str, Any]] = {}
         self._deleted: OrderedDict[Key, dict[str, Any]] = OrderedDict()
+        #: Child Jobs by (namespace, JobSet name): the keys of those in ``_objects``.
+        self._children: dict[tuple[str, str], set[Key]] = {}
         self._lock = threading.Lock()
 
     def serves(self, ref: ResourceRef) -> bool:
@@ -81,11 +109,17 @@ class ObjectCache:
         """What a watch delivered: the object as it now is, or as it was when deleted (kept without
         ``metadata.managedFields``, which nothing here reads and which is often the largest part of it)."""
         meta = obj.get("metadata") or {}
-        if "managedFields" in meta:
+        if ref == JOBS:
+            obj = trim_job(obj)
+            meta = obj["metadata"]
+        elif "managedFields" in meta:
             meta = {k: v for k, v in meta.items() if k != "managedFields"}
             obj = {**obj, "metadata": meta}
         key = _key(ref, meta.get("namespace"), str(meta.get("name")))
         with self._lock:
+            if ref == JOBS:
+                self._observe_child(key, obj, deleted)
+                return
             if deleted:
                 self._objects.pop(key, None)
                 self._deleted[key] = obj
@@ -100,6 +134,34 @@ class ObjectCache:
                 del self._deleted[key]  # a new object of the same name
             if _newer(obj, self._objects.get(key)):
                 self._objects[key] = obj
+
+    def _observe_child(self, key: Key, job: dict[str, Any], deleted: bool) -> None:
+        """A child Job (trimmed), indexed by its JobSet; a deleted one is forgotten (nothing reads it after)."""
+        owner = (key[1], str(job["metadata"]["labels"].get(JOBSET_NAME_LABEL, "")))
+        if deleted:
+            self._objects.pop(key, None)
+            siblings = self._children.get(owner)
+            if siblings is not None:
+                siblings.discard(key)
+                if not siblings:
+                    del self._children[owner]
+            return
+        if _newer(job, self._objects.get(key)):
+            self._objects[key] = job
+            self._children.setdefault(owner, set()).add(key)
+
+    def pod_counts(self, namespace: str, jobset: str) -> dict[str, tuple[int, int]]:
+        """Active and ready pods per replicated job of JobSet ``namespace/jobset``, summed over the child Jobs the
+        watch delivered (empty when it delivered none)."""
+        counts: dict[str, tuple[int, int]] = {}
+        with self._lock:
+            for key in self._children.get((namespace, jobset), ()):
+                job = self._objects[key]
+                status = job["status"]
+                name = str(job["metadata"]["labels"].get(REPLICATED_JOB_LABEL, ""))
+                active, ready = counts.get(name, (0, 0))
+                counts[name] = (active + (status.get("active") or 0), ready + (status.get("ready") or 0))
+        return counts
 
     def holds(self, ref: ResourceRef, obj: dict[str, Any]) -> bool:
         """Whether the cache has this very version of ``obj`` already (the answer to one of our own writes, whose

@@ -21,6 +21,7 @@ from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
     COSCHEDULING_PODGROUPS,
     CRDS,
+    JOBS,
     JOBSETS,
     PYTORCHJOBS,
     TRAINING_RUNTIMES,
@@ -87,6 +88,9 @@ def rbac() -> list[dict[str, Any]]:
             # watched; get: a create that met a JobSet the watch had not delivered yet (409)
             "verbs": ["get", "list", "watch", "create", "patch", "delete"],
         },
+        # the JobSets' child Jobs, watched for their pod counts (a job whose pods are still coming up is not
+        # looked at: .pod_start)
+        {"apiGroups": [JOBS.group], "resources": [JOBS.plural], "verbs": ["list", "watch"]},
         {
             "apiGroups": [COSCHEDULING_PODGROUPS.group, VOLCANO_PODGROUPS.group],
             "resources": ["podgroups"],

@@ -54,6 +54,8 @@ from trainjob.backends.kubernetes.reconcile import Reconciler
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
     ENDPOINT_SLICES,
+    JOBS,
+    JOBSET_NAME_LABEL,
     JOBSETS,
     NAMESPACES,
     PODS,
@@ -214,6 +216,12 @@ def enqueue_jobset_owner(state: OperatorState, event: dict[str, Any]) -> None:
         state.queue.add((namespace, owner))
 
 
+def cache_child_job(state: OperatorState, event: dict[str, Any]) -> None:
+    """A JobSet's child Job changed (its pod counts): cached for the pod-start watch, which reads them when the
+    job's next look is due; no pass is queued."""
+    _cache(state, JOBS, event)
+
+
 def enqueue_pytorchjob(state: OperatorState, event: dict[str, Any]) -> None:
     """Any event about a PyTorchJob queues it."""
     state.pytorchjob_queue.add(_key_of(event))
@@ -237,6 +245,7 @@ TRAINJOB_WATCHES: tuple[tuple[ResourceRef, str, EventHandler], ...] = (
     (JOBSETS, TRAINJOB_NAME_LABEL, enqueue_jobset_owner),
     (CLUSTER_TRAINING_RUNTIMES, "", cache_cluster_runtime),
     (TRAINING_RUNTIMES, "", cache_runtime),
+    (JOBS, JOBSET_NAME_LABEL, cache_child_job),
 )
 PYTORCHJOB_WATCHES: tuple[tuple[ResourceRef, str, EventHandler], ...] = (
     (PYTORCHJOBS, "", enqueue_pytorchjob),

@@ -5,9 +5,12 @@ what the node was told, instead of waiting in ``ImagePullBackOff`` for ever.
 The JobSet's status is the cheap signal: a replicated job with more active child Jobs than ready ones has pods not
 yet running. Only a job that stays so for :data:`LOOK_AFTER_SECONDS` gets its pods listed (again after 10, 20,
 40, then every 60 s while it lasts; every 10 s once one cannot start), and not while each such replicated job has
-more active or more ready child Jobs than at the last check (a thousand pods being made and coming up on a busy
-cluster are slow, not stuck: the look waits until their counts stop growing), and only those on a node and not
-running
+more active or more ready pods than at the last check: a thousand pods being made and coming up on a busy cluster
+are slow, not stuck, and the look waits until their counts stop growing. The counts are the child Jobs' own
+(``status.active``, ``status.ready``), which the operator's watch of them keeps (:meth:`.cache.ObjectCache.pod_counts`);
+the built-in runtimes make one child Job of ``numNodes`` pods, whose JobSet counts one active Job and no ready one
+until the last pod is up. Without them (no cache, or the watch has not delivered them yet), the JobSet's counts of
+child Jobs stand in. The pods listed are only those on a node and not running
 (:data:`ON_A_NODE_NOT_RUNNING`: a pod still waiting for the scheduler has no container to fail). They are listed as
 ``kubectl get pods`` lists them, as the API server's printed ``Table`` (name, ``STATUS``, node: some 150 bytes a
 pod, where the pod itself is some 5 KiB), so a job of a thousand nodes costs a look over a thousand short rows; only
@@ -21,7 +24,7 @@ waits as ``ContainerCreating``, which is not a failure at any age.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +66,7 @@ LOOK_AT_MOST_EVERY = 60.0
 @dataclass
 class _Seen:
     next_look: float
-    #: Active and ready child Jobs per replicated job at the last check.
+    #: Active and ready pods (else child Jobs) per replicated job at the last check.
     counts: dict[str, tuple[int, int]]
     interval: float = LOOK_AFTER_SECONDS
     failing_since: float | None = None
@@ -136,9 +139,13 @@ def _counts(jobset: dict[str, Any]) -> dict[str, tuple[int, int]]:
             for entry in (jobset.get("status") or {}).get("replicatedJobsStatus") or []}
 
 
+#: Active and ready pods per replicated job of a JobSet (namespace, name), from its child Jobs; empty if unknown.
+PodCounts = Callable[[str, str], dict[str, tuple[int, int]]]
+
+
 def _coming_up(now: dict[str, tuple[int, int]], before: dict[str, tuple[int, int]]) -> bool:
-    """Whether every replicated job with pods not yet ready has more active or more ready child Jobs ``now`` than
-    ``before`` (its pods are still being made, or coming up)."""
+    """Whether every replicated job with pods not yet ready has more active or more ready pods (or child Jobs)
+    ``now`` than ``before`` (its pods are still being made, or coming up)."""
     return all(now[name][0] > before.get(name, (0, 0))[0] or now[name][1] > before.get(name, (0, 0))[1]
                for name, (active, ready) in now.items() if active > ready)
 
@@ -147,10 +154,17 @@ class PodStartWatch:
     """Fails jobs whose pods cannot start (see the module's docstring); remembers, per job, when to look at its
     starting pods next and since when one has been failing to start."""
 
-    def __init__(self, api: KubeApi, writer: StatusWriter) -> None:
+    def __init__(self, api: KubeApi, writer: StatusWriter, pod_counts: PodCounts | None = None) -> None:
         self.api = api
         self.writer = writer
+        self.pod_counts = pod_counts
         self._seen: dict[tuple[str, str], _Seen] = {}
+
+    def _counts(self, key: tuple[str, str], jobset: dict[str, Any]) -> dict[str, tuple[int, int]]:
+        """Active and ready pods per replicated job, where the child Jobs say; the JobSet's child Jobs else."""
+        jobs = _counts(jobset)
+        pods = self.pod_counts(*key) if self.pod_counts is not None else {}
+        return {name: pods.get(name, counts) for name, counts in jobs.items()}
 
     def watch(self, job: dict[str, Any], old: dict[str, Any], new: dict[str, Any], jobset: dict[str, Any],
               now: float) -> float | None:
@@ -160,10 +174,12 @@ class PodStartWatch:
         if not _starting(jobset):
             self._seen.pop(key, None)
             return None
-        seen = self._seen.setdefault(key, _Seen(next_look=now + LOOK_AFTER_SECONDS, counts=_counts(jobset)))
+        seen = self._seen.get(key)
+        if seen is None:
+            seen = self._seen[key] = _Seen(next_look=now + LOOK_AFTER_SECONDS, counts=self._counts(key, jobset))
         if now < seen.next_look:
             return seen.next_look - now
-        counts = _counts(jobset)
+        counts = self._counts(key, jobset)
         coming_up, seen.counts = _coming_up(counts, seen.counts), counts
         if coming_up and seen.failing_since is None:  # slow, not stuck: check the count again, list nothing
             seen.next_look = now + LOOK_AFTER_SECONDS

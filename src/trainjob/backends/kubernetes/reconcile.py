@@ -85,7 +85,7 @@ class Reconciler:
         self.events = JobEvents(api, self.reads)
         self.children = Children(api, signer, self.reads, self.writer, self.events, status_endpoint)
         self.stalls = StallWatch(api, self.reads, self.writer, collective_reports)
-        self.pod_starts = PodStartWatch(api, self.writer)
+        self.pod_starts = PodStartWatch(api, self.writer, cache.pod_counts if cache is not None else None)
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """One pass over TrainJob ``namespace/name``; returns seconds until the next pass is due, if any."""

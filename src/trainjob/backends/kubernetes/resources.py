@@ -47,6 +47,8 @@ JOBSETS = ResourceRef("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
 COSCHEDULING_PODGROUPS = ResourceRef("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup")
 VOLCANO_PODGROUPS = ResourceRef("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup")
 KUEUE_WORKLOADS = ResourceRef("kueue.x-k8s.io", "v1beta1", "workloads", "Workload")
+#: A JobSet's child Jobs: their pod counts tell the operator a job's pods are still coming up (:mod:`.pod_start`).
+JOBS = ResourceRef("batch", "v1", "jobs", "Job")
 #: Core objects an MPI job needs: its SSH key Secret and its hostfile ConfigMap.
 SECRETS = ResourceRef("", "v1", "secrets", "Secret")
 #: The operator Service's EndpointSlice, which its leader writes.
