@@ -17,7 +17,13 @@ import pytest
 from kubetest.cluster import TrainJobCluster, wait_for
 from kubetest.controlplane import free_port
 
-from trainjob.backends.kubernetes.operator import OperatorState, enqueue_trainjob, make_watches
+from trainjob.backends.kubernetes.cache import WATCHED
+from trainjob.backends.kubernetes.operator import (
+    TRAINJOB_WATCHES,
+    OperatorState,
+    enqueue_trainjob,
+    make_watches,
+)
 from trainjob.backends.kubernetes.pytorchjob import OPERATOR_NAME, OPERATOR_NAME_LABEL
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
@@ -222,6 +228,12 @@ def test_the_api_server_filters_the_watched_pods_and_jobsets(resource: ResourceR
     assert selectors[(resource.plural, "a")] == selectors[(resource.plural, "b")] == selector
     assert (resource.plural, None) not in selectors
     assert selectors[(CLUSTER_TRAINING_RUNTIMES.plural, None)] == ""  # cluster-scoped: watched everywhere
+
+
+def test_the_cache_serves_exactly_the_kinds_the_operator_watches() -> None:
+    """A kind read from the cache but not watched would read as absent for ever; one watched but not served would
+    be decoded for nothing."""
+    assert set(WATCHED) == {ref for ref, _, _ in TRAINJOB_WATCHES}
 
 
 @pytest.mark.parametrize(("event_type", "version", "queued"), [
