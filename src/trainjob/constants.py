@@ -127,3 +127,7 @@ JOB_DIR_ENV = "TRAINJOB_JOB_DIR"
 #: ``resourcesPerNode``; without them Ray counts the machine's.
 RAY_NUM_CPUS_ENV = "TRAINJOB_RAY_NUM_CPUS"
 RAY_NUM_GPUS_ENV = "TRAINJOB_RAY_NUM_GPUS"
+
+# --- the operator's status endpoint, as its jobs' pods reach it ----------------------------------------------------
+#: The ConfigMap with the endpoint's CA (``ca.crt``) that the operator keeps in each namespace it makes pods in.
+STATUS_CA_CONFIGMAP = "trainjob-status-ca"

@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
+from trainjob.constants import STATUS_CA_CONFIGMAP
 from trainjob.progress import MAX_METRICS, format_value
 
 SERVER_URL_ENV = "KUBEFLOW_TRAINER_SERVER_URL"
@@ -116,8 +117,8 @@ def _post(status: dict[str, object]) -> bool:
     ca_file = os.environ.get(CA_CERT_ENV)
     if ca_file and not os.path.exists(ca_file):
         _log.warning("progress update to Kubeflow Trainer skipped: its CA %s is missing (from trainjob's operator: "
-                     "ConfigMap trainjob-status-ca of the job's namespace, made again when the operator starts)",
-                     ca_file)
+                     "ConfigMap %s of the job's namespace, made again when the operator starts)",
+                     ca_file, STATUS_CA_CONFIGMAP)
         return False
     context = ssl.create_default_context(cafile=ca_file or None)
     try:

@@ -64,7 +64,12 @@ from trainjob.backends.kubernetes.resources import (
     TRAINJOBS,
 )
 from trainjob.backends.stall import RankCollectives
-from trainjob.constants import COLLECTIVES_URL_ENV, STACKS_REQUEST_ANNOTATION, STACKS_REQUEST_FILE
+from trainjob.constants import (
+    COLLECTIVES_URL_ENV,
+    STACKS_REQUEST_ANNOTATION,
+    STACKS_REQUEST_FILE,
+    STATUS_CA_CONFIGMAP,
+)
 from trainjob.errors import AlreadyExistsError, TrainJobError
 from trainjob.progress import MAX_METRICS
 
@@ -83,7 +88,7 @@ URL_ENV, CA_CERT_ENV, TOKEN_ENV = ("KUBEFLOW_TRAINER_SERVER_URL", "KUBEFLOW_TRAI
 MOUNT_PATH = "/var/run/secrets/trainer.kubeflow.org"
 VOLUME = "trainjob-status-client"
 #: The ConfigMap holding the CA (``ca.crt``) in every namespace the operator makes pods in (:class:`NamespaceCA`).
-CA_CONFIGMAP = "trainjob-status-ca"
+CA_CONFIGMAP = STATUS_CA_CONFIGMAP
 CA_KEY = "ca.crt"
 #: The pod-template annotation pods of earlier versions received the CA through (a downward-API file): a suspended
 #: JobSet made then keeps it when it resumes.

@@ -525,8 +525,10 @@ def pod_main():
                          "against KUBEFLOW_TRAINER_SERVER_URL: the stall watch hears nothing from this rank\n")
         return
     if ca and not os.path.exists(ca):
-        sys.stderr.write(f"trainjob: the status endpoint's CA {ca} is missing (ConfigMap trainjob-status-ca of the "
-                         "job's namespace; the operator makes it when it starts): the stall watch hears nothing "
+        from trainjob.constants import STATUS_CA_CONFIGMAP  # noqa: PLC0415  (only when it is needed)
+
+        sys.stderr.write(f"trainjob: the status endpoint's CA {ca} is missing (ConfigMap {STATUS_CA_CONFIGMAP} of "
+                         "the job's namespace; the operator makes it when it starts): the stall watch hears nothing "
                          "from this rank\n")
         return
     env[_WORKER_MARK] = str(os.getpid())  # the processes it starts inherit the mark and are left alone
