@@ -142,20 +142,23 @@ def _cleanup(k8s: TrainJobCluster, outcomes: dict[str, Outcome]) -> None:
 
 
 @pytest.fixture(scope="module")
-def side_by_side(k8s: TrainJobCluster) -> dict[str, dict[str, Outcome]]:
-    """Each case run by trainjob's operator, then by Kubeflow's controller (trainjob's stopped meanwhile)."""
+def both_controllers(k8s: TrainJobCluster) -> dict[str, dict[str, Any]]:
+    """Under trainjob's operator, then under Kubeflow's controller (trainjob's stopped meanwhile), each started and
+    stopped once: every case's job (:func:`_run`), then the jobs of :func:`_life`."""
     k8s.cp.install_podgroup_crds()
     cases = load_cases(k8s.cp.manifests("kubeflow", "runtimes"))
     if not k8s.operator.alive():
         k8s.operator.start()
     ours = _run(k8s, cases, "trainjob")
     _cleanup(k8s, ours)
+    our_life = _life(k8s, "trainjob")
     k8s.operator.stop()
     kubeflow = KubeflowController(k8s.cp)
     try:
         kubeflow.start()
         theirs = _run(k8s, cases, "kubeflow")
         _cleanup(k8s, theirs)
+        their_life = _life(k8s, "kubeflow")
         assert kubeflow.alive(), f"Kubeflow's controller exited:\n{kubeflow.tail()}"
     finally:
         kubeflow.stop()
@@ -163,7 +166,13 @@ def side_by_side(k8s: TrainJobCluster) -> dict[str, dict[str, Outcome]]:
         for runtime in k8s.api.list(CLUSTER_TRAINING_RUNTIMES, None):
             if any(runtime["metadata"]["name"].startswith(f"{c.name}-") for c in cases):
                 k8s.api.delete(CLUSTER_TRAINING_RUNTIMES, None, runtime["metadata"]["name"])
-    return {"kubeflow": theirs, "trainjob": ours}
+    return {"cases": {"kubeflow": theirs, "trainjob": ours}, "life": {"kubeflow": their_life, "trainjob": our_life}}
+
+
+@pytest.fixture(scope="module")
+def side_by_side(both_controllers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Outcome]]:
+    """Each case's JobSet (and PodGroup) and status, by controller."""
+    return both_controllers["cases"]
 
 
 def _differences(results: dict[str, dict[str, Outcome]], what: str) -> list[Difference]:
@@ -353,20 +362,9 @@ def _bad_image(k8s: TrainJobCluster, namespace: str, controller: str) -> dict[st
 
 
 @pytest.fixture(scope="module")
-def lifecycle(k8s: TrainJobCluster) -> dict[str, dict[str, dict[str, Any]]]:
-    """:func:`_life` under trainjob's operator, then under Kubeflow's controller."""
-    if not k8s.operator.alive():
-        k8s.operator.start()
-    ours = _life(k8s, "trainjob")
-    k8s.operator.stop()
-    kubeflow = KubeflowController(k8s.cp)
-    try:
-        kubeflow.start()
-        theirs = _life(k8s, "kubeflow")
-    finally:
-        kubeflow.stop()
-        k8s.operator.start()
-    return {"kubeflow": theirs, "trainjob": ours}
+def lifecycle(both_controllers: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """:func:`_life`'s statuses, by controller."""
+    return both_controllers["life"]
 
 
 def test_a_job_whose_image_cannot_be_pulled_fails_naming_it_where_kubeflows_waits(
