@@ -31,7 +31,12 @@ _CONSEQUENCES = (
     "RendezvousConnectionError",
     "SignalException",
 )
-_PEER_LOST = re.compile(r"Connection (?:closed|reset) by peer|connection closed|Broken pipe|ECONNRESET", re.I)
+# A peer gone, and a call cancelled because its process is stopping: the echo of a shutdown (Ray logs
+# "ray.exceptions.RpcError: RPC error: CANCELLED" from a node stopped after its driver failed, after the driver's
+# own exception).
+_PEER_LOST = re.compile(
+    r"Connection (?:closed|reset) by peer|connection closed|Broken pipe|ECONNRESET|RPC error: CANCELLED", re.I
+)
 # torchrun's "[rank1]: " (or "[default1]:") and, after init_process_group, torch's own "[rank1]: " on every
 # traceback line: one or several of them.
 _RANK_PREFIXES = re.compile(r"^(?:\s*\[(?:default|rank)?\d+\]:\s?)+")
