@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 Key = tuple[str, str, str]  # (plural.group, namespace or "", name)
 #: The kinds the operator watches and reads from its cache.
 WATCHED = (TRAINJOBS, JOBSETS, CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, JOBS)
-_JOBS_KIND = f"{JOBS.plural}.{JOBS.group}"
 #: What is kept of a child Job's status: how many of its pods are active (not finished), ready, done.
 JOB_COUNTS = ("active", "ready", "succeeded", "failed")
 #: How many deleted objects are remembered (for a JobSet's snapshot, and to drop late events about them).
