@@ -47,18 +47,18 @@ if [ "$#" -gt 0 ]; then
   fi
   exec .venv/bin/python -m pytest -q --durations=25 "$@"
 fi
-# Every tier, in three pytest sessions side by side: the cluster's components and images, then the cluster tier,
-# which spends much of its time waiting on controllers and pods; the local backend's tests (and Ray's, the
-# dashboard's), which spend much of theirs waiting on jobs that stall, lose nodes or restart on purpose; the rest
-# (the training library's, the CLI's), which keep the cores busy. Together they take about the time of the longest.
-# DeepSpeed's ops are built first, beside the cluster chain alone: beside all three their compile took 20 minutes
-# on 2 cores instead of 2 to 4. The cores are the limit (the three kept 2 cores busy; beside the two others at the
-# same priority, the cluster tier took 2,946 s where it took 2,490 s beside one), so the two others run at a lower
-# priority (nice 10): the cluster tier, whose pods and controllers take turns with its waits, gets the cores when it
-# needs them, and the others fill the rest. (The local container tests use the training image too: they wait on
-# the image cache's lock while the cluster chain builds it.) Each session's report follows. Each test counts only
-# its own processes: the local jobs' (by their job directory) or the pods' (by their network namespace), so the
-# sessions do not see each other's.
+# Every tier, in three pytest sessions side by side: the cluster's components and images, then the cluster tier, which
+# spends much of its time waiting on controllers and pods; the local backend's tests (and Ray's, the dashboard's),
+# which spend much of theirs waiting on jobs that stall, lose nodes or restart on purpose; the rest (the training
+# library's, the CLI's), which keep the cores busy. Together they take about the time of the longest. DeepSpeed's ops
+# are built first, beside the cluster chain alone: beside all three their compile took 19 minutes on 2 cores, beside
+# the cluster chain alone 7.5. The cores are the limit (the three kept 2 cores busy; beside the two others at the same
+# priority, the cluster tier took 2,946 s where it took 2,490 s beside one), so the two others run at a lower priority
+# (nice 10): the cluster tier, whose pods and controllers take turns with its waits, gets the cores when it needs
+# them, and the others fill the rest. (The local container tests use the training image too: they wait on the image
+# cache's lock while the cluster chain builds it.) Each session's report follows. Each test counts only its own
+# processes: the local jobs' (by their job directory) or the pods' (by their network namespace), so the sessions do
+# not see each other's.
 LOCAL_TESTS=(tests/backends tests/ray tests/ui tests/fuzz tests/test_client.py)
 report=$(mktemp -d)
 cluster=
