@@ -19,7 +19,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from pathlib import Path
 from unittest import mock
 
@@ -61,7 +60,7 @@ def fuzz_settings(examples: int) -> settings:
         max_examples=examples,
         derandomize=True,
         database=None,
-        deadline=timedelta(seconds=PER_EXAMPLE_SECONDS),
+        deadline=None,  # within() bounds each example, in CPU time (Hypothesis's deadline is wall-clock time)
         suppress_health_check=[
             HealthCheck.too_slow,
             HealthCheck.data_too_large,
@@ -75,24 +74,34 @@ class Hung(BaseException):
     """Raised in the example's own thread when it runs past its time (a BaseException: no handler eats it)."""
 
 
+#: An example that blocks (no CPU used) is stopped after this many times its CPU limit in wall-clock time.
+WALL_STRETCH = 8
+
+
 @contextlib.contextmanager
 def within(seconds: float) -> Iterator[None]:
-    """Fail the example when its body takes longer than ``seconds`` (hangs included). A timer that was already
-    running (pytest-timeout's) is set again afterwards, less the time spent here."""
+    """Fail the example when its body uses more than ``seconds`` of CPU (a loop that never ends), or blocks for
+    :data:`WALL_STRETCH` times as long (a wait that never ends). CPU time, not wall-clock time: beside other test
+    sessions on a busy machine a bounded example takes longer without doing more. A wall-clock timer that was
+    already running (pytest-timeout's) is set again afterwards, less the time spent here."""
 
     def interrupt(signum: int, frame: object) -> None:
         raise Hung()
 
-    previous_handler = signal.signal(signal.SIGALRM, interrupt)
-    outer_left, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    previous_alarm = signal.signal(signal.SIGALRM, interrupt)
+    previous_prof = signal.signal(signal.SIGPROF, interrupt)
+    outer_left, _ = signal.setitimer(signal.ITIMER_REAL, seconds * WALL_STRETCH)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     start = time.monotonic()
     try:
         yield
     except Hung:
         raise AssertionError(f"example ran past {seconds} s") from None
     finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous_handler)
+        signal.signal(signal.SIGPROF, previous_prof)
+        signal.signal(signal.SIGALRM, previous_alarm)
         if outer_left:
             signal.setitimer(signal.ITIMER_REAL, max(outer_left - (time.monotonic() - start), 0.001))
 
@@ -293,8 +302,16 @@ def test_the_example_timer_stops_a_hang():
     with pytest.raises(AssertionError, match="example ran past 0.2 s"), within(0.2):
         while True:
             pass
-    # Real clock on purpose: guards that the example timer stops a hang at 0.2 s, not at the test's timeout.
-    assert time.monotonic() - start < 2
+    # Real clock on purpose: guards that the example timer stops a hang at 0.2 s of CPU (by 1.6 s of wall-clock
+    # time on the busiest machine), not at the test's timeout.
+    assert time.monotonic() - start < 0.2 * WALL_STRETCH + 1
+
+
+def test_the_example_timer_stops_a_blocked_example_by_wall_clock_time():
+    start = time.monotonic()
+    with pytest.raises(AssertionError, match="example ran past 0.1 s"), within(0.1):
+        time.sleep(30)
+    assert 0.1 * WALL_STRETCH - 0.05 < time.monotonic() - start < 0.1 * WALL_STRETCH + 1
 
 
 def test_render_reads_stdin_only_up_to_the_size_limit():

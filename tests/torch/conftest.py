@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from jobtest.tiers import starts
+from jobtest.waiting import run_held_to_runnable_time
 
 from trainjob.torch.testing import free_port
 
@@ -50,6 +51,7 @@ def torchrun(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
             **(env or {}),
         }
-        return subprocess.run(command, cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=timeout)
+        # The limit guards against a hang: time the job's processes only waited for a CPU does not count.
+        return run_held_to_runnable_time(command, timeout, cwd=tmp_path, env=full_env)
 
     return run

@@ -19,3 +19,15 @@ def fail_on_rank(rank: int) -> None:
 
     if dist.get_rank() == rank:
         raise ValueError(f"rank {rank} fails on purpose")
+
+
+def hang_on_rank(rank: int) -> None:
+    """``rank`` never joins the collective the others wait in."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == rank:
+        time.sleep(3600)
+    dist.all_reduce(torch.zeros(1))

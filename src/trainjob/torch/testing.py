@@ -10,6 +10,11 @@ Used by the test suite and handy for trying a distributed snippet without a laun
 (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` set the way torchrun sets them), calls
 it with ``**kwargs`` and the return values come back in rank order. A failure in any rank stops the others and
 raises :class:`DistributedRunError` with that rank's traceback.
+
+The ``timeout`` is a guard against a hang (a rank waiting forever on a collective), not a measure of speed: it
+counts the time the ranks ran or waited on each other, not the time they waited for a CPU. On a machine busier than
+its cores (a test run beside others) the same run takes longer in wall-clock time without coming closer to its
+limit. :class:`RunnableClock` is that clock, for any group of processes.
 """
 
 from __future__ import annotations
@@ -21,12 +26,54 @@ import pickle
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from trainjob.ports import free_port
 
-__all__ = ["DistributedRunError", "free_port", "run_distributed"]
+__all__ = ["DistributedRunError", "RunnableClock", "free_port", "run_distributed"]
+
+#: However busy the machine, a limit counted by :class:`RunnableClock` ends by this many times its length.
+MAX_STRETCH = 8.0
+
+
+def _run_delay(pid: int) -> float | None:
+    """Seconds the process's main thread has spent runnable but waiting for a CPU (Linux's schedstat), or None."""
+    try:
+        with open(f"/proc/{pid}/schedstat", encoding="ascii") as stats:
+            return int(stats.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class RunnableClock:
+    """Seconds since start that a group of processes could use: wall-clock time less the time the most-starved of
+    them spent runnable and waiting for a CPU. Processes that are all blocked (a hang on a collective, a sleep)
+    leave the clock running at wall-clock speed; processes that queue for the cores slow it down. It never runs
+    slower than 1/:data:`MAX_STRETCH` of wall-clock time. Where schedstat is missing it is the wall clock.
+
+    ``pids`` returns the processes to watch at each reading (the live ranks, a launcher's process tree)."""
+
+    def __init__(self, pids: Callable[[], Iterable[int]]) -> None:
+        self._pids = pids
+        self._last = time.monotonic()
+        self._delays = self._sample()
+        self.elapsed = 0.0
+
+    def _sample(self) -> dict[int, float]:
+        delays = {pid: _run_delay(pid) for pid in self._pids()}
+        return {pid: delay for pid, delay in delays.items() if delay is not None}
+
+    def read(self) -> float:
+        now = time.monotonic()
+        wall = now - self._last
+        self._last = now
+        delays = self._sample()
+        waited = max((delay - self._delays[pid] for pid, delay in delays.items() if pid in self._delays), default=0.0)
+        self._delays = delays
+        self.elapsed += max(wall - waited, wall / MAX_STRETCH)
+        return self.elapsed
 
 
 class DistributedRunError(RuntimeError):
@@ -98,8 +145,9 @@ def run_distributed(
         ]
         for proc in procs:
             proc.start()
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
         results: dict[int, tuple[str, Any]] = {}
+        clock = RunnableClock(lambda: [p.pid for r, p in enumerate(procs) if r not in results and p.pid is not None])
         try:
             while len(results) < nproc:
                 for rank in range(nproc):
@@ -116,9 +164,12 @@ def run_distributed(
                             raise DistributedRunError(
                                 f"rank {rank} of {nproc} exited with code {proc.exitcode} before returning"
                             )
-                if time.monotonic() > deadline:
+                if clock.read() > timeout:
                     missing = sorted(set(range(nproc)) - set(results))
-                    raise DistributedRunError(f"timed out after {timeout:.0f}s waiting for ranks {missing}")
+                    raise DistributedRunError(
+                        f"timed out after {timeout:.0f}s waiting for ranks {missing} (not counting "
+                        f"{time.monotonic() - start - clock.elapsed:.0f}s they waited for a CPU)"
+                    )
                 time.sleep(0.05)
         finally:
             for proc in procs:

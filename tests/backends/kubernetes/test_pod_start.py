@@ -254,32 +254,41 @@ def test_pods_that_started_between_the_listing_and_their_read_leave_a_count() ->
         "2 of its pods showed ErrImagePull; its pods could not start for 0 s")
 
 
-def child_job(ready: int, active: int = 1000, rv: int = 1) -> dict[str, Any]:
-    """The one child Job of a built-in runtime's JobSet of a thousand nodes: ``active`` pods made, ``ready`` up."""
+def child_job(ready: int, active: int = 1000, rv: int = 1, succeeded: int = 0) -> dict[str, Any]:
+    """The one child Job of a built-in runtime's JobSet of a thousand nodes: ``active`` pods not finished, ``ready``
+    of them up, ``succeeded`` finished."""
     return {"metadata": {"name": f"{NAME}-node-0", "namespace": NS, "uid": "j1", "resourceVersion": str(rv),
                          "labels": {JOBSET_NAME_LABEL: NAME, REPLICATED_JOB_LABEL: "node", "other": "dropped"},
                          "annotations": {"big": "x" * 1000}},
             "spec": {"parallelism": active, "template": {"spec": {"containers": [{"name": "node"}]}}},
-            "status": {"active": active, "ready": ready, "terminating": 0}}
+            "status": {"active": active, "ready": ready, "terminating": 0,
+                       **({"succeeded": succeeded} if succeeded else {})}}
 
 
-@pytest.mark.parametrize(("readies", "lists"), [
-    ((0, 300, 600, 900), 0),  # coming up: the child Job's ready pods grow between checks, nothing is listed
-    ((0, 300, 300), 1),  # the count stopped growing: looked at
-], ids=["the-child-jobs-pods-coming-up-are-not-listed", "the-child-jobs-pods-stuck-are-looked-at"])
-def test_the_child_jobs_pod_counts_decide_the_look(readies: tuple[int, ...], lists: int) -> None:
+@pytest.mark.parametrize(("states", "lists"), [
+    # coming up: the child Job's ready pods grow between checks, nothing is listed
+    (((1000, 0, 0), (1000, 300, 0), (1000, 600, 0), (1000, 900, 0)), 0),
+    # pods that run for seconds: fewer active and about as many ready at each check, but more finished
+    (((1000, 20, 0), (700, 20, 300), (400, 15, 600), (100, 20, 900)), 0),
+    # the count stopped growing: looked at
+    (((1000, 0, 0), (1000, 300, 0), (1000, 300, 0)), 1),
+    # brief pods, then the rest stopped coming up: looked at
+    (((1000, 20, 0), (700, 20, 300), (700, 0, 300)), 1),
+], ids=["the-child-jobs-pods-coming-up-are-not-listed", "brief-pods-finishing-while-the-rest-come-up-are-not-listed",
+        "the-child-jobs-pods-stuck-are-looked-at", "brief-pods-then-the-rest-stuck-are-looked-at"])
+def test_the_child_jobs_pod_counts_decide_the_look(states: tuple[tuple[int, int, int], ...], lists: int) -> None:
     """The built-in runtimes make one child Job of ``numNodes`` pods: its JobSet counts one active Job and no ready
     one until the last pod is up, so only the child Job's own counts (from the operator's watch of Jobs) tell a
-    thousand pods coming up from pods that stopped coming up."""
+    thousand pods coming up from pods that stopped coming up. ``states``: (active, ready, succeeded) at each check."""
     clock = [START]
     api = MemoryApi(lambda: clock[0])
     job = seed_job(api)
     add_node_pods(api, 3, waiting("ContainerCreating"))
     cache = ObjectCache()
     watch = PodStartWatch(api, StatusWriter(api, CachedReads(api), lambda: clock[0]), cache.pod_counts)
-    for step, ready in enumerate(readies):
+    for step, (active, ready, succeeded) in enumerate(states):
         clock[0] = START + 10 * step
-        cache.observe(JOBS, child_job(ready, rv=step + 1))
+        cache.observe(JOBS, child_job(ready, active=active, rv=step + 1, succeeded=succeeded))
         assert watch.watch(job, {}, {}, {"status": STARTING}, clock[0]) == pytest.approx(10)
     assert sum(1 for verb, resource, _ in api.requests if resource == "pods" and verb == "list") == lists
 
@@ -295,8 +304,10 @@ def test_the_cache_keeps_a_child_jobs_counts_only_and_forgets_it_when_deleted() 
                                  "labels": {JOBSET_NAME_LABEL: NAME, REPLICATED_JOB_LABEL: "node"}},
                     "status": {"active": 8, "ready": 5}}
     assert cache.pod_counts(NS, NAME) == {"node": (8, 5), "launcher": (2, 2)}
+    cache.observe(JOBS, child_job(3, active=4, rv=2, succeeded=4))  # pods made and up include the finished ones
+    assert cache.pod_counts(NS, NAME)["node"] == (8, 7)
     assert cache.pod_counts(NS, "other") == {} and cache.pod_counts("elsewhere", NAME) == {}
     cache.observe(JOBS, child_job(4, active=8, rv=0))  # an older event than what the cache has: ignored
-    assert cache.pod_counts(NS, NAME)["node"] == (8, 5)
-    cache.observe(JOBS, child_job(8, active=8, rv=2), deleted=True)
+    assert cache.pod_counts(NS, NAME)["node"] == (8, 7)
+    cache.observe(JOBS, child_job(8, active=8, rv=3), deleted=True)
     assert cache.pod_counts(NS, NAME) == {"launcher": (2, 2)} and cache.get(JOBS, NS, f"{NAME}-node-0") is None

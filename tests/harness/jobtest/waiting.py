@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,3 +27,39 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
+
+
+def run_held_to_runnable_time(
+    command: list[str], timeout: float, **popen: Any
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(command, capture_output=True, text=True, timeout=timeout)``, but ``timeout`` counts the time
+    the process and its children could run (:class:`trainjob.torch.testing.RunnableClock`): beside other test
+    sessions on a busy machine, a job that only waited for the cores is not taken for a hang. The whole process tree
+    is killed when the limit passes."""
+    import psutil
+
+    from trainjob.torch.testing import RunnableClock
+
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen) as proc:
+        root = psutil.Process(proc.pid)
+
+        def tree() -> list[int]:
+            try:
+                return [proc.pid, *(child.pid for child in root.children(recursive=True))]
+            except psutil.Error:
+                return []
+
+        clock = RunnableClock(tree)
+        outputs: list[str] = []
+        while True:
+            try:
+                outputs = list(proc.communicate(timeout=0.5))
+                break
+            except subprocess.TimeoutExpired:
+                if clock.read() > timeout:
+                    for pid in reversed(tree()):
+                        with contextlib.suppress(psutil.Error):
+                            psutil.Process(pid).kill()
+                    out, err = proc.communicate()
+                    raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err) from None
+        return subprocess.CompletedProcess(command, proc.returncode, outputs[0], outputs[1])

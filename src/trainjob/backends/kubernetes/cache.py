@@ -150,16 +150,19 @@ class ObjectCache:
             self._children.setdefault(owner, set()).add(key)
 
     def pod_counts(self, namespace: str, jobset: str) -> dict[str, tuple[int, int]]:
-        """Active and ready pods per replicated job of JobSet ``namespace/jobset``, summed over the child Jobs the
-        watch delivered (empty when it delivered none)."""
+        """Pods made and pods up per replicated job of JobSet ``namespace/jobset``, summed over the child Jobs the
+        watch delivered (empty when it delivered none): made is active + succeeded + failed, up is ready +
+        succeeded + failed (a pod that finished was up; a job whose pods run briefly has few active or ready pods
+        at any time while all of them come up)."""
         counts: dict[str, tuple[int, int]] = {}
         with self._lock:
             for key in self._children.get((namespace, jobset), ()):
                 job = self._objects[key]
                 status = job["status"]
                 name = str(job["metadata"]["labels"].get(REPLICATED_JOB_LABEL, ""))
-                active, ready = counts.get(name, (0, 0))
-                counts[name] = (active + (status.get("active") or 0), ready + (status.get("ready") or 0))
+                done = (status.get("succeeded") or 0) + (status.get("failed") or 0)
+                made, up = counts.get(name, (0, 0))
+                counts[name] = (made + (status.get("active") or 0) + done, up + (status.get("ready") or 0) + done)
         return counts
 
     def holds(self, ref: ResourceRef, obj: dict[str, Any]) -> bool:

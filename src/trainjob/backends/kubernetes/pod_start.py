@@ -5,9 +5,11 @@ what the node was told, instead of waiting in ``ImagePullBackOff`` for ever.
 The JobSet's status is the cheap signal: a replicated job with more active child Jobs than ready ones has pods not
 yet running. Only a job that stays so for :data:`LOOK_AFTER_SECONDS` gets its pods listed (again after 10, 20,
 40, then every 60 s while it lasts; every 10 s once one cannot start), and not while each such replicated job has
-more active or more ready pods than at the last check: a thousand pods being made and coming up on a busy cluster
+more pods made or more pods up than at the last check: a thousand pods being made and coming up on a busy cluster
 are slow, not stuck, and the look waits until their counts stop growing. The counts are the child Jobs' own
-(``status.active``, ``status.ready``), which the operator's watch of them keeps (:meth:`.cache.ObjectCache.pod_counts`);
+(made: ``status.active`` + ``succeeded`` + ``failed``; up: ``status.ready`` + ``succeeded`` + ``failed``, since a pod
+that finished was up: pods that run briefly leave few active or ready at any time while the rest come up), which the
+operator's watch of them keeps (:meth:`.cache.ObjectCache.pod_counts`);
 the built-in runtimes make one child Job of ``numNodes`` pods, whose JobSet counts one active Job and no ready one
 until the last pod is up. Without them (no cache, or the watch has not delivered them yet), the JobSet's counts of
 child Jobs stand in. The pods listed are only those on a node and not running
@@ -66,7 +68,7 @@ LOOK_AT_MOST_EVERY = 60.0
 @dataclass
 class _Seen:
     next_look: float
-    #: Active and ready pods (else child Jobs) per replicated job at the last check.
+    #: Pods (else child Jobs) made and up per replicated job at the last check.
     counts: dict[str, tuple[int, int]]
     interval: float = LOOK_AFTER_SECONDS
     failing_since: float | None = None
@@ -134,20 +136,24 @@ def _starting(jobset: dict[str, Any]) -> bool:
 
 
 def _counts(jobset: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    """Active and ready child Jobs per replicated job."""
-    return {str(entry.get("name")): (entry.get("active") or 0, entry.get("ready") or 0)
-            for entry in (jobset.get("status") or {}).get("replicatedJobsStatus") or []}
+    """Child Jobs made and up per replicated job: active + succeeded + failed, and ready + succeeded + failed."""
+    counts = {}
+    for entry in (jobset.get("status") or {}).get("replicatedJobsStatus") or []:
+        done = (entry.get("succeeded") or 0) + (entry.get("failed") or 0)
+        counts[str(entry.get("name"))] = ((entry.get("active") or 0) + done, (entry.get("ready") or 0) + done)
+    return counts
 
 
-#: Active and ready pods per replicated job of a JobSet (namespace, name), from its child Jobs; empty if unknown.
+#: Pods made and up per replicated job of a JobSet (namespace, name), from its child Jobs; empty if unknown.
 PodCounts = Callable[[str, str], dict[str, tuple[int, int]]]
 
 
 def _coming_up(now: dict[str, tuple[int, int]], before: dict[str, tuple[int, int]]) -> bool:
-    """Whether every replicated job with pods not yet ready has more active or more ready pods (or child Jobs)
-    ``now`` than ``before`` (its pods are still being made, or coming up)."""
+    """Whether every replicated job with pods not yet up has more pods (or child Jobs) made or more up ``now`` than
+    ``before`` (its pods are still being made, or coming up). Finished pods count as up: pods that run for seconds
+    leave few active or ready at any time while the rest keep coming up."""
     return all(now[name][0] > before.get(name, (0, 0))[0] or now[name][1] > before.get(name, (0, 0))[1]
-               for name, (active, ready) in now.items() if active > ready)
+               for name, (made, up) in now.items() if made > up)
 
 
 class PodStartWatch:
@@ -161,7 +167,7 @@ class PodStartWatch:
         self._seen: dict[tuple[str, str], _Seen] = {}
 
     def _counts(self, key: tuple[str, str], jobset: dict[str, Any]) -> dict[str, tuple[int, int]]:
-        """Active and ready pods per replicated job, where the child Jobs say; the JobSet's child Jobs else."""
+        """Pods made and up per replicated job, where the child Jobs say; the JobSet's child Jobs else."""
         jobs = _counts(jobset)
         pods = self.pod_counts(*key) if self.pod_counts is not None else {}
         return {name: pods.get(name, counts) for name, counts in jobs.items()}
