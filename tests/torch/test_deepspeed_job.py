@@ -2,8 +2,7 @@
 
 DeepSpeed reads RANK, WORLD_SIZE and MASTER_ADDR from torchrun under the torch-distributed runtime. Every step uses
 the same global batch whatever the layout (each rank takes its slice), so the 4-process job's losses must match one
-process's: within 1e-5 relative in float32 (measured 1.4e-7: only the order of the gradient sums differs) and 1e-2 in
-bf16 (measured 1.5e-3: micro-batches of 4 against 16 round differently). The job must also learn (last loss under
+process's: within 1e-5 relative in float32 (measured 1.4e-7: only the order of the gradient sums differs). The job must also learn (last loss under
 90 % of the first), so two runs that did nothing cannot pass by agreeing. The same configs through
 ``deepspeed_initialize`` (trainjob's FSDP2/DDP, no DeepSpeed) must give DeepSpeed's losses too, so the mapping is
 checked against the real thing: 1e-5 in float32 (measured 1.7e-6 for ZeRO-3 with offload and WarmupDecayLR, 5e-7 for
@@ -76,7 +75,9 @@ def _one_process(torchrun, tmp_path: Path, extensions: Path, config: str, *extra
     return json.loads(result.read_text())
 
 
-@pytest.mark.parametrize(("config", "tolerance"), [("ds_zero3_offload", 1e-5), ("ds_zero2_bf16", 1e-2)])
+# One config as a job: the job's launch does not depend on the config, and each config's DeepSpeed run is checked
+# against trainjob's mapping below (bf16 included).
+@pytest.mark.parametrize(("config", "tolerance"), [("ds_zero3_offload", 1e-5)])
 def test_deepspeed_job_on_2_nodes_of_2_matches_one_process(backend, torchrun, tmp_path, extensions, config, tolerance):
     result = tmp_path / "job-result.json"
     env = [{"name": name, "value": value} for name, value in _env(extensions).items()]
