@@ -60,6 +60,37 @@ fi
 # processes: the local jobs' (by their job directory) or the pods' (by their network namespace), so the sessions do
 # not see each other's.
 LOCAL_TESTS=(tests/backends tests/ray tests/ui tests/fuzz tests/test_client.py)
+# The two local sessions each run in a control group of their own where one can be made (root, cgroup v2 or v1's
+# cpuacct): their reports then say how many CPU seconds their tests used, every process they started included
+# (tests/harness/jobtest/cpu.py), which wall-clock durations of sessions sharing the cores do not. (The cluster
+# tier's nodes place their pods in cgroups of their own, so it runs where it is.)
+groups=()
+session_group() {  # $1: the session's name; sets $group to the new group's folder, or to nothing
+  group=
+  local base=/sys/fs/cgroup
+  [ -f "$base/cgroup.controllers" ] || base=/sys/fs/cgroup/cpuacct
+  if [ "$(id -u)" = 0 ] && [ -d "$base" ] && mkdir "$base/trainjob-test-$1-$$" 2>/dev/null; then
+    group="$base/trainjob-test-$1-$$"
+    groups+=("$group")
+  fi
+}
+in_group() {  # $1: a group's folder (or nothing); the rest: the command, exec'd in that group
+  local into=$1
+  shift
+  if [ -n "$into" ] && echo "$BASHPID" >"$into/cgroup.procs" 2>/dev/null; then
+    export TRAINJOB_TEST_CGROUP=$into
+  fi
+  exec "$@"
+}
+remove_groups() {  # a group still holding processes after 10 s is not removed: the session left them running
+  local g i
+  for g in "${groups[@]}"; do
+    for i in $(seq 20); do rmdir "$g" 2>/dev/null && break || sleep 0.5; done  # the last exits being reaped
+    if [ -d "$g" ]; then echo "test.sh: processes left in $g: $(tr '\n' ' ' <"$g/cgroup.procs")"; fi
+  done
+  groups=()
+  return 0
+}
 report=$(mktemp -d)
 cluster=
 local_tier=
@@ -68,6 +99,7 @@ stop_chains() {  # an interrupted run: each pytest session (exec'd by its chain)
   for pid in $cluster $local_tier; do wait "$pid" 2>/dev/null; done
   cat "$report/local.txt" "$report/cluster.txt" 2>/dev/null
   rm -rf "$report"
+  remove_groups
 }
 trap 'stop_chains; exit 130' INT TERM
 (
@@ -77,12 +109,15 @@ trap 'stop_chains; exit 130' INT TERM
 cluster=$!
 deepspeed=0
 prepare_deepspeed || deepspeed=$?
-.venv/bin/python -m pytest -q --durations=15 -p no:cacheprovider -m "not cluster" "${LOCAL_TESTS[@]}" \
+session_group local
+(in_group "$group" .venv/bin/python -m pytest -q --durations=15 -p no:cacheprovider -m "not cluster" "${LOCAL_TESTS[@]}") \
   >"$report/local.txt" 2>&1 &
 local_tier=$!
 others=0
 if [ "$deepspeed" = 0 ]; then  # a failure here still waits for the other chains, which end on their own
-  .venv/bin/python -m pytest -q --durations=15 -m "not cluster" "${LOCAL_TESTS[@]/#/--ignore=}" || others=$?
+  session_group others
+  (in_group "$group" .venv/bin/python -m pytest -q --durations=15 -m "not cluster" "${LOCAL_TESTS[@]/#/--ignore=}") ||
+    others=$?
 else
   echo "test.sh: building DeepSpeed's CPU ops failed; the training library's and the CLI's tests did not run"
   others=1
@@ -101,5 +136,6 @@ echo
 echo "==================== the cluster tier (run beside the tests above) ===================="
 cat "$report/cluster.txt"
 rm -rf "$report"
+remove_groups
 echo "test.sh: cluster tier exit $cluster_rc, the local backend's tiers exit $local_rc, the other tiers exit $others"
 [ "$others" = 0 ] && [ "$local_rc" = 0 ] && [ "$cluster_rc" = 0 ]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jobtest import cpu as cpu_report
 from jobtest.tiers import FAST_EXCLUDES, TIERS, forbid_processes, starts, tiers_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,6 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
         selected = config.getoption("markexpr")
         fast = f"not ({FAST_EXCLUDES})"
         config.option.markexpr = f"({selected}) and {fast}" if selected else fast
+    cpu_report.register(config)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
