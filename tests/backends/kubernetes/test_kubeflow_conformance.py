@@ -299,7 +299,7 @@ def _life(k8s: TrainJobCluster, controller: str) -> dict[str, dict[str, Any]]:
         )
 
     try:
-        wait_for(lambda: ready_pods() == 1, 120, f"{controller}: the pausing job's pod to be ready")
+        wait_for(lambda: ready_pods() == 1, 300, f"{controller}: the pausing job's pod to be ready")
         wait_for(lambda: [j.get("ready") for j in (k8s.job("pausing", namespace).get("status") or {}).get(
             "jobsStatus") or []] == [1], 60, f"{controller}: the pausing job's status to count its ready pod")
         record("running", "pausing")

@@ -147,6 +147,17 @@ def job_processes(job_dir: str, since: float = 0.0) -> list[psutil.Process]:
     return found
 
 
+def tree_pids(roots: Iterable[int]) -> list[int]:
+    """``roots`` and every process under them (those still running)."""
+    import psutil
+
+    found = []
+    for root in roots:
+        with contextlib.suppress(psutil.Error):
+            found += [root, *(child.pid for child in psutil.Process(root).children(recursive=True))]
+    return found
+
+
 def signal_group(pid: int, sig: signal.Signals) -> None:
     """Send ``sig`` to the process group led by ``pid`` (a node process and what shares its group)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -66,6 +66,7 @@ from trainjob.backends.local.volumes import read_host_volumes
 from trainjob.constants import COMPLETE, CREATED, FAILED, QUEUED, RUNNING, SUSPENDED
 from trainjob.errors import NotFoundError, is_disk_full
 from trainjob.ports import free_port
+from trainjob.runnable import RunnableClock
 
 #: How often the supervisor looks at what nodes do not wake it for (metrics, requests, the stall watch); a
 #: keeper that exits wakes it at once (its pidfd).
@@ -558,8 +559,10 @@ class Supervisor:
             self.store.update_job(self.name, message=f"{len(self.nodes)} node(s) running; {ended.message}")
 
     def _settle_failure(self, failed: list[int]) -> str:
-        until = time.monotonic() + FAILURE_SETTLE_SECONDS
-        while time.monotonic() < until and any(node.poll() is None for node in self.nodes):
+        # Counted in the time the nodes left could run: on a machine busier than its cores, a node whose rank
+        # failed first may still be waiting for a CPU to write its report and exit (up to MAX_STRETCH times longer).
+        clock = RunnableClock(lambda: processes.tree_pids([node.pid for node in self.nodes if node.poll() is None]))
+        while clock.read() < FAILURE_SETTLE_SECONDS and any(node.poll() is None for node in self.nodes):
             time.sleep(STOPPING_POLL_SECONDS)
         codes = [node.poll() for node in self.nodes]
         failed = failed + [i for i, code in enumerate(codes) if code not in (None, 0) and i not in failed]
