@@ -57,7 +57,7 @@ fi
 # cluster tier, whose pods and controllers take turns with its waits, gets the cores when it needs them (at one
 # priority its Kubeflow conformance fixture ran past its waits), and the others fill the rest. Their multi-process
 # tests then wait for a CPU at times: their limits count the time the processes could run, not that wait
-# (trainjob.torch.testing.RunnableClock), and the fuzz tests' limits are CPU time. (The local container tests use
+# (trainjob.runnable.RunnableClock), and the fuzz tests' limits are CPU time. (The local container tests use
 # the training image too: they wait on the image
 # cache's lock while the cluster chain builds it.) Each session's report follows. Each test counts only its own
 # processes: the local jobs' (by their job directory) or the pods' (by their network namespace), so the sessions do

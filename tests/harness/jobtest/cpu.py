@@ -1,12 +1,13 @@
-"""What each test cost in CPU time, its processes' included (the ranks, the local jobs' supervisors and nodes, the
-control plane a session starts): a pytest plugin that reads the CPU usage of the control group the session runs in.
+"""What each test cost in CPU time, its processes' included (the ranks, the local jobs' supervisors and nodes):
+a pytest plugin that reads the CPU usage of the control group the session runs in.
 
-``scripts/test.sh`` runs each pytest session of the full run in a control group of its own when it can (root, and
-cgroup v2 or v1's ``cpuacct``) and names it in ``TRAINJOB_TEST_CGROUP``; this plugin then reads the group's usage
-around each test and prints, with the session's report, its CPU seconds and the tests that used the most. Every
-process a test starts stays in the group (a daemon that detaches is still counted), except what a node's kubelet
-or a container runtime moves to cgroups of its own (the cluster's pods). The sessions of one run are counted
-apart, so the figures hold while they share the cores; wall-clock durations do not.
+``scripts/test.sh`` runs each of the full run's two local sessions (not the cluster tier, whose nodes place pods in
+cgroups of their own) in a control group of its own when it can (root, and cgroup v2 or v1's ``cpuacct``) and
+names it in ``TRAINJOB_TEST_CGROUP``; this plugin then reads the group's usage around each test and prints, with
+the session's report, its CPU seconds and the tests that used the most. Every process a test starts stays in the
+group (a daemon that detaches is still counted), except what a container runtime moves to cgroups of its own. The
+sessions of one run are counted apart, so the figures hold while they share the cores; wall-clock durations do
+not.
 
 Without ``TRAINJOB_TEST_CGROUP`` (one session run by hand) the plugin does nothing.
 """

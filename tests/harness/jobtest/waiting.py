@@ -33,21 +33,18 @@ def run_held_to_runnable_time(
     command: list[str], timeout: float, **popen: Any
 ) -> subprocess.CompletedProcess[str]:
     """``subprocess.run(command, capture_output=True, text=True, timeout=timeout)``, but ``timeout`` counts the time
-    the process and its children could run (:class:`trainjob.torch.testing.RunnableClock`): beside other test
+    the process and its children could run (:class:`trainjob.runnable.RunnableClock`): beside other test
     sessions on a busy machine, a job that only waited for the cores is not taken for a hang. The whole process tree
     is killed when the limit passes."""
     import psutil
 
-    from trainjob.torch.testing import RunnableClock
+    from trainjob.backends.local.processes import tree_pids
+    from trainjob.runnable import RunnableClock
 
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen) as proc:
-        root = psutil.Process(proc.pid)
 
         def tree() -> list[int]:
-            try:
-                return [proc.pid, *(child.pid for child in root.children(recursive=True))]
-            except psutil.Error:
-                return []
+            return tree_pids([proc.pid])
 
         clock = RunnableClock(tree)
         outputs: list[str] = []
