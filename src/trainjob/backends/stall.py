@@ -102,6 +102,7 @@ __all__ = [
     "checked_stall_policy",
     "collective_stall_message",
     "collectives_overdue",
+    "collectives_silence",
     "dump_setting",
     "parse_stall_timeout",
     "ranks_text",
@@ -302,15 +303,25 @@ def collectives_overdue(
     >>> collectives_overdue([RankCollectives(0, 100.0, None)], StallPolicy(timeout=60.0), now=1e9) is None
     True
     """
-    ranks = list(ranks)
     limit = policy.collective_limit()
+    silent = collectives_silence(ranks, now)
+    if limit is None or silent is None:
+        return None
+    return (silent, limit) if silent > limit else None
+
+
+def collectives_silence(ranks: Iterable[RankCollectives], now: float) -> float | None:
+    """Seconds a rank has waited in a collective while none completed anywhere; ``None`` when no rank waits.
+
+    >>> collectives_silence([RankCollectives(0, 100.0, 130.0), RankCollectives(1, 125.0, None)], now=191.0)
+    61.0
+    """
+    ranks = list(ranks)
     waiting = [r.waiting_since for r in ranks if r.waiting_since is not None]
-    if limit is None or not waiting:
+    if not waiting:
         return None
     completed = [r.completed_at for r in ranks if r.completed_at is not None]
-    since = max([min(waiting), *completed])
-    silent = now - since
-    return (silent, limit) if silent > limit else None
+    return now - max([min(waiting), *completed])
 
 
 #: What a warning about a stall of a job that does not report ends with: it runs on.
@@ -328,15 +339,16 @@ def ranks_text(ranks: list[int]) -> str:
 
 
 def collective_stall_message(ranks: Iterable[RankCollectives], silent: float, limit: float, policy: StallPolicy,
-                             stuck: str) -> str:
+                             stuck: str, wall: str = "") -> str:
     """What a stall of a job that does not report says, on both backends; ``stuck`` names the stuck ranks and
-    their frames (:attr:`trainjob.backends.stacks.StuckRanks.summary`).
+    their frames (:attr:`trainjob.backends.stacks.StuckRanks.summary`); ``wall`` follows the silence (the local
+    backend's note of the wall-clock time, when it counted less).
 
     >>> ranks = [RankCollectives(0, 100.0, 101.0), RankCollectives(1, 100.0, None)]
     >>> collective_stall_message(ranks, 61.0, 60.0, StallPolicy(timeout=60.0), "rank 1 is in time.sleep")
     'no collective completed for 61.0 s while rank 0 waits in one (limit 60.0 s: trainjob/stall-timeout): rank 1 is in time.sleep'
     """
     waiting = sorted(r.rank for r in ranks if r.waiting_since is not None)
-    return (f"no collective completed for {seconds_text(silent)} while {ranks_text(waiting)} "
+    return (f"no collective completed for {seconds_text(silent)}{wall} while {ranks_text(waiting)} "
             f"{'waits' if len(waiting) == 1 else 'wait'} in one (limit {seconds_text(limit)}: "
             f"{policy.explain_collective()}): {stuck}")

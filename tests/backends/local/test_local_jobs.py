@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -162,6 +163,9 @@ def test_elastic_job_restarts_its_node_group_up_to_max_restarts(backend, script,
             sys.exit(3)
     """)
     backend.apply(trainjob_resource("elastic", ["torchrun", flaky], runtime="torch-elastic"), elastic_runtimes)
+    # node-1 starts 3 s late, as on a machine busier than its cores: the first round waits for it rather than
+    # starting node-0 alone (whose rank would finish and close the rendezvous that node-1 then fails to join)
+    _pause_node(backend, "elastic", 1, seconds=3.0)
 
     job = backend.wait_for_job_status("elastic", timeout=120)
 
@@ -171,3 +175,18 @@ def test_elastic_job_restarts_its_node_group_up_to_max_restarts(backend, script,
     # each attempt starts a fresh log; the one before the restart is kept for --previous (kubectl's semantics)
     assert [line.text for line in backend.logs("elastic", rank=1)] == ["restart 1"]
     assert [line.text for line in backend.logs("elastic", rank=1, previous=True)] == ["restart 0"]
+
+
+def _pause_node(backend, name: str, index: int, seconds: float) -> None:
+    """Stop node ``index``'s process tree (SIGSTOP) as soon as it runs, and let it go on ``seconds`` later."""
+    def running_pid():
+        rows = backend.store.nodes(name)
+        return len(rows) > index and rows[index]["status"] == "Running" and rows[index]["pid"]
+
+    paused = processes.tree_pids([int(wait_until(running_pid, timeout=30))])
+    for pid in paused:
+        os.kill(pid, signal.SIGSTOP)
+    time.sleep(seconds)
+    for pid in paused:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)

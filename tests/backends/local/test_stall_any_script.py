@@ -9,6 +9,7 @@ Limits are a few seconds here (``trainjob/stall-timeout``); the default for such
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 
@@ -16,7 +17,8 @@ import pytest
 from jobtest.local import trainjob_resource, wait_until
 
 from trainjob.backends.local.client.backend import LocalBackend
-from trainjob.backends.local.supervisor.stall_watch import rank_collectives
+from trainjob.backends.local.supervisor.stall_watch import RunnableTimeline, StallWatch, rank_collectives
+from trainjob.backends.stall import StallPolicy
 from trainjob.errors import JobFailedError
 
 #: A plain torchrun script: an all_reduce every 0.1 s, rank 0 printing every fifth step. At step 20 rank 1 either
@@ -188,6 +190,8 @@ def test_slow_by_design_phases_are_not_stalls_and_the_stall_watch_was_armed_all_
     with pytest.raises(JobFailedError):
         backend.wait_for_job_status("slow", {"Complete"}, timeout=150, polling_interval=0.2)
     job_dir = backend.store.job_dir("slow")
+    events = [f"{e.reason}: {e.message}" for e in backend.get_job_events("slow")]
+    assert all((job_dir / f"slow-phases-done-{rank}").exists() for rank in (0, 1)), events
     done = max(float((job_dir / f"slow-phases-done-{rank}").read_text()) for rank in (0, 1))
     [stalled] = _stalled(backend, "slow")
     assert stalled.event_time.timestamp() > done + 5.0, "a slow-by-design phase was taken for a stall"
@@ -205,3 +209,41 @@ def test_ranks_of_an_earlier_run_are_left_out_and_their_files_removed(tmp_path):
     assert [(r.rank, r.completed_at, r.waiting_since) for r in rank_collectives(tmp_path)] == [(0, 10.0, 11.0)]
     assert sorted(path.name for path in stacks.iterdir()) == ["collectives-rank-0-1.json",
                                                               "collectives-rank-2-7.json.tmp"]
+
+
+def test_the_timeline_is_the_wall_clock_outside_its_readings_and_interpolates_between_them():
+    assert RunnableTimeline().elapsed(100.0, 130.0) == 30.0  # nothing to watch: the wall clock
+    timeline = RunnableTimeline(lambda: [])
+    timeline.times, timeline.runnable = [100.0, 110.0, 120.0], [0.0, 2.0, 12.0]  # 8 s of the first 10 spent queued
+    assert timeline.at(105.0) == 1.0 and timeline.at(90.0) == -10.0 and timeline.at(125.0) == 17.0
+    assert timeline.elapsed(100.0, 120.0) == 12.0
+
+
+def _watch_with_a_waiting_rank(tmp_path, queued: float) -> tuple[StallWatch, float]:
+    """A stall watch over one live rank (this process) that has waited in a collective for 10 s, of which the
+    ranks spent ``queued`` seconds waiting for a CPU; limit 5 s."""
+    now = 1_000.0
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    record = {"rank": 0, "pid": os.getpid(), "completed_at": now - 20.0, "waiting_since": now - 10.0}
+    (stacks / f"collectives-rank-0-{os.getpid()}.json").write_text(json.dumps(record))
+    watch = StallWatch(tmp_path, StallPolicy(timeout=5.0, action="fail"), pids=lambda: [])
+    watch.timeline.times, watch.timeline.runnable = [now - 20.0, now - 10.0, now], [0.0, 10.0, 20.0 - queued]
+    return watch, now
+
+
+def test_a_silence_the_ranks_spent_waiting_for_a_cpu_is_not_a_stall(tmp_path):
+    watch, now = _watch_with_a_waiting_rank(tmp_path, queued=6.0)  # 4 s of the 10 could run
+    assert watch.check(now) is None
+
+
+def test_a_silence_the_ranks_could_run_in_is_a_stall_and_its_message_gives_both_clocks(tmp_path):
+    (tmp_path / "a").mkdir()
+    watch, now = _watch_with_a_waiting_rank(tmp_path / "a", queued=0.0)
+    stall = watch.check(now)
+    assert stall is not None and stall.message.startswith("no collective completed for 10.0 s while rank 0"), stall
+    (tmp_path / "b").mkdir()
+    watch, now = _watch_with_a_waiting_rank(tmp_path / "b", queued=3.0)
+    stall = watch.check(now)
+    assert stall is not None and _silent(stall.message) == 7.0, stall
+    assert "(10.0 s of wall-clock time, the ranks waiting for a CPU)" in stall.message, stall.message

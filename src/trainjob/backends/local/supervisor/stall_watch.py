@@ -17,13 +17,20 @@ then the job fails or its node group restarts), or ``warn`` (a stall of a job th
 ``trainjob/stall-action``: a ``Stalled`` Warning event and the job's message, again every limit while the stall
 lasts, then a :class:`StallEnded` once collectives complete again). The stall watch is disarmed until the next report
 or collective whenever the node group starts again or changes size (:meth:`StallWatch.reset`).
+
+A stall is a hang, not slowness: the silence is counted in the time the job's processes could run
+(:class:`RunnableTimeline`, by :class:`~trainjob.runnable.RunnableClock`). Ranks that are blocked (a hang in a
+collective, a sleep) leave it at wall-clock speed; on a machine busier than its cores, the seconds a rank waited for a
+CPU are not counted against it (up to :data:`~trainjob.runnable.MAX_STRETCH` times the limit). A message whose count
+differs from the wall clock says both.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,15 +45,20 @@ from trainjob.backends.stall import (
     StallPolicy,
     collective_stall_message,
     collectives_overdue,
+    collectives_silence,
     seconds_text,
 )
+from trainjob.runnable import RunnableClock
 
-__all__ = ["STACKS_FILE", "Stall", "StallEnded", "StallWatch", "rank_collectives"]
+__all__ = ["STACKS_FILE", "RunnableTimeline", "Stall", "StallEnded", "StallWatch", "rank_collectives"]
 
 #: Where, in the job's directory, the stacks of a stall are kept.
 STACKS_FILE = "stall-stacks.txt"
 #: How often the ranks' collectives files are read (the ranks rewrite them at most every half second).
 COLLECTIVES_READ_SECONDS = 0.5
+#: How often :class:`RunnableTimeline` reads the processes' schedstat, and how many readings it keeps (a day's).
+TIMELINE_SAMPLE_SECONDS = 1.0
+TIMELINE_SAMPLES = 86_400
 
 
 @dataclass
@@ -86,12 +98,54 @@ def rank_collectives(job_dir: Path) -> list[RankCollectives]:
     return [found[rank] for rank in sorted(found)]
 
 
-class StallWatch:
-    """Watches one job's progress: ``StallWatch(job_dir, spec.stall)``."""
+class RunnableTimeline:
+    """Wall-clock times (Unix seconds) mapped to the seconds the processes ``pids`` returns could run.
 
-    def __init__(self, job_dir: Path, policy: StallPolicy) -> None:
+    ``sample(now)`` is called as time passes (at most every :data:`TIMELINE_SAMPLE_SECONDS` it reads them);
+    ``elapsed(since, now)`` is the runnable time between two wall-clock times: wall-clock speed outside the readings,
+    interpolated between them. Without ``pids`` it is the wall clock."""
+
+    def __init__(self, pids: Callable[[], Iterable[int]] | None = None) -> None:
+        self.clock = RunnableClock(pids) if pids is not None else None
+        self.times: list[float] = []
+        self.runnable: list[float] = []
+
+    def sample(self, now: float) -> None:
+        if self.clock is None or (self.times and now - self.times[-1] < TIMELINE_SAMPLE_SECONDS):
+            return
+        if self.times and now < self.times[-1]:  # the wall clock was set back: start the readings again
+            self.times, self.runnable = [], []
+        self.times.append(now)
+        self.runnable.append(self.clock.read())
+        if len(self.times) > TIMELINE_SAMPLES:
+            del self.times[: len(self.times) - TIMELINE_SAMPLES]
+            del self.runnable[: len(self.runnable) - TIMELINE_SAMPLES]
+
+    def at(self, when: float) -> float:
+        """The runnable clock's reading at wall-clock time ``when``."""
+        times, runnable = self.times, self.runnable
+        if not times:
+            return when
+        if when <= times[0]:
+            return runnable[0] - (times[0] - when)
+        if when >= times[-1]:
+            return runnable[-1] + (when - times[-1])
+        i = bisect.bisect_right(times, when)
+        t0, t1, r0, r1 = times[i - 1], times[i], runnable[i - 1], runnable[i]
+        return r0 + (r1 - r0) * (when - t0) / (t1 - t0) if t1 > t0 else r0
+
+    def elapsed(self, since: float, now: float) -> float:
+        return self.at(now) - self.at(since)
+
+
+class StallWatch:
+    """Watches one job's progress: ``StallWatch(job_dir, spec.stall, pids)``, ``pids`` returning the job's
+    processes (the silence is counted in the time they could run; without it, in wall-clock time)."""
+
+    def __init__(self, job_dir: Path, policy: StallPolicy, pids: Callable[[], Iterable[int]] | None = None) -> None:
         self.job_dir = job_dir
         self.policy = policy
+        self.timeline = RunnableTimeline(pids)
         self.clock = ProgressClock()
         self.next_read = 0.0
         #: The stall of a job that does not report that is being warned of: when it began, and warnings so far.
@@ -109,6 +163,7 @@ class StallWatch:
 
     def check(self, now: float) -> Stall | StallEnded | None:
         """The stall, once the job is past its limit (stacks collected); a warned stall's end; else ``None``."""
+        self.timeline.sample(now)
         if self.clock.last is not None:
             return self._check_reports(now)
         if now < self.next_read:
@@ -117,18 +172,26 @@ class StallWatch:
         return self._check_collectives(now)
 
     def _check_reports(self, now: float) -> Stall | None:
-        overdue = self.clock.overdue(self.policy, now)
+        last = self.clock.last
+        assert last is not None
+        overdue = self.clock.overdue(self.policy, last + self.timeline.elapsed(last, now))
         if overdue is None:
             return None
         silent, limit = overdue
         why = self.policy.explain(self.clock.longest)
         self.clock.reset()  # one stall is handled once
         stuck, kept = self._stacks()
-        message = f"no progress for {seconds_text(silent)} (limit {seconds_text(limit)}: {why}): {stuck.summary}{kept}"
+        message = (f"no progress for {seconds_text(silent)}{_wall_text(silent, now - last)} "
+                   f"(limit {seconds_text(limit)}: {why}): {stuck.summary}{kept}")
         return Stall(silent=silent, limit=limit, stuck=stuck, message=message, action=self.policy.action)
 
     def _check_collectives(self, now: float) -> Stall | StallEnded | None:
-        ranks = rank_collectives(self.job_dir)
+        seen = rank_collectives(self.job_dir)
+        # the ranks' times on the runnable clock's axis: a silence is the time they could have run in it
+        at = self.timeline.at
+        ranks = [RankCollectives(r.rank, None if r.completed_at is None else at(r.completed_at),
+                                 None if r.waiting_since is None else at(r.waiting_since)) for r in seen]
+        now_wall, now = now, at(now)
         overdue = collectives_overdue(ranks, self.policy, now)
         if overdue is None:
             if self.warned_since is None:
@@ -141,7 +204,9 @@ class StallWatch:
             return None  # warned of already: again once it has lasted another limit
         action = self.policy.collective_action
         stuck, kept = self._stacks()
-        message = collective_stall_message(ranks, silent, limit, self.policy, f"{stuck.summary}{kept}")
+        wall = collectives_silence(seen, now_wall) or silent
+        message = collective_stall_message(ranks, silent, limit, self.policy, f"{stuck.summary}{kept}",
+                                           _wall_text(silent, wall))
         if action == "warn":
             self.warned_since = self.warned_since or now - silent
             self.warnings += 1
@@ -160,3 +225,17 @@ class StallWatch:
         except OSError:
             kept = ""
         return find_stuck_ranks(stacks), kept
+
+
+def _wall_text(counted: float, wall: float) -> str:
+    """`` (30.2 s of wall-clock time, the ranks waiting for a CPU)`` when the runnable count is well below the wall
+    clock's, else nothing.
+
+    >>> _wall_text(5.1, 30.2)
+    ' (30.2 s of wall-clock time, the ranks waiting for a CPU)'
+    >>> _wall_text(5.1, 5.3)
+    ''
+    """
+    if wall <= counted * 1.1 + 0.5:
+        return ""
+    return f" ({seconds_text(wall)} of wall-clock time, the ranks waiting for a CPU)"

@@ -122,7 +122,7 @@ class Supervisor:
         if self.row["status"] not in ACTIVE_STATUSES or self.row["request"] == "delete":
             return JOB_OVER_EXIT_CODE
         self.spec = ProcessSpec.from_dict(self.row["launch"])
-        self.stall_watch = StallWatch(self.job_dir, self.spec.stall)
+        self.stall_watch = StallWatch(self.job_dir, self.spec.stall, self._running_tree_pids)
         self.metrics_offset = self.row["metrics_offset"]
         me = os.getpid()
         self.store.update_job(self.name, supervisor_pid=me, supervisor_started=processes.start_time(me),
@@ -558,10 +558,14 @@ class Supervisor:
             self.store.add_event(self.name, "StallEnded", ended.message)
             self.store.update_job(self.name, message=f"{len(self.nodes)} node(s) running; {ended.message}")
 
+    def _running_tree_pids(self) -> list[int]:
+        """The running nodes' keepers and every process under them."""
+        return processes.tree_pids([node.pid for node in self.nodes if node.poll() is None])
+
     def _settle_failure(self, failed: list[int]) -> str:
         # Counted in the time the nodes left could run: on a machine busier than its cores, a node whose rank
         # failed first may still be waiting for a CPU to write its report and exit (up to MAX_STRETCH times longer).
-        clock = RunnableClock(lambda: processes.tree_pids([node.pid for node in self.nodes if node.poll() is None]))
+        clock = RunnableClock(self._running_tree_pids)
         while clock.read() < FAILURE_SETTLE_SECONDS and any(node.poll() is None for node in self.nodes):
             time.sleep(STOPPING_POLL_SECONDS)
         codes = [node.poll() for node in self.nodes]

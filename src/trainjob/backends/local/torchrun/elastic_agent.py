@@ -13,8 +13,10 @@ nodes go on); every agent of the others then:
 - **closes the new round once the nodes that go on have all joined** it, rather than after ``last_call_timeout``,
   and looks at the round every 0.05 s rather than every second while it forms.
 
-Only the round right after a loss is closed early; every other round (the first, a returning node's) forms as
-torchrun's own do. A rank that fails on its own (no loss recorded since its round started) fails the node, as
+Only the round right after a loss is closed early. A node group's first round waits for every node the supervisor
+started (they all start at once; on a busy machine one may join seconds after the others), up to
+:data:`FIRST_ROUND_SECONDS`, rather than starting without the late ones after the short last call. Every other
+round (a returning node's) forms as torchrun's own do. A rank that fails on its own (no loss recorded since its round started) fails the node, as
 with ``--max-restarts=0``, and the supervisor restarts the node group as it does for any elastic job. Joins of
 returning nodes (membership changes) restart the ranks as torchrun always does.
 
@@ -28,7 +30,7 @@ import contextlib
 import os
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
@@ -41,6 +43,10 @@ from trainjob.constants import JOB_DIR_ENV
 #: How long failed ranks wait for the supervisor to say whether a node was lost (it notices within 0.1 s).
 LOSS_WAIT_SECONDS = 3.0
 _POLL_SECONDS = 0.1
+#: How long a node group's first round waits for the nodes started with it, counted from when ``min_nodes`` of them
+#: joined (torch's default ``last_call_timeout``); the rounds after it close after the short last call of
+#: :data:`~trainjob.backends.local.supervisor.rendezvous.RDZV_CONF`.
+FIRST_ROUND_SECONDS = 30.0
 #: How often an agent looks at the rendezvous state while the round after a loss forms (torch: every second).
 ROUND_POLL_SECONDS = 0.05
 #: How many times dropping a lost node from the rendezvous state is tried against other agents' writes.
@@ -153,11 +159,26 @@ def _drop_dead_nodes(handler: Any) -> None:
 
 
 class _ClosingJoinOp(dynamic_rendezvous._RendezvousJoinOp):  # type: ignore[misc]
-    """torch's join, which also closes the round after a loss once the nodes that go on have all joined it."""
+    """torch's join, which also closes the round after a loss once the nodes that go on have all joined it, and
+    keeps a node group's first round open for every node the supervisor started (up to
+    :data:`FIRST_ROUND_SECONDS` after ``min_nodes`` joined)."""
 
     def __call__(self, ctx: Any, deadline: float) -> Any:
         action = super().__call__(ctx, deadline)
         state = ctx.state
+        if (
+            action == dynamic_rendezvous._Action.MARK_RENDEZVOUS_COMPLETE
+            and _closing_at is None
+            and state.round == 0
+            and len(state.participants) < ctx.settings.max_nodes
+            and state.deadline is not None
+            and datetime.now(UTC) < state.deadline + timedelta(seconds=FIRST_ROUND_SECONDS)
+        ):
+            # Every node of the group was started at once: one that is late (a machine busier than its cores, a
+            # slow import) belongs in the first round. Closed after the short last call, the round would start
+            # without it; ranks that finish before it joins close the rendezvous, and the late node fails on it.
+            keep_alive = dynamic_rendezvous._should_keep_alive(ctx)
+            return dynamic_rendezvous._Action.KEEP_ALIVE if keep_alive else dynamic_rendezvous._Action.SYNC
         if (
             _closing_at is not None
             and action == dynamic_rendezvous._Action.SYNC
