@@ -168,8 +168,8 @@ class Kubeflow:
     name = "kubeflow"
     user = AUDITED_ACCOUNTS[1]
 
-    def __init__(self, cp: ControlPlane) -> None:
-        self.controller = KubeflowController(cp)
+    def __init__(self, cp: ControlPlane, feature_gates: dict[str, bool] | None = None) -> None:
+        self.controller = KubeflowController(cp, feature_gates)
 
     def start(self) -> int:
         self.controller.start()
@@ -499,6 +499,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kubeflow", choices=("pinned", "current"), default="pinned",
                        help="Kubeflow Trainer and JobSet at the versions the conformance tests pin (v2.1.0 on "
                             "JobSet v0.10.1, the default) or the current releases (scripts/cluster/build.sh --current)")
+    group.add_argument("--kubeflow-feature-gates", default="", metavar="GATE=BOOL,...", type=feature_gates,
+                       help="Kubeflow's --feature-gates, e.g. TrainJobStatus=true (v2.2 and later): its status "
+                            "endpoint and the pods' status client, which trainjob's operator always gives them")
+
+
+def feature_gates(text: str) -> dict[str, bool]:
+    """``TrainJobStatus=true,Other=false`` as a dict.
+
+    >>> feature_gates("TrainJobStatus=true")
+    {'TrainJobStatus': True}
+    """
+    gates: dict[str, bool] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        if value.lower() not in ("true", "false") or not name:
+            raise argparse.ArgumentTypeError(f"a feature gate is NAME=true or NAME=false, got {item!r}")
+        gates[name] = value.lower() == "true"
+    return gates
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -520,13 +538,14 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         wait_admitted(cluster.api, PROBE_JOBSET)
         controllers: dict[str, Controller] = {"trainjob": TrainJobOperator(cluster, args.workers),
                                               "base": TrainJobOperator(cluster, args.workers, args.baseline_src),
-                                              "kubeflow": Kubeflow(cp)}
+                                              "kubeflow": Kubeflow(cp, args.kubeflow_feature_gates)}
         with SimulatedNodes.start(cp, run_seconds=args.run_seconds, log_level="WARN", delete_on_stop=False) as kwok:
             started = time.monotonic()
             kwok.add_nodes(args.fake_nodes, timeout=600)
             print(f"{args.fake_nodes} simulated nodes Ready in {time.monotonic() - started:.0f} s; control plane "
                   f"{cp.components['versions']}; client QPS {args.client_qps}; pods run {args.run_seconds:g} s; "
-                  f"operator workers {args.workers}", flush=True)
+                  f"operator workers {args.workers}; Kubeflow's feature gates "
+                  f"{args.kubeflow_feature_gates or 'as released'}", flush=True)
             try:
                 first_start = first_start_rss(controllers["trainjob"])
                 print(f"trainjob's operator, first start on this cluster (issues its status endpoint's TLS Secret): "
@@ -549,6 +568,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "kwok": {"fake_nodes": args.fake_nodes, "run_seconds": args.run_seconds, "client_qps": args.client_qps,
                  "workers": args.workers, "versions": cp.components["versions"],
+                 "kubeflow_feature_gates": args.kubeflow_feature_gates,
                  "trainjob_first_start_rss_mib": first_start},
         "reference": {"jobset_published_pods_per_s": JOBSET_PODS_PER_S},
         "runs": results,

@@ -21,7 +21,10 @@ trainjob's operator before :meth:`KubeflowController.start` and start it again a
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import shutil
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -35,12 +38,25 @@ WEBHOOK_CONFIGURATIONS = {"ValidatingWebhookConfiguration": "kubeflow-trainer-va
 WEBHOOK_SERVICE = "kubeflow-trainer-controller-manager"
 
 
-class KubeflowController:
-    """``trainer-controller-manager`` as a child process of the test, on the control plane ``cp``."""
+#: Where Kubeflow Trainer v2.3's status server reads its certificate (a fixed path, unlike the webhook server's).
+STATUS_SERVER_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+#: The Secret its ``TrainJobStatus`` plugin reads the CA from (``certManagement.webhookSecretName``'s default).
+WEBHOOK_SECRET = "kubeflow-trainer-webhook-cert"
 
-    def __init__(self, cp: ControlPlane) -> None:
+
+class KubeflowController:
+    """``trainer-controller-manager`` as a child process of the test, on the control plane ``cp``.
+
+    ``feature_gates`` (``{"TrainJobStatus": True}``) go to its ``--feature-gates``. With ``TrainJobStatus`` (v2.2
+    and later, alpha, off by default) it also serves its status endpoint, on a port of this host with the test CA's
+    certificate, and the Secret its plugin copies the CA from is made: every TrainJob then gets a ConfigMap with the
+    CA and its pods the status client's variables and volume, as trainjob's operator always gives them."""
+
+    def __init__(self, cp: ControlPlane, feature_gates: dict[str, bool] | None = None) -> None:
         self.cp = cp
+        self.feature_gates = dict(feature_gates or {})
         self.process: Process | None = None
+        self._status_cert_dir: Path | None = None
 
     @property
     def binary(self) -> str:
@@ -74,12 +90,14 @@ class KubeflowController:
             "health": {"healthProbeBindAddress": f"127.0.0.1:{probe_port}"},
         }
         config_path = cp.root / "kubeflow-config.yaml"
+        argv = [self.binary, f"--kubeconfig={account}", f"--config={config_path}", "--zap-log-level=info"]
+        if self.feature_gates:
+            argv.append("--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in self.feature_gates.items()))
+        if self.feature_gates.get("TrainJobStatus"):
+            config["statusServer"] = {"port": free_port()}
+            self._serve_status(cert_dir)
         config_path.write_text(yaml.safe_dump(config))
-        self.process = cp._spawn(
-            "kubeflow-trainer",
-            [self.binary, f"--kubeconfig={account}", f"--config={config_path}", "--zap-log-level=info"],
-            env={"TMPDIR": str(tmp)},
-        )
+        self.process = cp._spawn("kubeflow-trainer", argv, env={"TMPDIR": str(tmp)})
         try:
             cp._wait_http(f"http://127.0.0.1:{probe_port}/readyz", "kubeflow-trainer", timeout=timeout)
             cp.wait_for_service_route(KUBEFLOW_NAMESPACE, WEBHOOK_SERVICE)
@@ -87,6 +105,21 @@ class KubeflowController:
         except BaseException:
             self.stop()
             raise
+
+    def _serve_status(self, cert_dir: Path) -> None:
+        """The status server's certificate where it reads it, and the CA's Secret its plugin reads."""
+        if STATUS_SERVER_CERT_DIR.exists():
+            raise RuntimeError(f"{STATUS_SERVER_CERT_DIR} exists already (another Kubeflow controller on this host?); "
+                               "its status server reads its certificate there")
+        STATUS_SERVER_CERT_DIR.mkdir(parents=True)
+        self._status_cert_dir = STATUS_SERVER_CERT_DIR
+        for name in ("tls.crt", "tls.key"):
+            shutil.copy(cert_dir / name, STATUS_SERVER_CERT_DIR / name)
+        data = {"ca.crt": Path(self.cp.ca.cert_path).read_bytes(), "tls.crt": (cert_dir / "tls.crt").read_bytes(),
+                "tls.key": (cert_dir / "tls.key").read_bytes()}
+        self.cp.apply([{"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                        "metadata": {"name": WEBHOOK_SECRET, "namespace": KUBEFLOW_NAMESPACE},
+                        "data": {k: base64.b64encode(v).decode() for k, v in data.items()}}])
 
     def _webhooks(self) -> list[dict[str, Any]]:
         configs = [d for d in yaml.safe_load_all(self.cp.manifests("kubeflow", "webhooks.yaml").read_text()) if d]
@@ -111,6 +144,9 @@ class KubeflowController:
         if self.process is not None:
             self.process.stop()
             self.cp.processes.pop("kubeflow-trainer", None)
+        if self._status_cert_dir is not None:
+            shutil.rmtree(self._status_cert_dir.parent, ignore_errors=True)  # /tmp/k8s-webhook-server
+            self._status_cert_dir = None
 
     def alive(self) -> bool:
         return self.process is not None and self.process.alive()
