@@ -431,6 +431,7 @@ class Nodes:
             if node.store_lock is not None:
                 node.store_lock.close()
         _remove_device_plugin_dir()
+        remove_stale_runtime_files()
 
     def check_clean(self) -> list[str]:
         """What the nodes left behind: shims, bridges, cgroup roots, mounts, kube-proxy's chains (empty: none)."""
@@ -541,6 +542,48 @@ def clean_leftovers() -> None:
     if _run(["pgrep", "-x", "kube-proxy"], check=False).returncode != 0 and \
             "KUBE-SERVICES" in _run(["iptables-save", "-t", "nat"], check=False).stdout:
         clean_kube_proxy_rules(None)
+    remove_stale_runtime_files()
+
+
+#: Where containerd's runc shims put their sockets and runc its containers' state, whatever containerd's own state
+#: folder (containerd 1.6: ``/run/containerd/s/<sha256>``; runc's root for the CRI's namespace ``k8s.io``).
+SHIM_SOCKETS = Path("/run/containerd/s")
+RUNC_STATE = Path("/run/containerd/runc/k8s.io")
+
+
+def remove_stale_runtime_files() -> list[Path]:
+    """Shim sockets no process listens on and runc state of containers whose init process is gone: what shims and
+    containers killed with their node leave in ``/run/containerd`` (a live cluster's are left alone). Returns what
+    was removed."""
+    removed: list[Path] = []
+    try:
+        bound = {line.split()[-1] for line in Path("/proc/net/unix").read_text().splitlines()[1:]
+                 if len(line.split()) >= 8}
+    except OSError:
+        return removed
+    for sock in SHIM_SOCKETS.iterdir() if SHIM_SOCKETS.is_dir() else []:
+        if sock.is_socket() and str(sock) not in bound:
+            with contextlib.suppress(OSError):
+                sock.unlink()
+                removed.append(sock)
+    for state in RUNC_STATE.iterdir() if RUNC_STATE.is_dir() else []:
+        try:
+            data = json.loads((state / "state.json").read_text())
+            pid, started = int(data["init_process_pid"]), int(data["init_process_start"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # being created, or not runc's
+        if _start_ticks(pid) != started:  # gone, or the pid is another process's now
+            shutil.rmtree(state, ignore_errors=True)
+            removed.append(state)
+    return removed
+
+
+def _start_ticks(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), ``None`` when it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def coredns_objects(image: str) -> list[dict[str, Any]]:
