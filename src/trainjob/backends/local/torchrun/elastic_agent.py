@@ -173,6 +173,7 @@ class _ClosingJoinOp(dynamic_rendezvous._RendezvousJoinOp):  # type: ignore[misc
             and len(state.participants) < ctx.settings.max_nodes
             and state.deadline is not None
             and datetime.now(UTC) < state.deadline + timedelta(seconds=FIRST_ROUND_SECONDS)
+            and not _loss_recorded()  # a node lost before it joined is not waited for
         ):
             # Every node of the group was started at once: one that is late (a machine busier than its cores, a
             # slow import) belongs in the first round. Closed after the short last call, the round would start
@@ -188,6 +189,15 @@ class _ClosingJoinOp(dynamic_rendezvous._RendezvousJoinOp):  # type: ignore[misc
         ):
             return dynamic_rendezvous._Action.MARK_RENDEZVOUS_COMPLETE
         return action
+
+
+_AGENT_STARTED = time.time()
+
+
+def _loss_recorded() -> bool:
+    """Whether the supervisor recorded a lost node since this agent started."""
+    job_dir = os.environ.get(JOB_DIR_ENV)
+    return bool(job_dir and losses_since(job_dir, _AGENT_STARTED))
 
 
 def _delay(seconds: float | tuple[float, float]) -> None:
