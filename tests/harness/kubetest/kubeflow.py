@@ -42,6 +42,9 @@ WEBHOOK_SERVICE = "kubeflow-trainer-controller-manager"
 STATUS_SERVER_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
 #: The Secret its ``TrainJobStatus`` plugin reads the CA from (``certManagement.webhookSecretName``'s default).
 WEBHOOK_SECRET = "kubeflow-trainer-webhook-cert"
+#: Where a pod's ServiceAccount files are mounted (``/var/run/secrets``), and the API server's Service address.
+SECRETS_MOUNT = Path("/run/secrets")
+API_SERVICE_IP = "10.96.0.1"
 
 
 class KubeflowController:
@@ -57,6 +60,7 @@ class KubeflowController:
         self.feature_gates = dict(feature_gates or {})
         self.process: Process | None = None
         self._status_cert_dir: Path | None = None
+        self._made_secrets_mount = False
 
     @property
     def binary(self) -> str:
@@ -96,6 +100,7 @@ class KubeflowController:
         if self.feature_gates.get("TrainJobStatus"):
             config["statusServer"] = {"port": free_port()}
             self._serve_status(cert_dir)
+            argv = self._as_in_a_pod(account, argv)
         config_path.write_text(yaml.safe_dump(config))
         self.process = cp._spawn("kubeflow-trainer", argv, env={"TMPDIR": str(tmp)})
         try:
@@ -120,6 +125,30 @@ class KubeflowController:
         self.cp.apply([{"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
                         "metadata": {"name": WEBHOOK_SECRET, "namespace": KUBEFLOW_NAMESPACE},
                         "data": {k: base64.b64encode(v).decode() for k, v in data.items()}}])
+
+    def _as_in_a_pod(self, account: Path, argv: list[str]) -> list[str]:
+        """``argv`` run in a mount namespace of its own that has what a pod has and the status server reads: its
+        ServiceAccount's token in ``/var/run/secrets/kubernetes.io/serviceaccount`` (whose issuer it discovers)
+        and the name ``kubernetes.default.svc`` (that issuer, the API server's Service). Nothing of it is seen
+        outside that process; ``/run/secrets``, its mount point, is made here if missing and removed by
+        :meth:`stop`."""
+        folder = self.cp.root / "kubeflow-serviceaccount"
+        folder.mkdir(exist_ok=True)
+        user = yaml.safe_load(account.read_text())["users"][0]["user"]
+        (folder / "token").write_text(user["token"])
+        (folder / "namespace").write_text(KUBEFLOW_NAMESPACE)
+        shutil.copy(self.cp.ca.cert_path, folder / "ca.crt")
+        hosts = self.cp.root / "kubeflow-hosts"
+        hosts.write_text(Path("/etc/hosts").read_text() + f"\n{API_SERVICE_IP} kubernetes.default.svc\n")
+        if not SECRETS_MOUNT.exists():
+            SECRETS_MOUNT.mkdir()
+            self._made_secrets_mount = True
+        script = (f"mount -t tmpfs tmpfs {SECRETS_MOUNT} && mkdir -p {SECRETS_MOUNT}/kubernetes.io/serviceaccount && "
+                  f'mount --bind "$1" {SECRETS_MOUNT}/kubernetes.io/serviceaccount && mount --bind "$2" /etc/hosts && '
+                  'shift 2 && exec "$@"')
+        # unshare and sh exec what follows: the process measured is the controller's
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(folder), str(hosts),
+                *argv]
 
     def _webhooks(self) -> list[dict[str, Any]]:
         configs = [d for d in yaml.safe_load_all(self.cp.manifests("kubeflow", "webhooks.yaml").read_text()) if d]
@@ -147,6 +176,10 @@ class KubeflowController:
         if self._status_cert_dir is not None:
             shutil.rmtree(self._status_cert_dir.parent, ignore_errors=True)  # /tmp/k8s-webhook-server
             self._status_cert_dir = None
+        if self._made_secrets_mount:
+            with contextlib.suppress(OSError):
+                SECRETS_MOUNT.rmdir()
+            self._made_secrets_mount = False
 
     def alive(self) -> bool:
         return self.process is not None and self.process.alive()
