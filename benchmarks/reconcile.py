@@ -26,6 +26,7 @@ Kubernetes tests do.
 
     python benchmarks/reconcile.py --kwok --json kwok.json
     python benchmarks/reconcile.py --kwok --fake-nodes 50 --jobs 20 --nodes-per-job 4
+    python benchmarks/reconcile.py --kwok --kubeflow current --kubeflow-feature-gates TrainJobStatus=true
 
 ``--json PATH`` writes the figures of any mode to PATH.
 """
