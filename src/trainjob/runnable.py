@@ -12,11 +12,15 @@ and give processes that queue for the cores the time they could not use::
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable, Iterable
 
 #: However busy the machine, a limit counted by :class:`RunnableClock` ends by this many times its length.
 MAX_STRETCH = 8.0
+#: How often :class:`RunnableTimeline` reads the processes' schedstat, and how many readings it keeps (a day's).
+TIMELINE_SAMPLE_SECONDS = 1.0
+TIMELINE_SAMPLES = 86_400
 
 
 def _run_delay(pid: int) -> float | None:
@@ -55,3 +59,43 @@ class RunnableClock:
         self._delays = delays
         self.elapsed += max(wall - waited, wall / MAX_STRETCH)
         return self.elapsed
+
+
+class RunnableTimeline:
+    """Wall-clock times (Unix seconds) mapped to the seconds the processes ``pids`` returns could run.
+
+    ``sample(now)`` is called as time passes (at most every :data:`TIMELINE_SAMPLE_SECONDS` it reads them);
+    ``elapsed(since, now)`` is the runnable time between two wall-clock times: wall-clock speed outside the readings,
+    interpolated between them. Without ``pids`` it is the wall clock."""
+
+    def __init__(self, pids: Callable[[], Iterable[int]] | None = None) -> None:
+        self.clock = RunnableClock(pids) if pids is not None else None
+        self.times: list[float] = []
+        self.runnable: list[float] = []
+
+    def sample(self, now: float) -> None:
+        if self.clock is None or (self.times and now - self.times[-1] < TIMELINE_SAMPLE_SECONDS):
+            return
+        if self.times and now < self.times[-1]:  # the wall clock was set back: start the readings again
+            self.times, self.runnable = [], []
+        self.times.append(now)
+        self.runnable.append(self.clock.read())
+        if len(self.times) > TIMELINE_SAMPLES:
+            del self.times[: len(self.times) - TIMELINE_SAMPLES]
+            del self.runnable[: len(self.runnable) - TIMELINE_SAMPLES]
+
+    def at(self, when: float) -> float:
+        """The runnable clock's reading at wall-clock time ``when``."""
+        times, runnable = self.times, self.runnable
+        if not times:
+            return when
+        if when <= times[0]:
+            return runnable[0] - (times[0] - when)
+        if when >= times[-1]:
+            return runnable[-1] + (when - times[-1])
+        i = bisect.bisect_right(times, when)
+        t0, t1, r0, r1 = times[i - 1], times[i], runnable[i - 1], runnable[i]
+        return r0 + (r1 - r0) * (when - t0) / (t1 - t0) if t1 > t0 else r0
+
+    def elapsed(self, since: float, now: float) -> float:
+        return self.at(now) - self.at(since)

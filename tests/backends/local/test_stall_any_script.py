@@ -17,9 +17,10 @@ import pytest
 from jobtest.local import trainjob_resource, wait_until
 
 from trainjob.backends.local.client.backend import LocalBackend
-from trainjob.backends.local.supervisor.stall_watch import RunnableTimeline, StallWatch, rank_collectives
+from trainjob.backends.local.supervisor.stall_watch import StallWatch, rank_collectives
 from trainjob.backends.stall import StallPolicy
 from trainjob.errors import JobFailedError
+from trainjob.runnable import RunnableTimeline
 
 #: A plain torchrun script: an all_reduce every 0.1 s, rank 0 printing every fifth step. At step 20 rank 1 either
 #: blocks in ``load_batch`` for ``argv[2]`` seconds (``sleep``) or skips the all_reduce (``skip``) and, at the end,

@@ -19,7 +19,7 @@ lasts, then a :class:`StallEnded` once collectives complete again). The stall wa
 or collective whenever the node group starts again or changes size (:meth:`StallWatch.reset`).
 
 A stall is a hang, not slowness: the silence is counted in the time the job's processes could run
-(:class:`RunnableTimeline`, by :class:`~trainjob.runnable.RunnableClock`). Ranks that are blocked (a hang in a
+(:class:`~trainjob.runnable.RunnableTimeline`, by :class:`~trainjob.runnable.RunnableClock`). Ranks that are blocked (a hang in a
 collective, a sleep) leave it at wall-clock speed; on a machine busier than its cores, the seconds a rank waited for a
 CPU are not counted against it (up to :data:`~trainjob.runnable.MAX_STRETCH` times the limit). A message whose count
 differs from the wall clock says both.
@@ -27,7 +27,6 @@ differs from the wall clock says both.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import json
 from collections.abc import Callable, Iterable
@@ -48,17 +47,14 @@ from trainjob.backends.stall import (
     collectives_silence,
     seconds_text,
 )
-from trainjob.runnable import RunnableClock
+from trainjob.runnable import RunnableTimeline
 
-__all__ = ["STACKS_FILE", "RunnableTimeline", "Stall", "StallEnded", "StallWatch", "rank_collectives"]
+__all__ = ["STACKS_FILE", "Stall", "StallEnded", "StallWatch", "rank_collectives"]
 
 #: Where, in the job's directory, the stacks of a stall are kept.
 STACKS_FILE = "stall-stacks.txt"
 #: How often the ranks' collectives files are read (the ranks rewrite them at most every half second).
 COLLECTIVES_READ_SECONDS = 0.5
-#: How often :class:`RunnableTimeline` reads the processes' schedstat, and how many readings it keeps (a day's).
-TIMELINE_SAMPLE_SECONDS = 1.0
-TIMELINE_SAMPLES = 86_400
 
 
 @dataclass
@@ -96,46 +92,6 @@ def rank_collectives(job_dir: Path) -> list[RankCollectives]:
             rank = int(data["rank"])
             found[rank] = RankCollectives(rank, data["completed_at"], data["waiting_since"])
     return [found[rank] for rank in sorted(found)]
-
-
-class RunnableTimeline:
-    """Wall-clock times (Unix seconds) mapped to the seconds the processes ``pids`` returns could run.
-
-    ``sample(now)`` is called as time passes (at most every :data:`TIMELINE_SAMPLE_SECONDS` it reads them);
-    ``elapsed(since, now)`` is the runnable time between two wall-clock times: wall-clock speed outside the readings,
-    interpolated between them. Without ``pids`` it is the wall clock."""
-
-    def __init__(self, pids: Callable[[], Iterable[int]] | None = None) -> None:
-        self.clock = RunnableClock(pids) if pids is not None else None
-        self.times: list[float] = []
-        self.runnable: list[float] = []
-
-    def sample(self, now: float) -> None:
-        if self.clock is None or (self.times and now - self.times[-1] < TIMELINE_SAMPLE_SECONDS):
-            return
-        if self.times and now < self.times[-1]:  # the wall clock was set back: start the readings again
-            self.times, self.runnable = [], []
-        self.times.append(now)
-        self.runnable.append(self.clock.read())
-        if len(self.times) > TIMELINE_SAMPLES:
-            del self.times[: len(self.times) - TIMELINE_SAMPLES]
-            del self.runnable[: len(self.runnable) - TIMELINE_SAMPLES]
-
-    def at(self, when: float) -> float:
-        """The runnable clock's reading at wall-clock time ``when``."""
-        times, runnable = self.times, self.runnable
-        if not times:
-            return when
-        if when <= times[0]:
-            return runnable[0] - (times[0] - when)
-        if when >= times[-1]:
-            return runnable[-1] + (when - times[-1])
-        i = bisect.bisect_right(times, when)
-        t0, t1, r0, r1 = times[i - 1], times[i], runnable[i - 1], runnable[i]
-        return r0 + (r1 - r0) * (when - t0) / (t1 - t0) if t1 > t0 else r0
-
-    def elapsed(self, since: float, now: float) -> float:
-        return self.at(now) - self.at(since)
 
 
 class StallWatch:

@@ -16,9 +16,9 @@ nodes go on); every agent of the others then:
 Only the round right after a loss is closed early. A node group's first round waits for every node the supervisor
 started (they all start at once; on a busy machine one may join seconds after the others), up to
 :data:`FIRST_ROUND_SECONDS`, rather than starting without the late ones after the short last call. Every other
-round (a returning node's) forms as torchrun's own do. A rank that fails on its own (no loss recorded since its round started) fails the node, as
-with ``--max-restarts=0``, and the supervisor restarts the node group as it does for any elastic job. Joins of
-returning nodes (membership changes) restart the ranks as torchrun always does.
+round (a returning node's) forms as torchrun's own do. A rank that fails on its own (no loss recorded since its
+round started) fails the node, as with ``--max-restarts=0``, and the supervisor restarts the node group as it does
+for any elastic job. Joins of returning nodes (membership changes) restart the ranks as torchrun always does.
 
 This reaches into torch's dynamic rendezvous (``torch.distributed.elastic.rendezvous.dynamic_rendezvous``, torch
 2.13); should its internals change, what cannot be found is left alone and a loss takes the heartbeat's time.
