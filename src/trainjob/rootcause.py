@@ -65,6 +65,17 @@ def exception_line(text: str) -> str | None:
     return shorten(best) if best is not None else None
 
 
+def consequence_line(text: str) -> str | None:
+    """The last line of ``text`` that states an exception reporting another failure (a rendezvous that closed, a
+    peer's lost connection): what a node whose own code raised nothing last saw, for its failure's detail."""
+    best = None
+    for raw in text.splitlines():
+        line = strip_rank_prefixes(raw)
+        if _EXCEPTION.match(line) and not is_root_exception(line):
+            best = line
+    return shorten(best) if best is not None else None
+
+
 def first_line(message: str) -> str:
     """The first non-empty line of an exception's message (a multi-line message continues with details)."""
     return shorten(next((line.strip() for line in message.splitlines() if line.strip()), ""))

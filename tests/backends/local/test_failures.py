@@ -183,3 +183,42 @@ def test_a_peer_that_lost_its_connection_names_no_exception(tmp_path: Path):
     failures = {f.rank: f for f in node_failures(tmp_path, 0, ended, 1)}
 
     assert failures[2].exception is None, "'Connection closed by peer' is a consequence, not a cause"
+
+
+# torchrun's own exit when the rendezvous closed before its node joined: no rank ran, so no report of failures.
+AGENT_RENDEZVOUS_CLOSED = """\
+[W1129 10:00:04.000000000 socket.cpp:200] [c10d] The client socket has timed out
+Traceback (most recent call last):
+  File "/usr/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+  File "torch/distributed/elastic/rendezvous/dynamic_rendezvous.py", line 1150, in next_rendezvous
+    self._op_executor.run(join_op, deadline, self._get_deadline)
+torch.distributed.elastic.rendezvous.api.RendezvousClosedError
+"""
+
+
+def test_a_node_whose_torchrun_failed_says_what_it_saw(tmp_path: Path):
+    """A node that ran no rank and raised nothing of its own still says why it stopped: the rendezvous had
+    closed. It is a consequence, so it is the failure's detail, never its exception."""
+    _node_log(tmp_path, 1, AGENT_RENDEZVOUS_CLOSED)
+
+    (failure,) = node_failures(tmp_path, 1, NodeExit(code=1, time=106.0, ranks=[]), 1)
+
+    assert failure.exception is None
+    assert failure.describe() == (
+        "node-1 exited with code 1: torch.distributed.elastic.rendezvous.api.RendezvousClosedError")
+
+
+def test_torchruns_own_error_file_is_read_when_its_output_says_nothing(tmp_path: Path):
+    _node_log(tmp_path, 1, "starting\n")
+    agent_file = tmp_path / "logs" / "node-1.error.json"
+    agent_file.write_text(json.dumps({"message": {"message": "RendezvousTimeoutError: no quorum in 600 s",
+                                                  "extraInfo": {"timestamp": "0"}}}))
+    written = agent_file.stat().st_mtime
+
+    (failure,) = node_failures(tmp_path, 1, NodeExit(code=1, time=written + 1, ranks=[]), 1)
+    assert failure.describe() == "node-1 exited with code 1: RendezvousTimeoutError: no quorum in 600 s"
+
+    # one an earlier attempt left says nothing about this one
+    (failure,) = node_failures(tmp_path, 1, NodeExit(code=1, time=written + 60, ranks=[]), 1)
+    assert failure.describe() == "node-1 exited with code 1"

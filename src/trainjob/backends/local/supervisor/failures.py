@@ -37,7 +37,7 @@ from typing import Any
 
 from trainjob.backends.local.containers import memory_words
 from trainjob.backends.local.log_reader import log_tail, parse_line
-from trainjob.rootcause import exception_line, first_line, root_cause_line
+from trainjob.rootcause import consequence_line, exception_line, first_line, root_cause_line
 
 _REPORTED_FAILURE = re.compile(
     r"\[\d+\]:\s*\n"
@@ -149,8 +149,18 @@ def node_failures(job_dir: Path, node: int, exit: NodeExit | None, code: int) ->
     detail = oom
     if detail is None and exit is not None and exit.container and code in ENGINE_EXIT_CODES:
         detail = _engine_error(tail)  # the container never ran its command: the engine says why
+    exception = None if detail else _last_exception_line(tail, node, None)
+    if detail is None and exception is None and code > 0:
+        # torchrun itself failed before or between its ranks (a rendezvous that closed, a store that went away):
+        # the last such exception in its output says what it saw, else its own error file (``@record``'s, at
+        # its exit: one an earlier attempt left is older)
+        detail = consequence_line(tail)
+        agent_file = str(job_dir / "logs" / f"node-{node}.error.json")
+        written = _modified(agent_file)
+        if detail is None and written is not None and (exit is None or written >= exit.time - 10):
+            detail = _error_file_message(agent_file)
     return [NodeFailure(node=node, exit_code=code, time=exit.time if exit else None, detail=detail,
-                        exception=None if detail else _last_exception_line(tail, node, None))]
+                        exception=exception)]
 
 
 #: What ``docker run`` and ``podman run`` exit with when they could not run the command (125: the engine failed,
