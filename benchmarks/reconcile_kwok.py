@@ -25,6 +25,9 @@ Figures per run, all from the moment the first TrainJob is created (jobs are cre
 - ``complete``: until the last TrainJob was Complete (the latest ``Complete`` condition's ``lastTransitionTime``);
   both timestamps are whole seconds (taken as the middle of their second: +-0.5 s);
   ``jobs/s`` = jobs / complete, ``pods/s`` = pods / running;
+- the phases, printed under the table, the latest of each: the JobSets made (the controller's part), the pods made
+  (the Job controller's), Running, the JobSets ``Completed`` (JobSet's), the TrainJobs ``Complete``: where a gap
+  between the controllers opens;
 - ``req/job``: API requests the controller's ServiceAccount made from the first create until all were Complete,
   from the API server's audit log (watches and lists of its start-up are not in them), per TrainJob;
 - ``req/job -ev``: the same without the Events the controller posted (``JobSetCreated``: users read it, so it
@@ -380,9 +383,17 @@ def measure(cluster: TrainJobCluster, controller: Controller, scenario: Scenario
         raise RuntimeError(f"only {len(started)} of {scenario.pods} pods ever ran")
     result["running_s"] = max(started)
     result["complete_s"] = max(seconds_after(condition_true(j, "Complete") or {}, start) for j in jobs)
+    jobsets = api.list(JOBSETS, namespace)
+    # Where the time went, phase by phase (the latest of each, whole seconds from the first create): the JobSets
+    # made (the controller's part), the pods made (the Job controller's), Running (the scheduler's and the
+    # nodes'), the JobSets Completed (JobSet's), the TrainJobs Complete (the controller's again).
+    result["jobsets_made_s"] = max(seconds_after(js["metadata"]["creationTimestamp"], start) for js in jobsets)
+    result["pods_made_s"] = max(seconds_after(p["metadata"]["creationTimestamp"], start) for p in pods)
     # How long after its JobSet's Completed condition each TrainJob's Complete came (whole seconds each: the mean of
     # many is finer); what the controller adds to the JobSet controller's time.
-    completed = {js["metadata"]["name"]: condition_true(js, "Completed") for js in api.list(JOBSETS, namespace)}
+    completed = {js["metadata"]["name"]: condition_true(js, "Completed") for js in jobsets}
+    if all(completed.values()):
+        result["jobsets_completed_s"] = max(seconds_after(c, start) for c in completed.values())
     lags = [parse_timestamp(condition_true(j, "Complete")["lastTransitionTime"])
             - parse_timestamp(completed[j["metadata"]["name"]]["lastTransitionTime"])
             for j in jobs if completed.get(j["metadata"]["name"])]
@@ -418,6 +429,12 @@ def table(results: list[dict[str, Any]]) -> str:
                      f"{r['requests_per_job_without_events']:>6.2f}{r['status_writes_per_job']:>8.2f}"
                      f"{r['peak_rss_mib']:>9.0f}{r['cpu_s']:>8.1f}{r['cpu_ms_per_job']:>8.0f}")
     lines.append(f"{'reference':<9} {'JobSet (published)':<51}{'':>12}{'':>8}{JOBSET_PODS_PER_S:>8}")
+    for r in results:
+        if "jobsets_made_s" in r:
+            who = r["controller"] + (f" #{r['round']}" if r.get("round", 1) > 1 else "")
+            lines.append(f"{r['scenario']} / {who}: JobSets made {r['jobsets_made_s']:.0f} s, pods made "
+                         f"{r['pods_made_s']:.0f} s, Running {r['running_s']:.0f} s, JobSets Completed "
+                         f"{r.get('jobsets_completed_s', float('nan')):.0f} s, Complete {r['complete_s']:.0f} s")
     for r in results:
         if "finish_lag_mean_s" in r:
             lines.append(f"{r['scenario']} / {r['controller']}: Complete {r['finish_lag_mean_s']:.2f} s after the "
