@@ -353,6 +353,8 @@ def measure(cluster: TrainJobCluster, controller: Controller, scenario: Scenario
     the figures into ``result``; with ``profile``, py-spy samples trainjob's operator meanwhile into that folder."""
     cp, api = cluster.cp, cluster.api
     started_at = len(cp.audit_requests(controller.user))
+    log = controller.log if isinstance(controller, TrainJobOperator) else None
+    log_from = log.stat().st_size if log is not None and log.exists() else 0
     pid = controller.start()
     process = psutil.Process(pid)
     before = wait_watching(cp, controller, started_at)
@@ -411,6 +413,17 @@ def measure(cluster: TrainJobCluster, controller: Controller, scenario: Scenario
         and (r.get("objectRef") or {}).get("resource") == "trainjobs"
         and (r.get("objectRef") or {}).get("subresource") == "status") / scenario.jobs
     result["verbs"] = dict(verbs.most_common())
+    if log is not None and log.exists():
+        # why a watch of the operator's was opened again during the run (expired version, failed request): the
+        # requests it cost are counted above
+        with log.open("rb") as f:
+            f.seek(log_from)
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        reopened = [line for line in lines if "listing again" in line or "; again in" in line]
+        if reopened:
+            result["watches_reopened"] = reopened
+            print(f"  {controller.name} / {scenario.name}: watches opened again:\n    " + "\n    ".join(reopened),
+                  flush=True)
 
 
 def table(results: list[dict[str, Any]]) -> str:
