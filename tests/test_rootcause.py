@@ -21,6 +21,9 @@ from trainjob.rootcause import MAX_EXCEPTION_CHARS, exception_line, first_line, 
         ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:", None),
         ("torch.distributed.DistNetworkError: failed to recv", None),
         ("KeyError: 'x'\n[rank0]: RuntimeError: Connection reset by peer", "KeyError: 'x'"),
+        # gloo's words for a peer that died, whatever socket error it names
+        ("RuntimeError: [../gloo/transport/tcp/pair.cc:587] Read error [127.0.0.1]:411: EOF. This is typically "
+         "caused by a remote worker crashing. Check the logs of the remote worker before reporting an error.", None),
         # a Ray node stopped after its driver failed: the cancelled call is the stop's echo, not the cause
         ("ValueError: the loss went to 42\nnode.py:720 -- Failed to mark the local node as draining on SIGTERM\n"
          "ray.exceptions.RpcError: RPC error: CANCELLED", "ValueError: the loss went to 42"),

@@ -35,7 +35,10 @@ _CONSEQUENCES = (
 # "ray.exceptions.RpcError: RPC error: CANCELLED" from a node stopped after its driver failed, after the driver's
 # own exception).
 _PEER_LOST = re.compile(
-    r"Connection (?:closed|reset) by peer|connection closed|Broken pipe|ECONNRESET|RPC error: CANCELLED", re.I
+    r"Connection (?:closed|reset) by peer|connection closed|Broken pipe|ECONNRESET|RPC error: CANCELLED"
+    # gloo's own word that the error is a peer's (its message then names the socket error, or none)
+    r"|caused by a remote worker",
+    re.I,
 )
 # torchrun's "[rank1]: " (or "[default1]:") and, after init_process_group, torch's own "[rank1]: " on every
 # traceback line: one or several of them.

@@ -222,3 +222,46 @@ def test_torchruns_own_error_file_is_read_when_its_output_says_nothing(tmp_path:
     # one an earlier attempt left says nothing about this one
     (failure,) = node_failures(tmp_path, 1, NodeExit(code=1, time=written + 60, ranks=[]), 1)
     assert failure.describe() == "node-1 exited with code 1"
+
+
+# what a rank of node-1 wrote to its error file when its peer on node-0 was SIGKILLed mid all-reduce
+PEER_DIED = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:587] Read error "
+             "[127.0.0.1]:41102: EOF. This is typically caused by a remote worker crashing. Check the logs of the "
+             "remote worker before reporting an error. GLHF!")
+PEER_REPORT = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-01-01_10:00:05
+  host      : box
+  rank      : 3 (local_rank: 1)
+  exitcode  : 1 (pid: 6003)
+  error_file: {error_file}
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_a_killed_rank_seen_late_is_still_the_cause_not_the_peer_that_lost_it(tmp_path: Path):
+    """On a busy machine node-0's keeper can see its rank die after node-1's rank has already failed of the lost
+    connection: the peer's error (its error file says a remote worker crashed) is never the root cause."""
+    _node_log(tmp_path, 0, TORCHRUN_REPORT.replace("rank      : 3", "rank      : 1").replace("rank      : 2", "rank      : 0"))
+    error_file = tmp_path / "rank3.error.json"
+    error_file.write_text(json.dumps({"message": {"message": PEER_DIED, "extraInfo": {"timestamp": "0"}}}))
+    _node_log(tmp_path, 1, PEER_REPORT.format(error_file=error_file))
+    node0 = NodeExit(code=1, time=101.0, ranks=[{"pid": 4002, "rank": 0, "local_rank": 0, "time": 100.9},
+                                                {"pid": 4003, "rank": 1, "local_rank": 1, "time": 100.8}])
+    node1 = NodeExit(code=1, time=100.7, ranks=[{"pid": 6003, "rank": 3, "local_rank": 1, "time": 100.5}])
+
+    failures = node_failures(tmp_path, 0, node0, 1) + node_failures(tmp_path, 1, node1, 1)
+
+    (peer,) = [f for f in failures if f.rank == 3]
+    assert peer.consequence and peer.exception is None
+    assert peer.describe() == f"node-1 rank 3 (local rank 1) exited with code 1: {PEER_DIED[:500]}"
+    assert pick_root_cause(failures).describe() == "node-0 rank 1 (local rank 1) was killed by SIGKILL"
+    # alone, the peer's failure is what is known, and says what it saw
+    assert pick_root_cause(node_failures(tmp_path, 1, node1, 1)) == peer

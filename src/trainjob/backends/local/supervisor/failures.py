@@ -37,7 +37,13 @@ from typing import Any
 
 from trainjob.backends.local.containers import memory_words
 from trainjob.backends.local.log_reader import log_tail, parse_line
-from trainjob.rootcause import consequence_line, exception_line, first_line, root_cause_line
+from trainjob.rootcause import (
+    consequence_line,
+    exception_line,
+    first_line,
+    is_root_exception,
+    root_cause_line,
+)
 
 _REPORTED_FAILURE = re.compile(
     r"\[\d+\]:\s*\n"
@@ -95,6 +101,9 @@ class NodeFailure:
     pid: int | None = None
     #: The exception the rank raised (``NameError: name 'lr' is not defined``), when it raised one.
     exception: str | None = None
+    #: It failed because another did: what it raised reports a peer's failure (a lost connection, a rendezvous
+    #: that closed), which is then its ``detail``. Never the root cause while another failure is known.
+    consequence: bool = False
 
     @property
     def by_signal(self) -> bool:
@@ -125,6 +134,12 @@ def node_failures(job_dir: Path, node: int, exit: NodeExit | None, code: int) ->
         pid = int(report["pid"]) if report["pid"] else None
         error_file = report["error_file"].strip()
         rank = int(report["rank"])
+        raised = _error_file_message(error_file) or _last_exception_line(tail, node, rank)
+        echo = None
+        if raised is not None and not is_root_exception(raised):  # an error file's word of a peer's failure
+            raised, echo = None, raised
+        elif raised is None:
+            echo = _rank_consequence(tail, node, rank)
         failures.append(NodeFailure(
             node=node,
             exit_code=int(report["exitcode"]),
@@ -132,7 +147,9 @@ def node_failures(job_dir: Path, node: int, exit: NodeExit | None, code: int) ->
             local_rank=int(report["local_rank"]),
             time=ended.get(pid) or _modified(error_file) or _report_time(report["time"]),
             pid=pid,
-            exception=_error_file_message(error_file) or _last_exception_line(tail, node, rank),
+            exception=raised,
+            detail=echo,
+            consequence=echo is not None,
         ))
     oom = exit.oom_detail() if exit is not None else None
     if failures and not _reported_earlier(failures, exit):
@@ -159,6 +176,8 @@ def node_failures(job_dir: Path, node: int, exit: NodeExit | None, code: int) ->
         written = _modified(agent_file)
         if detail is None and written is not None and (exit is None or written >= exit.time - 10):
             detail = _error_file_message(agent_file)
+        return [NodeFailure(node=node, exit_code=code, time=exit.time if exit else None, detail=detail,
+                            consequence=detail is not None and not is_root_exception(detail))]
     return [NodeFailure(node=node, exit_code=code, time=exit.time if exit else None, detail=detail,
                         exception=exception)]
 
@@ -189,12 +208,15 @@ def _reported_earlier(failures: list[NodeFailure], exit: NodeExit | None) -> boo
 
 
 def pick_root_cause(failures: list[NodeFailure]) -> NodeFailure:
-    """The failure that happened first; unknown times come last. Among failures seen at the same moment, one
-    by SIGTERM (how torchrun stops the ranks left after a failure) is not the cause, then the order given."""
+    """The failure that happened first; unknown times come last. A failure that reports a peer's (gloo's lost
+    connection) comes after every other, whatever its time: on a busy machine the peer's death can be seen later
+    than its echo. Among failures seen at the same moment, one by SIGTERM (how torchrun stops the ranks left after
+    a failure) is not the cause, then the order given."""
 
-    def key(item: tuple[int, NodeFailure]) -> tuple[bool, float, bool, int]:
+    def key(item: tuple[int, NodeFailure]) -> tuple[bool, bool, float, bool, int]:
         index, failure = item
-        return failure.time is None, failure.time or 0.0, failure.exit_code == -signal.SIGTERM, index
+        return (failure.consequence, failure.time is None, failure.time or 0.0,
+                failure.exit_code == -signal.SIGTERM, index)
 
     return min(enumerate(failures), key=key)[1]
 
@@ -226,6 +248,12 @@ def _error_file_message(error_file: str) -> str | None:
     if isinstance(message, dict):
         message = message.get("message")
     return first_line(str(message)) or None if message else None
+
+
+def _rank_consequence(tail: str, node: int, rank: int) -> str | None:
+    """The last exception ``rank`` printed that reports a peer's failure."""
+    return consequence_line("\n".join(line.text for line in (parse_line(node, raw) for raw in tail.splitlines())
+                                       if line.rank == rank))
 
 
 def _last_exception_line(tail: str, node: int, rank: int | None) -> str | None:
