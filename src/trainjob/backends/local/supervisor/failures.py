@@ -17,7 +17,9 @@ the node's own end                    for a node that failed without a torchrun 
 Exit codes and local ranks come from torchrun's report in the node's log (every failure it lists, not only its
 "root cause"); the exception from the rank's error file (every rank of a local job has one:
 :mod:`~trainjob.backends.local.worker_site`), else the last exception line the rank printed
-(:func:`~trainjob.rootcause.exception_line`, which skips peers' "Connection closed by peer")::
+(:func:`~trainjob.rootcause.exception_line`, which skips peers' "Connection closed by peer"). A rank whose error
+only reports a peer's failure is a consequence: it says so in its detail and comes after every other failure,
+whatever its time, since a busy machine can see the peer's death after its echo::
 
     failures = [f for node in failed for f in node_failures(job_dir, node, exits[node])]
     print(pick_root_cause(failures).describe())   # node-1 rank 1: NameError: name 'lr' is not defined
