@@ -13,12 +13,20 @@ from trainjob.errors import ValidationError
 
 CORES = len(os.sched_getaffinity(0))
 
-#: Records when it ran and on which cores, then sleeps a little: enough to see overlaps, without torch.
+#: Records when it ran and on which cores, then sleeps a little: enough to see overlaps, without torch. With
+#: ``until:PATH`` it runs until that file exists (another job's ``started-0``, which each run leaves in its job
+#: directory at its start), 120 s at most: an overlap that does not depend on how fast a busy machine starts them.
 TIMED = """
     import json, os, sys, time
     started = time.time()
-    time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0.6)
     node = os.environ.get("PET_NODE_RANK", "0")
+    open(os.path.join(os.environ["TRAINJOB_JOB_DIR"], f"started-{node}"), "w").close()
+    until = sys.argv[1] if len(sys.argv) > 1 else "0.6"
+    if until.startswith("until:"):
+        while not os.path.exists(until[6:]) and time.time() < started + 120:
+            time.sleep(0.05)
+    else:
+        time.sleep(float(until))
     record = {"start": started, "end": time.time(), "cpus": sorted(os.sched_getaffinity(0)),
               "omp": os.environ.get("OMP_NUM_THREADS"), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}
     for file in ("ran.json", f"ran-{node}.json"):
@@ -123,9 +131,14 @@ def test_strict_resources_refuse_a_job_that_could_never_fit_at_submit_with_the_n
     assert not backend.store.job_dir("too-big").exists()
 
 
+def started(backend, name):
+    """``until:`` the file a TIMED run of job ``name`` leaves at its start."""
+    return f"until:{backend.store.job_dir(name) / 'started-0'}"
+
+
 def test_oversubscribing_starts_at_once_as_before(backend, script):
     timed = script("timed.py", TIMED)
-    backend.apply(job("hog", timed, cpu=CORES, seconds=1.5))
+    backend.apply(job("hog", timed, cpu=CORES, seconds=started(backend, "rude")))
     backend.apply(job("rude", timed, cpu=CORES, seconds=0.1, oversubscribe=True))
     backend.apply(job("big", timed, cpu=CORES, nodes=2, seconds=0.1, oversubscribe=True))  # would never fit
 
@@ -138,7 +151,7 @@ def test_oversubscribing_starts_at_once_as_before(backend, script):
 
 def test_jobs_that_request_nothing_are_best_effort_and_never_wait(backend, script):
     timed = script("timed.py", TIMED)
-    backend.apply(job("hog", timed, cpu=CORES, seconds=1.5))
+    backend.apply(job("hog", timed, cpu=CORES, seconds=started(backend, "free-rider")))
     backend.apply(job("free-rider", timed, seconds=0.1))
 
     for name in ("hog", "free-rider"):
@@ -171,8 +184,8 @@ def test_jobs_that_fit_side_by_side_get_disjoint_cores(backend, script):
     if CORES < 2:
         pytest.skip("needs two cores")
     timed = script("timed.py", TIMED)
-    backend.apply(job("left", timed, cpu=1, seconds=1.0))
-    backend.apply(job("right", timed, cpu=1, seconds=1.0))
+    backend.apply(job("left", timed, cpu=1, seconds=started(backend, "right")))
+    backend.apply(job("right", timed, cpu=1, seconds=started(backend, "left")))
 
     for name in ("left", "right"):
         assert backend.wait_for_job_status(name, timeout=60).status == "Complete"
