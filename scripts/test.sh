@@ -32,8 +32,9 @@ prepare_cluster() {
     echo "test.sh: Go not found: the Kubernetes tests will be skipped (set TRAINJOB_REQUIRE_CLUSTER=1 to fail instead)"
   fi
 }
-# DeepSpeed's CPU ops, built once per .venv under ~/.cache/trainjob/torch-extensions (about 1.5 min on 2 cores,
-# seconds once built) rather than on first use inside the DeepSpeed tests, beside their jobs.
+# DeepSpeed with its CPU ops compiled in, rather than compiled on first use inside the DeepSpeed tests, beside their
+# jobs, in every fresh .venv: a wheel built once per machine under ~/.cache/trainjob/deepspeed-wheels (minutes),
+# installed over setup.sh's plain DeepSpeed in seconds afterwards (tests/harness/jobtest/deepspeed_ops.py).
 prepare_deepspeed() {
   local start=$SECONDS
   PYTHONPATH=tests/harness .venv/bin/python -m jobtest.deepspeed_ops || return 1
@@ -50,9 +51,9 @@ fi
 # Every tier, in three pytest sessions side by side: the cluster's components and images, then the cluster tier, which
 # spends much of its time waiting on controllers and pods; the local backend's tests (and Ray's, the dashboard's),
 # which spend much of theirs waiting on jobs that stall, lose nodes or restart on purpose; the rest (the training
-# library's, the CLI's), which keep the cores busy. Together they take about the time of the longest. DeepSpeed's ops
-# are built first, beside the cluster chain alone: beside all three their compile took 19 minutes on 2 cores, beside
-# the cluster chain alone 7.5. The cores are the limit (the three kept 2 cores busy; beside the two others, the cluster
+# library's, the CLI's), which keep the cores busy. Together they take about the time of the longest. DeepSpeed with
+# its ops is installed first, beside the cluster chain alone (seconds; the first time on a machine, its wheel's build
+# takes minutes, which beside all three sessions took 19 on 2 cores). The cores are the limit (the three kept 2 cores busy; beside the two others, the cluster
 # tier took 2,946 s where it took 2,490 s beside one), so the two others run at a lower priority (nice 10): the
 # cluster tier, whose pods and controllers take turns with its waits, gets the cores when it needs them (at one
 # priority its Kubeflow conformance fixture ran past its waits), and the others fill the rest. Their multi-process

@@ -34,25 +34,24 @@ STEPS = 12
 if importlib.util.find_spec("deepspeed") is None and not os.environ.get("TRAINJOB_REQUIRE_DEEPSPEED"):
     pytest.skip("DeepSpeed is not installed (pip install 'trainjob[deepspeed]')", allow_module_level=True)
 
-#: Without the ops built ahead, the first job compiles them (CPU Adam, shared-memory comm): minutes on 2 busy cores.
+#: Without DeepSpeed's ops compiled in, the first job compiles them (CPU Adam, shared-memory comm): minutes on 2 busy
+#: cores.
 pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
 def extensions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Where DeepSpeed finds its CPU ops: built ahead by ``bash scripts/test.sh`` (:mod:`jobtest.deepspeed_ops`),
-    or else compiled on first use (minutes) once per module, in a temp dir. Once only because the jobs and the
-    reference runs find the same ninja (this environment's, first on both PATHs): two ninja versions record a
-    build differently, and each would rebuild what the other built."""
-    built = deepspeed_ops.ready_dir()
-    if built is None:
-        yield tmp_path_factory.mktemp("torch_extensions")
-        return
-    before = {path: path.stat().st_mtime_ns for path in built.glob("*/*.so")}
-    yield built
-    rebuilt = sorted(path.name for path, mtime in before.items() if path.stat().st_mtime_ns != mtime)
-    if rebuilt:  # the cache's key missed what the build depends on: every run pays the build again
-        warnings.warn(f"DeepSpeed rebuilt {', '.join(rebuilt)} in {built}", stacklevel=1)
+    """Where DeepSpeed compiles the CPU ops it was not built with: a temp dir, once per module. ``bash
+    scripts/test.sh`` installs DeepSpeed with them compiled in (:mod:`jobtest.deepspeed_ops`), and then nothing may
+    be compiled there: a job that compiled one would say the wheel lacks it, and every run would pay the build.
+    Once per module because the jobs and the reference runs find the same ninja (this environment's, first on both
+    PATHs): two ninja versions record a build differently, and each would rebuild what the other built."""
+    folder = tmp_path_factory.mktemp("torch_extensions")
+    prebuilt = not deepspeed_ops.missing_ops()
+    yield folder
+    compiled = sorted(path.name for path in folder.glob("*/*.so"))
+    if prebuilt and compiled:
+        warnings.warn(f"DeepSpeed, installed with its CPU ops, compiled {', '.join(compiled)} again", stacklevel=1)
 
 
 def _env(extensions: Path) -> dict[str, str]:

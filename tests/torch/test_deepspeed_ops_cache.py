@@ -1,5 +1,5 @@
-"""The cache of DeepSpeed's CPU ops that ``scripts/test.sh`` builds ahead (``jobtest.deepspeed_ops``): which other
-environments' builds its clean-up keeps."""
+"""The cache of DeepSpeed wheels with their CPU ops compiled in that ``scripts/test.sh`` builds ahead
+(``jobtest.deepspeed_ops``): which other environments' wheels its clean-up keeps."""
 
 from __future__ import annotations
 
@@ -43,3 +43,15 @@ def test_the_clean_up_removes_builds_unused_for_two_weeks_even_when_few(tmp_path
     deepspeed_ops.clean_up(this)
 
     assert [path.name for path in tmp_path.iterdir()] == ["this"]
+
+
+def test_the_clean_up_leaves_a_build_under_way_alone(tmp_path: Path):
+    """Another run's build goes to a hidden staging folder until it is complete: never removed under it."""
+    this = _build(tmp_path, "this", 0)
+    for days in (1, 2, 3):
+        _build(tmp_path, f"other-{days}", days)
+    _build(tmp_path, ".this-staging", 30, finished=False)
+
+    deepspeed_ops.clean_up(this)
+
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".this-staging", "other-1", "other-2", "this"]

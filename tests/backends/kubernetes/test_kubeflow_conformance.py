@@ -118,21 +118,43 @@ def _run(k8s: TrainJobCluster, cases: list[Case], controller: str) -> dict[str, 
 
 
 def _settle(k8s: TrainJobCluster, namespaces: list[str], quiet: float = 3.0, timeout: float = 60.0) -> None:
-    """Until no TrainJob or JobSet in ``namespaces`` has changed for ``quiet`` seconds: the controller's later
-    writes (the JobSet's status, then the TrainJob's) have landed."""
+    """Until no TrainJob or JobSet in ``namespaces`` has changed for ``quiet`` seconds and every TrainJob's
+    ``jobsStatus`` says what its JobSet's ``replicatedJobsStatus`` says (:func:`_mirrors`): the controller's later
+    writes (the JobSet's status, then the TrainJob's) have landed. On a busy machine JobSet's controller can take
+    longer than ``quiet`` to count a new JobSet's Jobs; the controller under test is then given the time to follow
+    (``timeout`` at most: one that never does is recorded as it is, and the comparison says so)."""
 
-    def versions() -> list[str]:
-        return sorted(
-            o["metadata"]["resourceVersion"] for ns in namespaces for ref in (TRAINJOBS, JOBSETS) for o in k8s.api.list(ref, ns)
-        )
+    def state() -> tuple[list[str], bool]:
+        jobs = {(ns, o["metadata"]["name"]): o for ns in namespaces for o in k8s.api.list(TRAINJOBS, ns)}
+        jobsets = {(ns, o["metadata"]["name"]): o for ns in namespaces for o in k8s.api.list(JOBSETS, ns)}
+        versions = sorted(o["metadata"]["resourceVersion"] for o in (*jobs.values(), *jobsets.values()))
+        return versions, all(_mirrors(job, jobsets[key]) for key, job in jobs.items() if key in jobsets)
 
     deadline = time.monotonic() + timeout
-    last, since = versions(), time.monotonic()
-    while time.monotonic() < deadline and time.monotonic() - since < quiet:
+    (last, mirrored), since = state(), time.monotonic()
+    while time.monotonic() < deadline and (time.monotonic() - since < quiet or not mirrored):
         time.sleep(0.5)
-        now = versions()
+        now, mirrored = state()
         if now != last:
             last, since = now, time.monotonic()
+
+
+#: The counts a TrainJob's ``jobsStatus`` entry copies from its JobSet's ``replicatedJobsStatus``.
+COUNTS = ("active", "ready", "succeeded", "failed", "suspended")
+
+
+def _mirrors(job: dict[str, Any], jobset: dict[str, Any]) -> bool:
+    """Whether ``job``'s ``jobsStatus`` holds ``jobset``'s counts, each replicated job's; an absent ``jobsStatus``
+    holds counts that are all zero (trainjob writes none until one is not)."""
+
+    def counts(entries: list[dict[str, Any]] | None) -> dict[str, tuple[int, ...]]:
+        return {e["name"]: tuple(int(e.get(k) or 0) for k in COUNTS) for e in entries or []}
+
+    theirs = counts((jobset.get("status") or {}).get("replicatedJobsStatus"))
+    ours = counts((job.get("status") or {}).get("jobsStatus"))
+    if not ours:
+        return not any(any(c) for c in theirs.values())
+    return ours == theirs
 
 
 def _cleanup(k8s: TrainJobCluster, outcomes: dict[str, Outcome]) -> None:
@@ -298,6 +320,11 @@ def _life(k8s: TrainJobCluster, controller: str) -> dict[str, dict[str, Any]]:
             if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
         )
 
+    def jobset_counts(job: str) -> list[tuple[int, int]]:
+        """(active, suspended) Jobs of each replicated job, as the job's JobSet counts them."""
+        status = (k8s.api.get(JOBSETS, namespace, job) or {}).get("status") or {}
+        return [(e.get("active") or 0, e.get("suspended") or 0) for e in status.get("replicatedJobsStatus") or []]
+
     try:
         wait_for(lambda: ready_pods() == 1, 300, f"{controller}: the pausing job's pod to be ready")
         wait_for(lambda: [j.get("ready") for j in (k8s.job("pausing", namespace).get("status") or {}).get(
@@ -306,6 +333,10 @@ def _life(k8s: TrainJobCluster, controller: str) -> dict[str, dict[str, Any]]:
         k8s.api.patch(TRAINJOBS, namespace, "pausing", {"spec": {"suspend": True}})
         k8s.wait_for_condition("pausing", "Suspended", namespace=namespace, timeout=60)
         wait_for(lambda: not k8s.pods("pausing", namespace), 60, f"{controller}: the suspended job's pod to go")
+        # JobSet counts its Job suspended and no longer active (the Job controller first counts the pod gone): the
+        # state both controllers' statuses are recorded in, however long the two controllers upstream take.
+        wait_for(lambda: jobset_counts("pausing") == [(0, 1)], 60,
+                 f"{controller}: the suspended job's JobSet to count its Job suspended and none active")
         record("suspended", "pausing")
         k8s.api.patch(TRAINJOBS, namespace, "pausing", {"spec": {"suspend": False}})
         # Kubeflow leaves Suspended False after a resume; trainjob removes it (see the document's rows).

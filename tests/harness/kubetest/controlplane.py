@@ -553,20 +553,25 @@ class ControlPlane:
         shutil.copy(key, cert_dir / "tls.key")
 
     def wait_for_service_route(self, namespace: str, name: str, port: int = 443, timeout: float = 60.0) -> None:
-        """Until a TCP connection from this host to Service ``namespace/name`` at ``port`` is accepted: kube-proxy has
-        programmed the Service's endpoints and something listens there. The API server dials webhooks the same way
-        (their ClusterIP, through the host's nat OUTPUT chain), so a webhook registered before this holds is refused
-        until kube-proxy's next sync."""
+        """Until a TLS connection from this host to Service ``namespace/name`` at ``port`` reaches the webhook server
+        behind it: kube-proxy has programmed the Service's endpoints and the server answers with the certificate
+        :meth:`webhook_service` issued for the Service's name. The API server dials webhooks the same way (their
+        ClusterIP, through the host's nat OUTPUT chain), so a webhook registered before this holds fails until
+        kube-proxy's next sync. A TCP connection alone proves nothing: before kube-proxy's rules exist the ClusterIP
+        goes out by the default route, where a network's transparent proxy may accept any connection to port 443
+        (and answer with a certificate of its own)."""
         import kubernetes.client
 
         with self.client() as api:
             address = kubernetes.client.CoreV1Api(api).read_namespaced_service(name, namespace).spec.cluster_ip
+        context = ssl.create_default_context(cafile=str(self.ca.cert_path))
         deadline = time.monotonic() + timeout
         error: OSError | None = None
         while time.monotonic() < deadline:
             self.check_alive()
-            try:
-                with socket.create_connection((address, port), timeout=2):
+            try:  # ssl.SSLError (a certificate not from the test CA, or for another name) is an OSError
+                with socket.create_connection((address, port), timeout=2) as sock, \
+                        context.wrap_socket(sock, server_hostname=f"{name}.{namespace}.svc"):
                     return
             except OSError as e:
                 error = e
