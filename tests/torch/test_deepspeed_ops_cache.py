@@ -55,3 +55,19 @@ def test_the_clean_up_leaves_a_build_under_way_alone(tmp_path: Path):
     deepspeed_ops.clean_up(this)
 
     assert sorted(path.name for path in tmp_path.iterdir()) == [".this-staging", "other-1", "other-2", "this"]
+
+
+RECORD = """torch/__init__.py,sha256=AAA,100
+torch/include/ATen/ATen.h,sha256=BBB,200
+../../../bin/torchrun,sha256={script},186
+torch-2.13.0.dist-info/INSTALLER,sha256=CCC,4
+"""
+
+
+def test_the_key_is_the_same_for_the_same_torch_installed_in_another_venv():
+    """torch's entry scripts name the .venv's interpreter, so their hashes differ from one .venv to the next; the
+    files the ops are compiled against do not."""
+    here, there = RECORD.format(script="one-venv"), RECORD.format(script="another-venv")
+    assert deepspeed_ops.record_hash(here) == deepspeed_ops.record_hash(there)
+    patched = here.replace("ATen.h,sha256=BBB", "ATen.h,sha256=XXX")
+    assert deepspeed_ops.record_hash(patched) != deepspeed_ops.record_hash(here)

@@ -53,11 +53,12 @@ def _first_line(command: list[str]) -> str:
     return out.splitlines()[0] if out else ""
 
 
-def _record_hash(distribution: str) -> str:
-    """The hash of ``distribution``'s ``RECORD``: every installed file's own hash, so the same build installed
-    anew gives the same value and another build (a local version, a patched file) does not."""
-    record = importlib.metadata.distribution(distribution).read_text("RECORD") or ""
-    files = sorted(line for line in record.splitlines() if ".dist-info/" not in line and "__pycache__" not in line)
+def record_hash(record: str) -> str:
+    """The hash of a distribution's ``RECORD``: every installed file's own hash, so the same build installed
+    anew gives the same value and another build (a local version, a patched file) does not. The files outside
+    ``site-packages`` (``../../../bin/torchrun``: its first line names the ``.venv``'s interpreter) are left out."""
+    files = sorted(line for line in record.splitlines()
+                   if not line.startswith("../") and ".dist-info/" not in line and "__pycache__" not in line)
     return hashlib.sha256("\n".join(files).encode()).hexdigest()
 
 
@@ -80,7 +81,8 @@ def wheel_dir() -> Path:
     versions = {
         "python": sys.version,
         "platform": platform.machine(),
-        "torch": [importlib.metadata.version("torch"), _record_hash("torch")],
+        "torch": [importlib.metadata.version("torch"),
+                  record_hash(importlib.metadata.distribution("torch").read_text("RECORD") or "")],
         "deepspeed": importlib.metadata.version("deepspeed"),
         "ops": sorted(OPS.values()),
         "c++": _first_line([os.environ.get("CXX", "c++"), "--version"]),
