@@ -85,3 +85,74 @@ def test_under_kubeflow_trainer_the_update_is_posted_to_its_status_server(metric
     assert (status["progressPercentage"], status["metrics"]) == (10, [{"name": "loss", "value": "1.25"}])
     assert "lastUpdatedTime" in status
     assert last["trainerStatus"]["progressPercentage"] == 12
+
+
+def _status_server(port: int, answer: int, received: list[dict]) -> HTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(answer)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def endpoint(metrics_file, tmp_path, monkeypatch):
+    """The status endpoint's variables, for a port nothing listens on yet (as while the operator's leader changes)."""
+    from trainjob.ports import free_port
+
+    port = free_port("127.0.0.1")
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    monkeypatch.setenv(kubeflow_status.SERVER_URL_ENV, f"http://127.0.0.1:{port}/status")
+    monkeypatch.setenv(kubeflow_status.TOKEN_ENV, str(token))
+    monkeypatch.setattr(kubeflow_status, "_last_sent", -1e9)
+    monkeypatch.setattr(kubeflow_status, "_pending", None)
+    yield port
+    kubeflow_status.flush(retry_seconds=0)  # nothing left waiting for the tests after this one
+
+
+def test_an_update_the_endpoint_did_not_get_is_sent_again_when_it_is_back(endpoint):
+    received: list[dict] = []
+    assert not kubeflow_status.send(100, 0, {"loss": 0.5})  # connection refused: kept
+    server = _status_server(endpoint, 200, received)
+    try:
+        assert kubeflow_status.flush(retry_seconds=5)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [r["trainerStatus"]["progressPercentage"] for r in received] == [100]
+
+
+def test_at_exit_the_last_update_waits_for_an_endpoint_coming_back(endpoint):
+    received: list[dict] = []
+    assert not kubeflow_status.send(100, 0, {"loss": 0.5})
+    timer = threading.Timer(1.5, lambda: servers.append(_status_server(endpoint, 200, received)))
+    servers: list[HTTPServer] = []
+    timer.start()
+    try:
+        assert kubeflow_status.flush(retry_seconds=10)  # what exit does: tried once a second meanwhile
+    finally:
+        timer.join()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+    assert len(received) == 1
+
+
+def test_an_update_the_endpoint_refused_is_not_sent_again(endpoint):
+    received: list[dict] = []
+    server = _status_server(endpoint, 403, received)
+    try:
+        assert not kubeflow_status.send(100, 0, {"loss": 0.5})
+        assert not kubeflow_status.flush(retry_seconds=0)  # nothing kept
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(received) == 1

@@ -6,8 +6,11 @@ The controller gives a job's pods ``KUBEFLOW_TRAINER_SERVER_URL``, ``KUBEFLOW_TR
 ``update_trainjob_status`` POSTs ``{"trainerStatus": {...}}`` there, at most once every 5 s. :func:`send` does the
 same for :func:`trainjob.torch.metrics.update_trainjob_status` and :func:`~trainjob.torch.metrics.report`; an
 update that comes sooner waits for the interval (the newest replacing older ones) and is sent at exit at the
-latest, so the job's last progress arrives. Without the variables it does nothing (the local backend reads the
-job's metrics file; an operator run without the endpoint reads node 0's log)::
+latest, so the job's last progress arrives. An update the endpoint did not take for want of being reached (no
+connection, a timeout, a 5xx answer: its operator's leader changing, say) waits the same way and is sent again,
+unless a newer one replaces it; at exit it is tried for up to :data:`EXIT_RETRY_SECONDS`. One the endpoint refused
+(4xx: a token or a body it does not accept) is dropped. Without the variables it does nothing (the local backend
+reads the job's metrics file; an operator run without the endpoint reads node 0's log)::
 
     send(42, 120, {"loss": 0.43})      # False: no endpoint, or waiting for the interval, or refused
 """
@@ -34,6 +37,11 @@ TOKEN_ENV = "KUBEFLOW_TRAINER_SERVER_TOKEN"
 #: At most one update this often, as the Kubeflow SDK sends them.
 MIN_INTERVAL_SECONDS = 5.0
 TIMEOUT_SECONDS = 5.0
+#: How long the last update is tried at exit while the endpoint cannot be reached: a little longer than an
+#: operator's leader takes over (its Lease, 15 s), not so long that a job without its operator ends much later.
+EXIT_RETRY_SECONDS = 20.0
+#: :func:`_post`'s answer for an update to send again.
+_AGAIN = "again"
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -66,17 +74,29 @@ def send(percent: int | None, remaining: int | None, metrics: Mapping[str, objec
             return False
         _last_sent = time.monotonic()
         _pending = None
-    return _post(status)
+    return _deliver(status)
 
 
-def flush() -> bool:
-    """Send the waiting update now, if any (at exit, and for tests); whether one was sent and accepted."""
+def flush(retry_seconds: float = EXIT_RETRY_SECONDS) -> bool:
+    """Send the waiting update now, if any (at exit, and for tests); whether one was sent and accepted. While the
+    endpoint cannot be reached it is tried again, once a second, for up to ``retry_seconds``."""
     global _timer
     with _lock:
         if _timer is not None:
             _timer.cancel()
             _timer = None
-    return _send_pending()
+    deadline = time.monotonic() + retry_seconds
+    while True:
+        if _send_pending():
+            return True
+        with _lock:
+            waiting = _pending is not None
+            if waiting and _timer is not None:  # kept again by the failed send: retried here instead
+                _timer.cancel()
+                _timer = None
+        if not waiting or time.monotonic() >= deadline:
+            return False
+        time.sleep(1.0)
 
 
 def _send_pending() -> bool:
@@ -86,7 +106,25 @@ def _send_pending() -> bool:
         if status is None:
             return False
         _last_sent = time.monotonic()
-    return _post(status)
+    return _deliver(status)
+
+
+def _deliver(status: dict[str, object]) -> bool:
+    """POST ``status``; one that did not reach the endpoint waits to be sent again (unless a newer one came)."""
+    global _pending, _timer, _flush_at_exit
+    outcome = _post(status)
+    if outcome == _AGAIN:
+        with _lock:
+            if _pending is None:
+                _pending = status
+            if _timer is None:
+                _timer = threading.Timer(MIN_INTERVAL_SECONDS, _send_pending)
+                _timer.daemon = True
+                _timer.start()
+            if not _flush_at_exit:
+                atexit.register(flush)
+                _flush_at_exit = True
+    return outcome is True
 
 
 def _trainer_status(percent: int | None, remaining: int | None, metrics: Mapping[str, object]) -> dict[str, object]:
@@ -100,7 +138,8 @@ def _trainer_status(percent: int | None, remaining: int | None, metrics: Mapping
     return status
 
 
-def _post(status: dict[str, object]) -> bool:
+def _post(status: dict[str, object]) -> bool | str:
+    """``True``: accepted; ``False``: refused, or not sendable; :data:`_AGAIN`: the endpoint was not reached."""
     url, token_path = os.environ.get(SERVER_URL_ENV), os.environ.get(TOKEN_ENV)
     if not url or not token_path:
         return False
@@ -124,6 +163,11 @@ def _post(status: dict[str, object]) -> bool:
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS, context=context) as response:
             return response.status == 200
+    except urllib.error.HTTPError as exc:
+        again = exc.code >= 500
+        _log.warning("progress update to Kubeflow Trainer %s: %s", "failed, sent again later" if again else
+                     "refused", exc)
+        return _AGAIN if again else False
     except (urllib.error.URLError, OSError) as exc:
-        _log.warning("progress update to Kubeflow Trainer failed: %s", exc)
-        return False
+        _log.warning("progress update to Kubeflow Trainer failed, sent again later: %s", exc)
+        return _AGAIN

@@ -262,3 +262,26 @@ def test_settings_that_would_let_two_replicas_lead_are_refused() -> None:
         LeaderElector(admin, NAMESPACE, lease_duration=5, renew_deadline=5)
     with pytest.raises(ValueError, match="renew_deadline: must be longer than"):
         LeaderElector(admin, NAMESPACE, lease_duration=15, renew_deadline=2, retry_period=2)
+
+
+def test_a_leader_replaced_in_a_stall_leaves_the_new_leaders_endpoint_alone(
+    admin: KubeApi, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator Service's EndpointSlice follows the leader (``publish_leader``). A leader stalled past its
+    renew deadline learns it lost the Lease only after the follower took it and published itself: emptying the
+    slice then, as a leader stepping down does, would refuse every job's reports until the next change of leader."""
+    from trainjob.backends.kubernetes.manifests import LEADER_ENDPOINT_SLICE
+    from trainjob.backends.kubernetes.operator import publish_leader
+    from trainjob.backends.kubernetes.resources import ENDPOINT_SLICES
+
+    def as_pod(name: str, address: str, leading: bool) -> list[list[str]]:
+        monkeypatch.setenv("POD_NAME", name)
+        monkeypatch.setenv("POD_IP", address)
+        publish_leader(admin, namespace, leading)
+        found = admin.get(ENDPOINT_SLICES, namespace, LEADER_ENDPOINT_SLICE) or {}
+        return [e["addresses"] for e in found.get("endpoints") or []]
+
+    assert as_pod("operator-a", "10.244.9.1", True) == [["10.244.9.1"]]
+    assert as_pod("operator-b", "10.244.9.2", True) == [["10.244.9.2"]]  # took over the expired Lease
+    assert as_pod("operator-a", "10.244.9.1", False) == [["10.244.9.2"]]  # a late: steps down, leaves b's
+    assert as_pod("operator-b", "10.244.9.2", False) == []  # b stepping down empties its own

@@ -443,15 +443,26 @@ def health_server(liveness: str | None, report: Callable[[], dict[str, Any]]) ->
 def publish_leader(api: KubeApi, namespace: str, leading: bool) -> None:
     """Point the operator Service's EndpointSlice (:data:`~.manifests.LEADER_ENDPOINT_SLICE` in ``namespace``) at
     this replica's pod (``$POD_IP``) when it starts ``leading``; empty it when it stops, so the jobs' reports are
-    refused at once rather than sent to a pod that is going. Nothing outside a pod."""
+    refused at once rather than sent to a pod that is going. Nothing outside a pod.
+
+    Emptying is conditional: only a slice that still points at this pod, and unchanged since it was read (its
+    ``resourceVersion`` in the patch: a conflict otherwise). A leader that lost its Lease (its renewals failed for
+    ``renew_deadline``, as in a stall) learns so only after another replica may have taken the Lease and published
+    itself there; emptying the slice then would cut the new leader off until the next change of leader."""
     address, pod = os.environ.get("POD_IP"), os.environ.get("POD_NAME")
     if not address:
         return
     endpoints = [{"addresses": [address], "conditions": {"ready": True},
                   **({"targetRef": {"kind": "Pod", "name": pod, "namespace": namespace}} if pod else {})}]
-    change = {"endpoints": endpoints if leading else [],
-              "ports": [{"name": "status", "port": STATUS_PORT, "protocol": "TCP"},
-                        {"name": "metrics", "port": METRICS_PORT, "protocol": "TCP"}]}
+    change: dict[str, Any] = {"endpoints": endpoints if leading else [],
+                              "ports": [{"name": "status", "port": STATUS_PORT, "protocol": "TCP"},
+                                        {"name": "metrics", "port": METRICS_PORT, "protocol": "TCP"}]}
+    if not leading:
+        current = api.get(ENDPOINT_SLICES, namespace, LEADER_ENDPOINT_SLICE)
+        if current is None or not any(address in (e.get("addresses") or []) for e in current.get("endpoints") or []):
+            log.info("the operator Service sends reports to another replica: left as it is")
+            return
+        change["metadata"] = {"resourceVersion": current["metadata"]["resourceVersion"]}
     if api.patch(ENDPOINT_SLICES, namespace, LEADER_ENDPOINT_SLICE, change) is None and leading:
         api.create({"apiVersion": ENDPOINT_SLICES.api_version, "kind": ENDPOINT_SLICES.kind,
                     "metadata": {"name": LEADER_ENDPOINT_SLICE, "namespace": namespace,
