@@ -130,10 +130,11 @@ def rbac() -> list[dict[str, Any]]:
         # the status endpoint's certificate, issued again when it must name another host
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["update"], "resourceNames": [TLS_SECRET]},
         # `trainjob operator --leader-elect`: the Lease the replicas elect their leader on, and the operator
-        # Service's EndpointSlice, which the leader points at itself
+        # Service's EndpointSlice, which the leader points at itself (and reads before it empties it on stepping
+        # down: only while it still names its own pod)
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["create"]},
-        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["patch"],
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "patch"],
          "resourceNames": [LEADER_ENDPOINT_SLICE]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update"],
          "resourceNames": [LEASE_NAME]},
