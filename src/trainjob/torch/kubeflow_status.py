@@ -56,7 +56,7 @@ def send(percent: int | None, remaining: int | None, metrics: Mapping[str, objec
     """POST the update to Kubeflow Trainer's status server; whether it was sent now and accepted. An update within
     :data:`MIN_INTERVAL_SECONDS` of the last one waits (replacing any older waiting one) and goes when the interval
     has passed, or when the process exits, so the last progress of a run always arrives."""
-    global _last_sent, _pending, _timer, _flush_at_exit
+    global _last_sent, _pending
     if not os.environ.get(SERVER_URL_ENV) or not os.environ.get(TOKEN_ENV):
         return False
     status = _trainer_status(percent, remaining, metrics)
@@ -64,13 +64,7 @@ def send(percent: int | None, remaining: int | None, metrics: Mapping[str, objec
         wait = _last_sent + MIN_INTERVAL_SECONDS - time.monotonic()
         if wait > 0:
             _pending = status
-            if _timer is None:
-                _timer = threading.Timer(wait, _send_pending)
-                _timer.daemon = True
-                _timer.start()
-            if not _flush_at_exit:
-                atexit.register(flush)
-                _flush_at_exit = True
+            _send_pending_in(wait)
             return False
         _last_sent = time.monotonic()
         _pending = None
@@ -111,20 +105,26 @@ def _send_pending() -> bool:
 
 def _deliver(status: dict[str, object]) -> bool:
     """POST ``status``; one that did not reach the endpoint waits to be sent again (unless a newer one came)."""
-    global _pending, _timer, _flush_at_exit
+    global _pending
     outcome = _post(status)
     if outcome == _AGAIN:
         with _lock:
             if _pending is None:
                 _pending = status
-            if _timer is None:
-                _timer = threading.Timer(MIN_INTERVAL_SECONDS, _send_pending)
-                _timer.daemon = True
-                _timer.start()
-            if not _flush_at_exit:
-                atexit.register(flush)
-                _flush_at_exit = True
+            _send_pending_in(MIN_INTERVAL_SECONDS)
     return outcome is True
+
+
+def _send_pending_in(seconds: float) -> None:
+    """With :data:`_lock` held: the waiting update goes in ``seconds`` (unless a timer is set already), or at exit."""
+    global _timer, _flush_at_exit
+    if _timer is None:
+        _timer = threading.Timer(seconds, _send_pending)
+        _timer.daemon = True
+        _timer.start()
+    if not _flush_at_exit:
+        atexit.register(flush)
+        _flush_at_exit = True
 
 
 def _trainer_status(percent: int | None, remaining: int | None, metrics: Mapping[str, object]) -> dict[str, object]:
