@@ -54,9 +54,28 @@ def run_held_to_runnable_time(
                 break
             except subprocess.TimeoutExpired:
                 if clock.read() > timeout:
+                    killed = []
                     for pid in reversed(tree()):
                         with contextlib.suppress(psutil.Error):
-                            psutil.Process(pid).kill()
+                            process = psutil.Process(pid)
+                            process.kill()
+                            killed.append(process)
                     out, err = proc.communicate()
+                    # A SIGKILLed process still runs until the kernel schedules its exit, which on a loaded
+                    # machine is not at once: return only once the tree is gone (or a zombie awaiting its reaper).
+                    _, alive = psutil.wait_procs(killed, timeout=60)
+                    alive = [p for p in alive if _status(p) not in (None, psutil.STATUS_ZOMBIE)]
+                    if alive:
+                        raise RuntimeError(f"processes {[p.pid for p in alive]} outlived SIGKILL for 60 s")
                     raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err) from None
         return subprocess.CompletedProcess(command, proc.returncode, outputs[0], outputs[1])
+
+
+def _status(process: Any) -> str | None:
+    import psutil
+
+    try:
+        return process.status()
+    except psutil.Error:
+        return None
+
