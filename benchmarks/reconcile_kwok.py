@@ -62,6 +62,7 @@ import argparse
 import collections
 import contextlib
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -394,6 +395,7 @@ def measure(cluster: TrainJobCluster, controller: Controller, scenario: Scenario
         Sampling(pid, profile / f"{controller.name}-{scenario.name}.txt")
     with profiling:
         start = time.time()
+        result["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))
         bodies = [job_body(f"{scenario.name}-{i}", namespace, scenario.nodes_per_job) for i in range(scenario.jobs)]
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda body: api.create(body, TRAINJOBS), bodies))
@@ -559,6 +561,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "previous release), as controller 'base', first, on the same cluster")
     group.add_argument("--profile", type=Path, metavar="DIR",
                        help="sample trainjob's operator with py-spy during each run, into DIR (collapsed stacks)")
+    group.add_argument("--logs", type=Path, metavar="DIR",
+                       help="copy the control plane's logs (API server, etcd, controllers, KWOK, both controllers "
+                            "under test, the audit log) into DIR before the cluster goes, to read a slow run by; "
+                            "each run's figures carry its wall-clock start (started_at)")
     group.add_argument("--kubeflow", choices=("pinned", "current"), default="pinned",
                        help="Kubeflow Trainer and JobSet at the versions the conformance tests pin (v2.1.0 on "
                             "JobSet v0.10.1, the default) or the current releases (scripts/cluster/build.sh --current)")
@@ -631,6 +637,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             finally:  # interrupted (Ctrl-C, SIGTERM): no controller outlives the control plane
                 for controller in controllers.values():
                     controller.stop()
+                if args.logs is not None:
+                    shutil.copytree(cp.root / "logs", args.logs, dirs_exist_ok=True)
+                    print(f"the control plane's logs: {args.logs}", flush=True)
     print(table(results))
     return {
         "kwok": {"fake_nodes": args.fake_nodes, "run_seconds": args.run_seconds, "client_qps": args.client_qps,

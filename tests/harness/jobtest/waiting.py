@@ -66,7 +66,7 @@ def run_held_to_runnable_time(
                     _, alive = psutil.wait_procs(killed, timeout=60)
                     alive = [p for p in alive if _status(p) not in (None, psutil.STATUS_ZOMBIE)]
                     if alive:
-                        raise RuntimeError(f"processes {[p.pid for p in alive]} outlived SIGKILL for 60 s")
+                        raise RuntimeError(f"processes {[p.pid for p in alive]} outlived SIGKILL for 60 s") from None
                     raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err) from None
         return subprocess.CompletedProcess(command, proc.returncode, outputs[0], outputs[1])
 

@@ -37,6 +37,7 @@ import yaml
 from kubetest.images import Registry, build_images, cache_dir
 from kubetest.nodes import (
     CLUSTER_CIDR,
+    SIMULATED_POD_RANGE,
     Nodes,
     clean_kube_proxy_rules,
     clean_leftovers,
@@ -173,6 +174,9 @@ class ControlPlane:
     registry: Any = None
     #: The host's address: the nodes' InternalIP and where pods reach processes on the host.
     host_address: str = ""
+    #: kube-controller-manager's ``--cluster-cidr``: the real nodes' pod CIDRs come out of it; without real nodes
+    #: (``nodes=0``), the simulated nodes' range (:data:`kubetest.nodes.SIMULATED_POD_RANGE`).
+    cluster_cidr: str = CLUSTER_CIDR
 
     # -- life cycle -------------------------------------------------------------------------------------------------
 
@@ -183,7 +187,8 @@ class ControlPlane:
         components = build_components()
         root.mkdir(parents=True, exist_ok=True)
         (root / "logs").mkdir(exist_ok=True)
-        cp = cls(root, components, CertificateAuthority.create(root / "pki"), client_qps=client_qps)
+        cp = cls(root, components, CertificateAuthority.create(root / "pki"), client_qps=client_qps,
+                 cluster_cidr=CLUSTER_CIDR if nodes else SIMULATED_POD_RANGE)
         cp.host_address = host_ip()
         try:
             cp._start_all()
@@ -334,7 +339,7 @@ class ControlPlane:
                 "--controllers=*,-bootstrapsigner,-tokencleaner",
                 # every node's pod CIDR, which its containerd writes into the node's bridge config
                 "--allocate-node-cidrs=true",
-                f"--cluster-cidr={CLUSTER_CIDR}",
+                f"--cluster-cidr={self.cluster_cidr}",
                 "--node-cidr-mask-size=24",
                 "--concurrent-job-syncs=10",
                 # A node whose heartbeats stop is NotReady after 25 s (50 s by default), so a test of a lost node

@@ -46,6 +46,7 @@ from typing import Any
 import yaml
 
 from kubetest.controlplane import ControlPlane, Process, free_port
+from kubetest.nodes import SIMULATED_POD_RANGE
 
 USER = "kwok-controller"
 ANNOTATION = "kwok.x-k8s.io/node"
@@ -55,7 +56,7 @@ RBAC_NAME = "trainjob-test-kwok-controller"
 #: Node resources, as a kubelet on a 32-CPU machine with the default pod limit reports them.
 NODE_RESOURCES = {"cpu": "32", "memory": "256Gi", "pods": "110"}
 #: Simulated nodes' pod CIDRs are /24s out of this range: room for 32,768 nodes.
-POD_RANGE = ipaddress.ip_network("10.128.0.0/9")
+POD_RANGE = ipaddress.ip_network(SIMULATED_POD_RANGE)
 
 _RULES = [
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},

@@ -44,6 +44,11 @@ if TYPE_CHECKING:
     from kubetest.controlplane import ControlPlane
 
 CLUSTER_CIDR = "10.244.0.0/16"
+#: Simulated (KWOK) nodes' pod CIDRs are /24s out of this range (``kwok.node_body``): room for 32,768 nodes. A
+#: control plane with no real node gives kube-controller-manager this range as its cluster CIDR, so that its node
+#: IPAM controller records their CIDRs as taken; outside its range it fails each simulated node's sync and retries
+#: it without end (some 60,000 errors in 25 minutes on 1,000 nodes, its CPU beside the controllers measured).
+SIMULATED_POD_RANGE = "10.128.0.0/9"
 CLUSTER_DNS = "10.96.0.10"
 CLUSTER_DOMAIN = "cluster.local"
 #: The cgroup v1 hierarchies (and the cgroup2 mirror) in which each node's ``cgroupRoot`` is made.
