@@ -44,6 +44,8 @@ Figures per run, all from the moment the first TrainJob is created (jobs are cre
 
 With ``--profile DIR`` py-spy samples trainjob's operator (``benchmarks/cpu_profile.py``) from the first create until
 all are Complete, into ``DIR/trainjob-<scenario>.txt`` (collapsed stacks), and prints its top frames.
+``--logs DIR`` copies the control plane's logs there before the cluster goes; each run's figures carry its
+wall-clock start (``started_at``), to find a slow run in them.
 ``--baseline-src DIR`` also runs the operator of another checkout's ``src`` (a git worktree of the previous
 release), first, as controller ``base``: a change measured against its baseline on the same cluster in one run.
 ``--rounds N`` runs each scenario N times under each controller, swapping their order every other round, and

@@ -78,4 +78,3 @@ def _status(process: Any) -> str | None:
         return process.status()
     except psutil.Error:
         return None
-
