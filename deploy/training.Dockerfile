@@ -3,16 +3,16 @@
 #   buildah bud -f deploy/training.Dockerfile -t <registry>/trainjob-train:0.1.0 .    (or docker build ...)
 #   spec.trainer.image: <registry>/trainjob-train:0.1.0
 # BASE is any Debian-based image with Python 3.11 and its venv module (python:3.11-slim by default). EXTRAS: the
-# optional dependencies of trainjob's pyproject.toml to add, comma-separated (examples by default; examples,ray for
-# the ray-distributed runtime). torch's CUDA libraries come with it from PyPI: the image is several GB, most of it
-# the first layer below.
+# optional dependencies of trainjob's pyproject.toml to add, comma-separated (examples,initializers by default, so
+# the image also runs python -m trainjob.initializers; add ray for the ray-distributed runtime). torch's CUDA
+# libraries come with it from PyPI: the image is several GB, most of it the first layer below.
 ARG BASE=python:3.11-slim
 
 # What layer 1 below installs: trainjob's dependencies and EXTRAS' from pyproject.toml, and the build tools that
 # install trainjob. Listed in a stage of its own, so that layer 1 is rebuilt when this list or the lock change, and
 # not on every edit to pyproject.toml (its tool settings, its version).
 FROM ${BASE} AS requirements
-ARG EXTRAS=examples
+ARG EXTRAS=examples,initializers
 COPY pyproject.toml /tmp/pyproject.toml
 RUN python3 -c 'import os, tomllib; p = tomllib.load(open("/tmp/pyproject.toml", "rb"))["project"]; \
 extras = [e for e in os.environ["EXTRAS"].split(",") if e]; \

@@ -5,6 +5,7 @@ The SDK's names are importable from here, as in the Kubeflow SDK (``kubeflow.tra
     from trainjob import TrainerClient, CustomTrainer
     from trainjob import ContainerBackendConfig        # TrainerClient(ContainerBackendConfig()): nodes as containers
     from trainjob import update_trainjob_status        # inside a training function: progress for the job's status
+    from trainjob import Initializer, S3DatasetInitializer  # data and model before the nodes start
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ _CLIENT_NAMES = (
     "ContainerBackendConfig",
 )
 
+_INITIALIZER_NAMES = (
+    "Initializer", "HuggingFaceDatasetInitializer", "S3DatasetInitializer", "HuggingFaceModelInitializer",
+    "S3ModelInitializer", "DataCacheInitializer",
+)
+
 if TYPE_CHECKING:
     from trainjob.sdk.client import (
         ContainerBackendConfig,
@@ -27,14 +33,28 @@ if TYPE_CHECKING:
         LocalProcessBackendConfig,
         TrainerClient,
     )
+    from trainjob.sdk.initializers import (
+        DataCacheInitializer,
+        HuggingFaceDatasetInitializer,
+        HuggingFaceModelInitializer,
+        Initializer,
+        S3DatasetInitializer,
+        S3ModelInitializer,
+    )
     from trainjob.torch.metrics import update_trainjob_status
 
 __all__ = [
     "ContainerBackendConfig",
     "CustomTrainer",
     "CustomTrainerContainer",
+    "DataCacheInitializer",
+    "HuggingFaceDatasetInitializer",
+    "HuggingFaceModelInitializer",
+    "Initializer",
     "KubernetesBackendConfig",
     "LocalProcessBackendConfig",
+    "S3DatasetInitializer",
+    "S3ModelInitializer",
     "TrainerClient",
     "__version__",
     "update_trainjob_status",
@@ -47,6 +67,10 @@ def __getattr__(name: str) -> Any:
         from trainjob.sdk import client
 
         return getattr(client, name)
+    if name in _INITIALIZER_NAMES:
+        from trainjob.sdk import initializers
+
+        return getattr(initializers, name)
     if name == "update_trainjob_status":
         from trainjob.torch.metrics import update_trainjob_status
 

@@ -40,6 +40,14 @@ TRAINER_STEP = "trainer"
 # --- labels and annotations of Kubeflow Trainer, JobSet, Kubernetes and the gang schedulers ---------------------
 TRAINJOB_NAME_LABEL = f"{API_GROUP}/trainjob-name"
 ANCESTOR_STEP_LABEL = f"{API_GROUP}/trainjob-ancestor-step"
+#: The initializer steps (replicated job, container and ancestor-step label value) and Kubeflow's images for them,
+#: which trainjob's operator runs as its own (``python -m trainjob.initializers dataset|model``).
+DATASET_INITIALIZER = "dataset-initializer"
+MODEL_INITIALIZER = "model-initializer"
+KUBEFLOW_INITIALIZER_IMAGES = {
+    DATASET_INITIALIZER: "ghcr.io/kubeflow/trainer/dataset-initializer",
+    MODEL_INITIALIZER: "ghcr.io/kubeflow/trainer/model-initializer",
+}
 #: The JSON copy of the runtime a job was started from (kind, name, resourceVersion, labels, spec).
 RUNTIME_SNAPSHOT_ANNOTATION = f"{API_GROUP}/runtime-snapshot"
 #: Set by JobSet on its Jobs and pods: the JobSet's name.

@@ -47,6 +47,18 @@ class BackendError(TrainJobError, RuntimeError):
     """A backend could not carry out a request (process start, API server, store)."""
 
 
+class DownloadError(TrainJobError, RuntimeError):
+    """A dataset or model initializer could not fetch its source (:mod:`trainjob.initializers`).
+
+    The message names the storage URI and what the server answered (``s3://data/train: 403 AccessDenied ...``);
+    ``retryable`` says whether trying again may help (a dropped connection) or not (a 403, a missing object).
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        self.retryable = retryable
+        super().__init__(message)
+
+
 class CheckpointError(TrainJobError, RuntimeError):
     """A checkpoint could not be saved or loaded; the message names the cause and the ranks it happened on.
 

@@ -34,14 +34,17 @@ def test_dataset_storage_uri_and_env_reach_the_initializer_container(
     assert dataset.count == 1 and plan.trainer().count == 1
 
 
-def test_an_initializer_the_runtime_cannot_run_is_an_error(make_job):
-    job = make_job(spec={"initializer": {"model": {"storageUri": "hf://x"}}})
-    with pytest.raises(ValidationError) as err:
-        resolve(job, builtin_runtimes()["torch-distributed"])
-    assert str(err.value) == (
-        "spec.initializer.model: runtime 'torch-distributed' has no model-initializer job to pass it to; remove it "
-        "or pick a runtime with one"
-    )
+def test_an_initializer_the_runtime_lacks_is_added_and_the_trainer_waits_for_it(make_job):
+    job = make_job(spec={"initializer": {"model": {"storageUri": "hf://org/tiny",
+                                                   "env": [{"name": "ACCESS_TOKEN", "value": "t"}]}}})
+    plan = resolve(job, builtin_runtimes()["torch-distributed"])
+    assert [p.name for p in plan.pod_sets] == ["model-initializer", "node"]
+    model = plan.pod_sets[0]
+    assert model.ancestor_step == "model-initializer" and model.count == 1
+    assert model.container().image == "ghcr.io/kubeflow/trainer/model-initializer"
+    assert model.container().env_dict() == {"STORAGE_URI": "hf://org/tiny", "ACCESS_TOKEN": "t"}
+    assert model.template["metadata"]["labels"] == {"trainer.kubeflow.org/trainjob-ancestor-step": "model-initializer"}
+    assert plan.trainer().depends_on == [{"name": "model-initializer", "status": "Complete"}]
 
 
 def test_overrides_apply_in_order_and_later_entries_win(make_job, make_runtime):

@@ -172,8 +172,6 @@ class Backend(ABC):
     namespace: str | None = None
     #: Whether :meth:`train` needs a trainer (else a job made of the runtime and the options alone).
     trainer_required = True
-    #: Why ``initializer`` is refused (``None``: the backend runs initializers, or leaves them to the runtime).
-    initializer_refusal: str | None = None
 
     # -- creating ---------------------------------------------------------------------------------------------------
 
@@ -207,15 +205,15 @@ class Backend(ABC):
         source is available, the names it uses, ``func_args`` that bind to its signature and are JSON, the
         packages and index URLs) before anything is created. A ``CustomTrainerContainer`` runs its command."""
         from trainjob.runtime.catalog import DEFAULT_RUNTIME
+        from trainjob.sdk.initializers import initializer_spec
         from trainjob.sdk.trainers import check_trainer, sdk_trainjob, trainer_function
 
-        if initializer is not None and self.initializer_refusal is not None:
-            raise ValidationError("initializer", self.initializer_refusal)
         if trainer is not None or self.trainer_required:
             trainer = check_trainer(trainer)
         runtime_name = runtime.name if isinstance(runtime, types.Runtime) else (runtime or DEFAULT_RUNTIME)
         name = f"{self.job_name_prefix}{uuid.uuid4().hex[:11]}"
-        job = sdk_trainjob(trainer, runtime_name, name, options, self, namespace=self.namespace)
+        job = sdk_trainjob(trainer, runtime_name, name, options, self, namespace=self.namespace,
+                           initializer=initializer_spec(initializer))
         function = trainer_function(trainer) if isinstance(trainer, types.CustomTrainer) else None
         return self._create_trainjob(job, function)
 

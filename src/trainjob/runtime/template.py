@@ -11,12 +11,17 @@ from typing import Any
 
 from trainjob.api import EnvVar as ApiEnvVar
 from trainjob.api import ReplicatedJob, Runtime
-from trainjob.constants import ANCESTOR_STEP_LABEL, TRAINER_JOB, TRAINER_STEP
+from trainjob.constants import (
+    ANCESTOR_STEP_LABEL,
+    DATASET_INITIALIZER,
+    MODEL_INITIALIZER,
+    TRAINER_JOB,
+    TRAINER_STEP,
+)
 from trainjob.errors import ValidationError
 from trainjob.runtime.plan import Container, ContainerPort, EnvVar, Plan, PodSet, Resources
 
-DATASET_INITIALIZER = "dataset-initializer"
-MODEL_INITIALIZER = "model-initializer"
+__all__ = ["DATASET_INITIALIZER", "MODEL_INITIALIZER"]
 
 
 def ancestor_step(job: ReplicatedJob) -> str | None:

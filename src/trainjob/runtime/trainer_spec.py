@@ -6,16 +6,21 @@ container (image, command, args, env, resources, the NCCL profile) and the datas
 from __future__ import annotations
 
 from trainjob.api import InitializerSource, Runtime, Trainer, TrainJob
-from trainjob.constants import TRAINER_CONTAINER
-from trainjob.errors import ValidationError
+from trainjob.constants import (
+    ANCESTOR_STEP_LABEL,
+    DATASET_INITIALIZER,
+    KUBEFLOW_INITIALIZER_IMAGES,
+    MODEL_INITIALIZER,
+    TRAINER_CONTAINER,
+)
 from trainjob.runtime.nccl import NCCL_PROFILE_ANNOTATION, apply_profile_annotation
 from trainjob.runtime.plan import Container, EnvVar, PodSet, Resources
 from trainjob.runtime.template import (
-    DATASET_INITIALIZER,
-    MODEL_INITIALIZER,
+    container_from_dict,
     env_from_api,
     main_container,
     pod_spec,
+    trainer_pod_set,
     upsert_env,
 )
 
@@ -62,23 +67,32 @@ def _apply_trainer_spec(spec: Trainer, container: Container) -> None:
 
 
 def apply_initializers(trainjob: TrainJob, pod_sets: list[PodSet], runtime_name: str) -> None:
-    """Pass ``spec.initializer.dataset`` / ``.model`` to the runtime's initializer jobs."""
+    """Pass ``spec.initializer.dataset`` / ``.model`` to the runtime's initializer jobs. A runtime without the job
+    gets one (:func:`initializer_pod_set`, Kubeflow's image, which the operator runs as trainjob's initializer)
+    that the trainer waits for, where Kubeflow refuses the job: any runtime can take an initializer."""
     initializer = trainjob.spec.initializer
     if initializer is None:
         return
-    for field, step, source in (
-        ("dataset", DATASET_INITIALIZER, initializer.dataset),
-        ("model", MODEL_INITIALIZER, initializer.model),
-    ):
+    for step, source in ((DATASET_INITIALIZER, initializer.dataset), (MODEL_INITIALIZER, initializer.model)):
         if source is None:
             continue
         pod_set = next((p for p in pod_sets if step in (p.ancestor_step, p.name)), None)
         if pod_set is None:
-            raise ValidationError(
-                f"spec.initializer.{field}",
-                f"runtime {runtime_name!r} has no {step} job to pass it to; remove it or pick a runtime with one",
-            )
+            pod_set = initializer_pod_set(step)
+            trainer = trainer_pod_set(pod_sets, runtime_name)
+            pod_sets.insert(pod_sets.index(trainer), pod_set)
+            trainer.depends_on.append({"name": step, "status": "Complete"})
         _apply_initializer_source(source, pod_set, step)
+
+
+def initializer_pod_set(step: str) -> PodSet:
+    """A one-pod replicated job ``step`` (``dataset-initializer`` / ``model-initializer``) running Kubeflow's
+    initializer image, labelled as Kubeflow's runtimes label it."""
+    container = {"name": step, "image": KUBEFLOW_INITIALIZER_IMAGES[step]}
+    template = {"metadata": {"labels": {ANCESTOR_STEP_LABEL: step}},
+                "spec": {"template": {"spec": {"containers": [container]}}}}
+    return PodSet(name=step, count=1, containers=[container_from_dict(container)], ancestor_step=step,
+                  template=template)
 
 
 def _apply_initializer_source(source: InitializerSource, pod_set: PodSet, container_name: str) -> None:

@@ -5,6 +5,7 @@
                                        picks a backend
 :mod:`~trainjob.sdk.types`             the value types (``CustomTrainer``, ``TrainJob``, ``Step``, ``LogLine`` ...)
 :mod:`~trainjob.sdk.options`           ``train(options=[...])``: ``Name``, ``Labels``, patches
+:mod:`~trainjob.sdk.initializers`      ``train(initializer=Initializer(...))``: Kubeflow's dataset and model types
 :mod:`~trainjob.sdk.trainers`          a trainer plus its options as a TrainJob, the same for every backend
 :mod:`~trainjob.sdk.trainer_checks`    what a ``CustomTrainer``'s function and packages must satisfy
 :mod:`~trainjob.sdk.function_script`   a ``CustomTrainer``'s function as the program every rank runs

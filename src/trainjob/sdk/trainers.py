@@ -65,8 +65,10 @@ def sdk_trainjob(
     options: Sequence[Any] | None,
     backend: Any,
     namespace: str | None = None,
+    initializer: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The TrainJob for ``trainer`` on ``runtime``, named ``name`` unless an option (``Name``) says otherwise."""
+    """The TrainJob for ``trainer`` on ``runtime``, named ``name`` unless an option (``Name``) says otherwise;
+    ``initializer`` is its ``spec.initializer`` (:func:`trainjob.sdk.initializers.initializer_spec`)."""
     metadata: dict[str, Any] = {"name": name}
     if namespace is not None:
         metadata["namespace"] = namespace
@@ -76,6 +78,8 @@ def sdk_trainjob(
         "metadata": metadata,
         "spec": {"runtimeRef": {"name": runtime}, "trainer": trainer_fields(trainer)},
     }
+    if initializer:
+        job["spec"]["initializer"] = initializer
     return apply_options(job, options, trainer, backend)
 
 

@@ -52,7 +52,7 @@ BASE_PACKAGES = ["python3", "python3-venv", "python-is-python3", "ca-certificate
 DEBIAN_MIRROR = os.environ.get("TRAINJOB_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 #: The optional dependencies the test cluster's training image adds: the examples', and Ray for the
 #: ray-distributed runtime's test.
-TRAINING_EXTRAS = "examples,ray"
+TRAINING_EXTRAS = "examples,initializers,ray"
 #: What the training image's context holds (the rest of the repo is left out by .dockerignore).
 TRAINING_INPUTS = ["deploy/training.Dockerfile", "requirements/dev.lock", "pyproject.toml", "README.md", "src",
                    "examples", ".dockerignore"]

@@ -62,6 +62,15 @@ from typing import TYPE_CHECKING, Any
 
 from trainjob.backends.local import IMAGE_FLAGS
 from trainjob.backends.local.containers import ContainerSpec, container_env, engine_env, node_host
+from trainjob.backends.local.initializer_steps import (
+    StepProcessSpec,
+    add_workspace,
+    claim_template_volumes,
+    needs_workspace,
+    step_process_spec,
+    steps_before_trainer,
+    steps_from_dicts,
+)
 from trainjob.backends.local.log_writer import DEFAULT_LOG_MAX_BYTES, log_max_bytes
 from trainjob.backends.local.mpi.hosts import (
     HOSTS_ENV,
@@ -143,6 +152,8 @@ class ProcessSpec:
     #: The nodes run as containers of the job's image (:mod:`~trainjob.backends.local.containers`); ``None``:
     #: as processes of this Python environment.
     container: ContainerSpec | None = None
+    #: Pod sets run before the nodes, in order (:mod:`~trainjob.backends.local.initializer_steps`).
+    steps: list[StepProcessSpec] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; the environment every node shares is stored once (``shared_env``), so a job's stored size
@@ -170,7 +181,8 @@ class ProcessSpec:
         nodes = [NodeProcessSpec(**{**node, "env": {**shared, **node["env"]}}) for node in data["nodes"]]
         notes = [tuple(note) for note in data.get("notes", [])]
         return cls(**{**data, "nodes": nodes, "notes": notes, "stall": StallPolicy.from_dict(data.get("stall")),
-                      "container": ContainerSpec.from_dict(data.get("container"))})
+                      "container": ContainerSpec.from_dict(data.get("container")),
+                      "steps": steps_from_dicts(data.get("steps"))})
 
 
 def build_process_spec(
@@ -211,9 +223,16 @@ def build_process_spec(
     elif container.image:
         notes.append(("ImageNotUsed", f"image {container.image} is not used locally; nodes run in this Python "
                       f"environment ({IMAGE_FLAGS} run them in it)"))
+    steps = steps_before_trainer(plan)
+    claim_template_volumes(plan, job_dir)
+    if steps and needs_workspace(plan):
+        add_workspace(plan, job_dir)
     for other in plan.pod_sets:
-        if other is not trainer:
-            notes.append(("PodSetSkipped", f"pod set {other.name} ({other.ancestor_step or 'no step'}) does not run locally"))
+        if other is not trainer and other not in steps:
+            notes.append(("PodSetSkipped", f"pod set {other.name} ({other.ancestor_step or 'no step'}) does not run "
+                          "locally: the trainer does not wait for it"))
+    if steps:
+        notes.append(("StepsPlanned", "before the nodes, in order: " + ", ".join(p.name for p in steps)))
     requested_cpus = _requested_cpus(resources)
     cpu_sets, cpu_note = share_cpus(plan.num_nodes, requested_cpus)
     gpu_sets, gpu_note = share_gpus(plan.num_nodes, _requested_gpus(resources), visible_gpus())
@@ -239,6 +258,7 @@ def build_process_spec(
         gpus = list(gpu_sets[index]) if gpu_sets is not None and containers is not None else []
         nodes.append(NodeProcessSpec(index=index, command=command, env=env, cpus=pinned, gpus=gpus))
     spec = _process_spec(plan, nodes, container.working_dir or cwd, notes, packages, pip_index_urls, inherit_env)
+    spec.steps = [step_process_spec(p) for p in steps]
     if containers is not None:
         spec.container, spec.base_env, spec.inherit_env = containers, {}, False
     return spec

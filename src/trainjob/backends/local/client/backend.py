@@ -138,7 +138,6 @@ class LocalBackend(Backend):
 
     backend_name = "local"
     check_interval = LOCAL_POLL_SECONDS
-    initializer_refusal = "dataset and model initializers are not run by the local backend"
 
     def __init__(self, config: LocalProcessBackendConfig | ContainerBackendConfig | None = None) -> None:
         self.config = local_config(config)
@@ -257,6 +256,10 @@ class LocalBackend(Backend):
                                   containers=engine)
         spec.stall = checked_stall_policy(checked)
         host_volumes = self._resolve_host_volumes(plan, job_dir, spec, config_maps)
+        if spec.steps:
+            from trainjob.backends.local.initializer_steps import data_cache_dir, place_steps
+
+            place_steps(spec.steps, host_volumes, data_cache_dir(self.store.home, os.environ), os.environ)
         if spec.container is None:
             check_command_files(*volumes.host_command(host_volumes, spec.nodes[0].command, spec.cwd),
                                 provided=job_dir)  # a missing script: nothing starts

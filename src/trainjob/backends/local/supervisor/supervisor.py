@@ -51,7 +51,7 @@ from trainjob.backends.local.node_keeper.keeper import (
 from trainjob.backends.local.node_keeper.mounts import node_mounts
 from trainjob.backends.local.process_specs import ProcessSpec
 from trainjob.backends.local.store import ACTIVE_STATUSES, Store
-from trainjob.backends.local.supervisor import rendezvous, warm
+from trainjob.backends.local.supervisor import initializers, rendezvous, warm
 from trainjob.backends.local.supervisor.environment import (
     InstallStopped,
     PackageInstallError,
@@ -149,6 +149,8 @@ class Supervisor:
         python = self._python(adopted)
         if python is None:
             return
+        if self.spec.steps and not adopted and not self._run_steps(python):
+            return
         started = self.row["started"] or time.time()
         restarts = self.row["restarts"]
         self.python, self.restarts, self.port = python, restarts, free_port()
@@ -216,6 +218,39 @@ class Supervisor:
             self.store.add_event(self.name, "PackagesReused", f"{packages}: reusing the environment cached at {venv} "
                                  "(installed by an earlier job)")
         return prepared.python
+
+    def _run_steps(self, python: str) -> bool:
+        """Run the steps the trainer waits for (:mod:`~trainjob.backends.local.supervisor.initializers`), their
+        output into node-0's log; whether the nodes may start (else the job failed or was suspended)."""
+        log = NodeLogWriter(self.job_dir, 0, self.spec.log_max_bytes, new_attempt=not self.continue_log)
+        self.store.add_event(self.name, "StepsStarted", "running " + ", ".join(s.name for s in self.spec.steps)
+                             + " before the nodes")
+
+        def on_progress(step: str, line: str) -> None:
+            self.store.transition(self.name, CREATED, "Initializing", f"{step}: {line}"[:500],
+                                  from_statuses=(CREATED,))
+
+        started = time.monotonic()
+        try:
+            failure = initializers.run_steps(
+                self.spec.steps, self.job_dir, python, self.spec.base_env or process_specs.passed_env(os.environ),
+                self.spec.cwd, lambda line: log.write(f"{line}\n".encode(errors="replace")), on_progress,
+                self._suspend_requested_or_terminating)
+        except initializers.StepsStopped:
+            if not self.terminating:
+                self.store.transition(self.name, SUSPENDED, "Suspended", "suspended while its initializers ran; "
+                                      "resume to start again", from_statuses=ACTIVE_STATUSES, request=None)
+                self.store.add_event(self.name, "Suspended", "stopped the initializers")
+            return False
+        finally:
+            log.close()
+        self.continue_log = True
+        if failure is not None:
+            self._finish(FAILED, "InitializerFailed", f"{failure.step} failed: {failure.message}")
+            return False
+        self.store.add_event(self.name, "StepsCompleted", f"{', '.join(s.name for s in self.spec.steps)} done in "
+                             f"{time.monotonic() - started:.1f} s")
+        return True
 
     def _suspend_requested_or_terminating(self) -> bool:
         return self._suspend_requested() or self.terminating

@@ -1,0 +1,50 @@
+"""``python -m trainjob.initializers dataset|model``: fill ``/workspace/dataset`` or ``/workspace/model`` from the
+source in ``STORAGE_URI`` (:mod:`trainjob.initializers.config` lists the environment). Exit status 0 once the
+files are in place, 1 with a one-line reason otherwise (also written to the pod's termination message), 2 for bad
+usage."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+from trainjob.errors import DownloadError, ValidationError
+from trainjob.initializers.config import KINDS, InitializerConfig
+
+TERMINATION_LOG = Path("/dev/termination-log")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0] not in KINDS:
+        print(f"usage: python -m trainjob.initializers {{{'|'.join(KINDS)}}}  (got {' '.join(args) or 'nothing'})",
+              file=sys.stderr)
+        return 2
+    from trainjob.initializers.run import initialize
+
+    try:
+        config = InitializerConfig.from_env(args[0])
+        outcome = initialize(config)
+    except (DownloadError, ValidationError) as exc:
+        return _fail(args[0], str(exc))
+    except OSError as exc:
+        return _fail(args[0], f"{type(exc).__name__}: {exc}")
+    print(outcome.summary(config), file=sys.stderr, flush=True)
+    return 0
+
+
+#: The start of the last line a failed run prints; what follows is the reason (the local supervisor reads it).
+ERROR_PREFIX = "error: "
+
+
+def _fail(kind: str, reason: str) -> int:
+    print(f"{ERROR_PREFIX}{reason}", file=sys.stderr, flush=True)
+    if TERMINATION_LOG.parent.is_dir() and TERMINATION_LOG.exists():  # a pod's: the operator reads it
+        with contextlib.suppress(OSError):
+            TERMINATION_LOG.write_text(f"{kind} initializer failed: {reason}"[:4000])
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
