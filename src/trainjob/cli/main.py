@@ -59,6 +59,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("trainjob.cli.tools", "bench"),
     "ui": ("trainjob.cli.ui", "ui_command"),
     "gc": ("trainjob.cli.ui", "gc_command"),
+    "cache": ("trainjob.cli.cache", "cache_command"),
 }
 
 

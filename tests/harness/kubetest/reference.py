@@ -34,3 +34,20 @@ def reference_file(component: str, name: str) -> Path:
     if not path.exists():
         raise LookupError(f"{path} is missing from the reference manifests")
     return path
+
+
+@functools.cache
+def kubeflow_source(current: bool = True) -> Path:
+    """The source tree of the Kubeflow Trainer release ``scripts/cluster/kubeflow-current`` pins (v2.3.0; else
+    ``kubeflow``'s, v2.1.0) from the Go module cache: its ``examples/``, manifests and initializers as released.
+    ``LookupError`` with the reason when it cannot be had."""
+    if shutil.which("go") is None:
+        raise LookupError("Kubeflow Trainer's release comes from its Go module and needs Go (https://go.dev/dl/)")
+    folder = BUILD_SCRIPT.parent / ("kubeflow-current" if current else "kubeflow")
+    done = subprocess.run(["go", "mod", "download", "-json", "github.com/kubeflow/trainer/v2"], cwd=folder,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise LookupError(f"go mod download github.com/kubeflow/trainer/v2 failed: {done.stderr.strip()[-2000:]}")
+    import json
+
+    return Path(json.loads(done.stdout)["Dir"])

@@ -32,6 +32,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -260,7 +261,7 @@ class _Handler(BaseHTTPRequestHandler):
             return status
         cut = hub._take_drop(filename)
         if cut is None:
-            self.wfile.write(blob.data[start:end])
+            _write_paced(self.wfile, blob.data[start:end], hub.bytes_per_second)
             return status
         # Headers promised end - start bytes; send fewer and close, as a broken transfer would.
         self.wfile.write(blob.data[start : min(end, start + cut)])
@@ -338,6 +339,17 @@ def _repo_info(repo: Repo, commit: Commit, blobs: bool) -> dict[str, Any]:
     }
 
 
+def _write_paced(out: Any, data: bytes, bytes_per_second: int | None) -> None:
+    if not bytes_per_second:
+        out.write(data)
+        return
+    chunk = max(1, bytes_per_second // 20)
+    for offset in range(0, len(data), chunk):
+        out.write(data[offset: offset + chunk])
+        out.flush()
+        time.sleep(0.05)
+
+
 def _tree(repo: Repo, commit: Commit, folder: str, recursive: bool) -> list[dict[str, Any]]:
     prefix = f"{folder}/" if folder else ""
     files = {name: blob for name, blob in commit.files.items() if name.startswith(prefix)}
@@ -372,6 +384,8 @@ class HubServer:
     def __init__(self, token: str | None = None, *, gated: bool = False) -> None:
         self.token = token
         self.gated = gated
+        #: When set, file bodies are sent at about this rate (a slow link: a download long enough to watch).
+        self.bytes_per_second: int | None = None
         self.requests: list[tuple[str, str]] = []
         self.served: list[Served] = []
         self._repos: dict[tuple[str, str], Repo] = {}

@@ -97,8 +97,6 @@ def _run(argv: list[str], env: dict[str, str], cwd: str, name: str, write_log: C
                 line = lines.get(timeout=POLL_SECONDS)
             except queue.Empty:
                 line = ""
-            if line is None:
-                break
             if line:
                 tail.append(line)
                 write_log(f"[{name}] {line}")
@@ -108,6 +106,8 @@ def _run(argv: list[str], env: dict[str, str], cwd: str, name: str, write_log: C
                 said = _progress_line(progress_file)
                 if said:
                     on_progress(name, said)
+            if line is None:
+                break
             if should_stop():
                 raise StepsStopped(f"{name} stopped: the job is going away")
         return process.wait(), tail
