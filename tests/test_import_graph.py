@@ -20,6 +20,8 @@ The layers, as :data:`LAYER_RULES` checks them (what a module reaches through an
                                             supervisor's
 ``trainjob.progress`` (in every rank)       no SDK, no backend, no CLI: the SDK's ``Progress`` is defined here
 ``trainjob.settings``                       no backend (the local backend reads the settings, not the reverse)
+``trainjob.initializers`` (in a pod)         no backend, no SDK, no CLI, no runtime, no training library: both
+                                            backends run it, and an initializer pod imports only what it needs
 ``trainjob.cli``, ``trainjob.ui``           of the local backend only its package, ``trainjob.backends.local``
                                             (``local_backend`` and a few public functions), or the SDK's
                                             ``TrainerClient``, which picks a backend; the rest through the
@@ -162,6 +164,8 @@ LAYER_RULES: list[LayerRule] = [
     LayerRule("trainjob.backends.kubernetes", ("trainjob.backends.local",)),
     LayerRule("trainjob.backends.local.supervisor", ("trainjob.backends.local.client",)),
     LayerRule("trainjob.progress", ("trainjob.sdk", "trainjob.backends", "trainjob.cli")),
+    LayerRule("trainjob.initializers", ("trainjob.backends", "trainjob.sdk", "trainjob.cli", "trainjob.runtime",
+                                        "trainjob.torch")),
     LayerRule("trainjob.settings", ("trainjob.backends",)),
     LayerRule("trainjob.cli", ("trainjob.backends.local",), through=("trainjob.backends.local", "trainjob.sdk.client")),
     LayerRule("trainjob.ui", ("trainjob.backends.local",), through=("trainjob.backends.local", "trainjob.sdk.client")),

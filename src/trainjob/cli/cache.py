@@ -23,8 +23,7 @@ from trainjob.errors import ValidationError
 
 
 def _cache():  # type: ignore[no-untyped-def]
-    from trainjob.backends.local.initializer_steps import data_cache_dir
-    from trainjob.initializers.cache import DataCache
+    from trainjob.initializers.cache import DataCache, data_cache_dir
     from trainjob.settings import default_home
 
     folder = data_cache_dir(default_home(), os.environ)

@@ -30,6 +30,10 @@ _context = click.option("--context", help="kubeconfig context (default: the curr
               help="The image of the built-in torch runtimes' nodes (torch-distributed, torch-distributed-volcano), "
                    "instead of pytorch/pytorch: e.g. your build of deploy/training.Dockerfile, which has trainjob "
                    "in it, or a mirror in a registry your nodes reach.")
+@click.option("--initializer-image", default=None, metavar="IMAGE",
+              help="The image that runs the dataset and model initializers where a runtime names Kubeflow's "
+                   "(ghcr.io/kubeflow/trainer/*-initializer): one with trainjob[initializers] in it, such as your "
+                   "build of deploy/training.Dockerfile (default: --torch-image; neither: Kubeflow's images run).")
 @click.option(
     "--write",
     "write_dir",
@@ -70,6 +74,7 @@ def install(
     dry_run: bool,
     image: str | None,
     torch_image: str | None,
+    initializer_image: str | None,
     write_dir: Path | None,
     operator_replicas: int,
     operator_cpu: str,
@@ -107,7 +112,8 @@ def install(
         return
     else:
         objects = manifests.install_manifests(image, operator_replicas, torch_image,
-                                              operator_cpu=_cpu_quantity(operator_cpu))
+                                              operator_cpu=_cpu_quantity(operator_cpu),
+                                              initializer_image=initializer_image)
     if dry_run:
         click.echo(manifests.manifests_yaml(objects), nl=False)
         return

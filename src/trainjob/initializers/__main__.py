@@ -1,7 +1,7 @@
 """``python -m trainjob.initializers dataset|model``: fill ``/workspace/dataset`` or ``/workspace/model`` from the
 source in ``STORAGE_URI`` (:mod:`trainjob.initializers.config` lists the environment). Exit status 0 once the
-files are in place, 1 with a one-line reason otherwise (also written to the pod's termination message), 2 for bad
-usage."""
+files are in place; :data:`REFUSED_EXIT_CODE` when trying again cannot help (a 403, a 404, bad input) and 1 for
+other failures, each with a one-line reason (also the pod's termination message); 2 for bad usage."""
 
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ def main(argv: list[str] | None = None) -> int:
         config = InitializerConfig.from_env(args[0])
         outcome = initialize(config)
     except (DownloadError, ValidationError) as exc:
-        return _fail(args[0], str(exc))
+        refused = isinstance(exc, ValidationError) or not exc.retryable
+        return _fail(args[0], str(exc), REFUSED_EXIT_CODE if refused else 1)
     except OSError as exc:
-        return _fail(args[0], f"{type(exc).__name__}: {exc}")
+        return _fail(args[0], f"{type(exc).__name__}: {exc}", 1)
     print(outcome.summary(config), file=sys.stderr, flush=True)
     return 0
 
@@ -38,12 +39,16 @@ def main(argv: list[str] | None = None) -> int:
 ERROR_PREFIX = "error: "
 
 
-def _fail(kind: str, reason: str) -> int:
+#: The exit status of a run refused for good: the operator fails the initializer's Job on it without retrying.
+REFUSED_EXIT_CODE = 3
+
+
+def _fail(kind: str, reason: str, code: int) -> int:
     print(f"{ERROR_PREFIX}{reason}", file=sys.stderr, flush=True)
     if TERMINATION_LOG.parent.is_dir() and TERMINATION_LOG.exists():  # a pod's: the operator reads it
         with contextlib.suppress(OSError):
             TERMINATION_LOG.write_text(f"{kind} initializer failed: {reason}"[:4000])
-    return 1
+    return code
 
 
 if __name__ == "__main__":

@@ -24,17 +24,27 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainjob.initializers.config import S3_SCHEME, InitializerConfig
 from trainjob.initializers.transfer import Listing, make_read_only, remove_tree
 
+#: Where a machine's cache is (a folder), or ``off``; default ``$TRAINJOB_HOME/cache/data``.
+DATA_CACHE_ENV = "TRAINJOB_DATA_CACHE"
 ENTRY_FILE = "entry.json"
 DATA_DIR = "data"
 STAGING_DIR = "staging"
 LOCK_FILE = "lock"
+
+
+def data_cache_dir(home: Path, environ: Mapping[str, str]) -> str | None:
+    """This machine's cache: ``$TRAINJOB_DATA_CACHE`` (``off``: none), else ``$TRAINJOB_HOME/cache/data``."""
+    chosen = environ.get(DATA_CACHE_ENV, "")
+    if chosen.lower() in ("off", "0", "none", "false"):
+        return None
+    return str(Path(chosen).expanduser().resolve()) if chosen else str(home / "cache" / "data")
 
 
 def cache_key(config: InitializerConfig, listing: Listing) -> str:

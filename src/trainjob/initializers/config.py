@@ -24,6 +24,7 @@ variable                    meaning (Kubeflow Trainer v2.3's ``pkg/initializers`
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlparse
@@ -50,6 +51,35 @@ STORAGE_URI_ENV = "STORAGE_URI"
 TARGET_ENV = "TRAINJOB_INITIALIZER_TARGET"
 CACHE_ENV = "TRAINJOB_INITIALIZER_CACHE"
 PROGRESS_ENV = "TRAINJOB_INITIALIZER_PROGRESS"
+
+
+#: Kubeflow's initializer images (any registry, tag or digest) and the module they run.
+_KUBEFLOW_IMAGE = re.compile(r"(^|/)(dataset|model)-initializer$")
+_KUBEFLOW_MODULE = re.compile(r"^pkg\.initializers\.(dataset|model)$")
+
+
+def kubeflow_initializer_kind(image: str) -> str:
+    """``dataset`` / ``model`` when ``image`` is one of Kubeflow's initializer images, else ''.
+
+    >>> kubeflow_initializer_kind("ghcr.io/kubeflow/trainer/model-initializer:v2.3.0")
+    'model'
+    """
+    name = image.split("@", 1)[0]
+    if ":" in name.rsplit("/", 1)[-1]:
+        name = name.rsplit(":", 1)[0]
+    match = _KUBEFLOW_IMAGE.search(name)
+    return match.group(2) if match else ""
+
+
+def kubeflow_module_to_ours(command: list[str]) -> list[str]:
+    """``python -m pkg.initializers.dataset`` (the module of Kubeflow's images) as ``python -m
+    trainjob.initializers dataset``; any other command unchanged."""
+    out = list(command)
+    for index, arg in enumerate(out[:-1]):
+        if arg == "-m" and (match := _KUBEFLOW_MODULE.match(out[index + 1])):
+            out[index + 1: index + 2] = ["trainjob.initializers", match.group(1)]
+            break
+    return out
 
 
 @dataclass(frozen=True)

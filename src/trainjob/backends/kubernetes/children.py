@@ -25,6 +25,7 @@ from typing import Any
 
 from trainjob.api import TrainJob, resource_from_dict
 from trainjob.backends.kubernetes.cache import CachedReads
+from trainjob.backends.kubernetes.initializer_pods import initializer_image, use_trainjob_initializers
 from trainjob.backends.kubernetes.job_events import JobEvents
 from trainjob.backends.kubernetes.kubeapi import ApiError, KubeApi
 from trainjob.backends.kubernetes.resources import (
@@ -71,6 +72,8 @@ class Children:
         self.status_endpoint = status_endpoint
         self.namespace_ca = None if status_endpoint is None else NamespaceCA(
             api, status_endpoint.ca_pem, status_endpoint.ca_owner)
+        #: The image Kubeflow's initializer images run as (:mod:`.initializer_pods`); ``None``: left as named.
+        self.initializer_image = initializer_image()
 
     def ensure(self, job: dict[str, Any], status: dict[str, Any],
                now: float) -> tuple[dict[str, Any] | None, float | None]:
@@ -171,7 +174,7 @@ class Children:
         """Render and create the job's objects; the JobSet, or ``None`` when the job cannot run (it is failed
         then)."""
         try:
-            objects, limits_set, launch = render(job, snapshot)
+            objects, limits_set, launch = render(job, snapshot, self.initializer_image)
         except ValidationError as exc:
             self.writer.fail(job, status, "InvalidTrainJob", f"{exc} (fix the TrainJob and create it again)", now)
             return None
@@ -226,7 +229,7 @@ class Children:
         if snapshot is None:
             return None
         try:
-            objects, _, _ = render(job, snapshot)
+            objects, _, _ = render(job, snapshot, self.initializer_image)
         except Exception:  # the JobSet was built from this snapshot before; nothing to carry over
             log.exception("cannot render TrainJob %s/%s at resume", job["metadata"]["namespace"], job["metadata"]["name"])
             return None
@@ -261,9 +264,11 @@ class Children:
         return stored if changed else None
 
 
-def render(job: dict[str, Any], snapshot: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str], LaunchValues]:
+def render(job: dict[str, Any], snapshot: dict[str, Any], initializer_image: str | None = None,
+           ) -> tuple[list[dict[str, Any]], list[str], LaunchValues]:
     """The objects the runtime framework renders for ``job`` from ``snapshot`` (PodGroup first, then JobSet), owned
-    by the job; the extended-resource limits it had to set; the launch values the job resolved to."""
+    by the job; the extended-resource limits it had to set; the launch values the job resolved to.
+    ``initializer_image``: Kubeflow's initializer images run as trainjob's, from it (:mod:`.initializer_pods`)."""
     meta = job["metadata"]
     model = TrainJob.from_dict({
         "apiVersion": TRAINJOBS.api_version,
@@ -283,6 +288,9 @@ def render(job: dict[str, Any], snapshot: dict[str, Any]) -> tuple[list[dict[str
     objects = render_objects(plan)
     changes = limit_extended_resources(objects)
     keep_log_tail_on_error(objects)
+    for obj in objects:
+        if obj["kind"] == JOBSETS.kind:
+            use_trainjob_initializers(obj, initializer_image)
     for obj in objects:
         obj_meta = obj.setdefault("metadata", {})
         obj_meta["namespace"] = meta["namespace"]

@@ -16,6 +16,7 @@ import yaml
 
 from trainjob import __version__
 from trainjob.backends.kubernetes.crds import custom_resource_definitions, pytorchjob_crd
+from trainjob.backends.kubernetes.initializer_pods import INITIALIZER_IMAGE_ENV
 from trainjob.backends.kubernetes.resources import (
     API_GROUP,
     CLUSTER_TRAINING_RUNTIMES,
@@ -173,13 +174,14 @@ def rbac() -> list[dict[str, Any]]:
 
 
 def deployment(image: str = DEFAULT_IMAGE, replicas: int = OPERATOR_REPLICAS,
-               cpu_request: str = OPERATOR_CPU_REQUEST) -> dict[str, Any]:
+               cpu_request: str = OPERATOR_CPU_REQUEST, initializer_image: str | None = None) -> dict[str, Any]:
     """The operator's replicas (0 when the operator runs elsewhere): they elect a leader on a Lease; only the leader
     reconciles and serves the status endpoint, and it points the Service's EndpointSlice
     (:data:`LEADER_ENDPOINT_SLICE`) at its own pod. Every healthy replica is ready (followers answer the probes while they wait), so a rolling update
     replaces them one by one; the leader's pod goes last or first, and a follower takes the Lease it releases.
     Prometheus metrics on ``metrics``. The root file system is read-only; ``/tmp`` is an emptyDir (the status
-    endpoint's TLS files pass through it)."""
+    endpoint's TLS files pass through it). ``initializer_image``: the image Kubeflow's initializer images run as
+    (:mod:`.initializer_pods`)."""
     probe = {"httpGet": {"path": "/healthz", "port": LIVENESS_PORT}, "periodSeconds": 10, "timeoutSeconds": 5}
     container = {
         "name": "operator",
@@ -194,7 +196,8 @@ def deployment(image: str = DEFAULT_IMAGE, replicas: int = OPERATOR_REPLICAS,
         "readinessProbe": {**probe, "periodSeconds": 5, "initialDelaySeconds": 2},
         # where the leader points the operator Service (its EndpointSlice)
         "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                *([{"name": INITIALIZER_IMAGE_ENV, "value": initializer_image}] if initializer_image else [])],
         "resources": {"requests": {"cpu": cpu_request, "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": {
@@ -286,15 +289,17 @@ def kubeflow_version() -> list[dict[str, Any]]:
 
 def install_manifests(image: str = DEFAULT_IMAGE, operator_replicas: int = OPERATOR_REPLICAS,
                       torch_image: str | None = None,
-                      operator_cpu: str = OPERATOR_CPU_REQUEST) -> list[dict[str, Any]]:
+                      operator_cpu: str = OPERATOR_CPU_REQUEST,
+                      initializer_image: str | None = None) -> list[dict[str, Any]]:
     """Everything to install, in apply order (CRDs before the runtimes that need them); ``torch_image``: see
-    :func:`builtin_runtimes`; ``operator_cpu``: each operator replica's CPU request."""
+    :func:`builtin_runtimes`; ``operator_cpu``: each operator replica's CPU request; ``initializer_image`` (default
+    ``torch_image``): what Kubeflow's initializer images run as."""
     return [
         namespace(),
         *custom_resource_definitions(),
         pytorchjob_crd(),
         *rbac(),
-        deployment(image, operator_replicas, operator_cpu),
+        deployment(image, operator_replicas, operator_cpu, initializer_image or torch_image),
         service(),
         *builtin_runtimes(torch_image),
         *kubeflow_version(),

@@ -24,14 +24,13 @@ read them there. When the trainer mounts nothing at ``/workspace``, the job gets
 LLM runtimes); a mount the runtime declares (a ``volumeClaimPolicies`` claim, a PVC, a ``hostPath``) is used as
 it is. The initializer process writes to that folder's host path (``TRAINJOB_INITIALIZER_TARGET``), through the
 machine's download cache (:mod:`trainjob.initializers.cache`, ``$TRAINJOB_HOME/cache/data``; ``TRAINJOB_DATA_CACHE``
-names another folder, or ``off``).
+names another folder, or ``off``: :func:`trainjob.initializers.cache.data_cache_dir`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,10 +48,6 @@ INITIALIZER_STEPS = {DATASET_STEP: "dataset", MODEL_STEP: "model"}
 #: The volume a job gets for ``/workspace`` when its trainer mounts nothing there (Kubeflow's volume name).
 WORKSPACE_VOLUME = "initializer"
 WORKSPACE_PATH = "/workspace"
-DATA_CACHE_ENV = "TRAINJOB_DATA_CACHE"
-#: Kubeflow's initializer images (any registry, tag or digest) and module.
-_KUBEFLOW_IMAGE = re.compile(r"(^|/)(dataset|model)-initializer([:@].*)?$")
-_KUBEFLOW_MODULE = re.compile(r"^pkg\.initializers\.(dataset|model)$")
 
 
 @dataclass
@@ -101,13 +96,14 @@ def step_kind(pod_set: PodSet) -> str:
     kind = INITIALIZER_STEPS.get(pod_set.ancestor_step or "") or INITIALIZER_STEPS.get(pod_set.name, "")
     if kind:
         return kind
-    image = pod_set.containers[0].image if pod_set.containers else None
-    match = _KUBEFLOW_IMAGE.search((image or "").split("@")[0].rsplit(":", 1)[0] if image else "")
-    return match.group(2) if match else ""
+    from trainjob.initializers.config import kubeflow_initializer_kind
+
+    return kubeflow_initializer_kind(pod_set.containers[0].image or "") if pod_set.containers else ""
 
 
 def step_process_spec(pod_set: PodSet) -> StepProcessSpec:
     """How ``pod_set`` runs here (see the module's table); ``ValidationError`` when nothing says what to run."""
+    from trainjob.initializers.config import kubeflow_module_to_ours
     from trainjob.runtime.template import main_container
 
     container = main_container(pod_set, pod_set.name)
@@ -115,7 +111,7 @@ def step_process_spec(pod_set: PodSet) -> StepProcessSpec:
     command = [*container.command, *container.args]
     env = container.env_dict(0)
     if command:
-        return StepProcessSpec(pod_set.name, _kubeflow_module_to_ours(command), env, kind if _ours(command) else "")
+        return StepProcessSpec(pod_set.name, kubeflow_module_to_ours(command), env, kind if _ours(command) else "")
     if kind:
         return StepProcessSpec(pod_set.name, ["python", "-m", "trainjob.initializers", kind], env, kind)
     raise ValidationError(
@@ -124,15 +120,6 @@ def step_process_spec(pod_set: PodSet) -> StepProcessSpec:
         f"not used here); its container has none (image {container.image or 'none'}). Give it a command, or run "
         "the job on Kubernetes",
     )
-
-
-def _kubeflow_module_to_ours(command: list[str]) -> list[str]:
-    out = list(command)
-    for index, arg in enumerate(out[:-1]):
-        if arg == "-m" and (match := _KUBEFLOW_MODULE.match(out[index + 1])):
-            out[index + 1: index + 2] = ["trainjob.initializers", match.group(1)]
-            break
-    return out
 
 
 def _ours(command: list[str]) -> bool:
@@ -212,14 +199,6 @@ def place_steps(steps: list[StepProcessSpec], host_volumes: HostVolumes | None, 
             step.command = [rewrite_path(arg, mapping) for arg in step.command]
             step.env = {k: rewrite_path(v, mapping) for k, v in step.env.items()}
         step.env[PATH_MAP_ENV] = json.dumps(mapping)
-
-
-def data_cache_dir(home: Path, environ: Mapping[str, str]) -> str | None:
-    """The machine's download cache: ``$TRAINJOB_DATA_CACHE`` (``off``: none), else ``$TRAINJOB_HOME/cache/data``."""
-    chosen = environ.get(DATA_CACHE_ENV, "")
-    if chosen.lower() in ("off", "0", "none", "false"):
-        return None
-    return str(Path(chosen).expanduser().resolve()) if chosen else str(home / "cache" / "data")
 
 
 def steps_from_dicts(data: list[dict[str, Any]] | None) -> list[StepProcessSpec]:

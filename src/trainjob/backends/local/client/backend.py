@@ -257,7 +257,8 @@ class LocalBackend(Backend):
         spec.stall = checked_stall_policy(checked)
         host_volumes = self._resolve_host_volumes(plan, job_dir, spec, config_maps)
         if spec.steps:
-            from trainjob.backends.local.initializer_steps import data_cache_dir, place_steps
+            from trainjob.backends.local.initializer_steps import place_steps
+            from trainjob.initializers.cache import data_cache_dir
 
             place_steps(spec.steps, host_volumes, data_cache_dir(self.store.home, os.environ), os.environ)
         if spec.container is None:
