@@ -396,9 +396,6 @@ def test_an_s3_dataset_honours_its_ignore_patterns(s3: S3Server, tmp_path: Path)
     assert files_under(outcome.target) == {k: v for k, v in S3_DATASET.items() if k.startswith("train/")}
 
 
-@pytest.mark.xfail(strict=True, reason="src/trainjob/initializers/s3.py S3Source._ignored matches a pattern against "
-                   "the whole key and the file name only, not the path under the target (as the Hub source does): "
-                   "IGNORE_PATTERNS=eval/* keeps eval/...")
 def test_an_s3_ignore_pattern_of_the_path_under_the_target_is_honoured(s3: S3Server, tmp_path: Path) -> None:
     config = s3_config("dataset", s3, f"s3://{BUCKET}/datasets/tiny", tmp_path / "ws" / "dataset",
                        IGNORE_PATTERNS="eval/*")

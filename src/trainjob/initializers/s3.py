@@ -79,7 +79,7 @@ class S3Source:
                 for item in page.get("Contents") or []:
                     key, size, etag = item["Key"], int(item["Size"]), item.get("ETag", "").strip('"')
                     relative = self._relative(key)
-                    if key.endswith("/") or relative is None or self._ignored(key):
+                    if key.endswith("/") or relative is None or self._ignored(key, relative):
                         continue
                     etags.append((key, size, etag))
                     checksum = ("md5", etag) if _MD5_ETAG.match(etag) else None
@@ -104,9 +104,11 @@ class S3Source:
             return None
         return relative
 
-    def _ignored(self, key: str) -> bool:
-        return any(fnmatch.fnmatch(key, p) or fnmatch.fnmatch(PurePosixPath(key).name, p)
-                   for p in self.config.ignore_patterns)
+    def _ignored(self, key: str, relative: str) -> bool:
+        """A pattern may match the key (as Kubeflow's initializer matches it), the path under the target (as the
+        Hub's patterns match), or the file's name."""
+        names = (key, relative, PurePosixPath(key).name)
+        return any(fnmatch.fnmatch(name, p) for p in self.config.ignore_patterns for name in names)
 
     def fetch(self, listing: Listing, staging: Path) -> None:
         todo = [f for f in listing.files if not is_verified(staging / f.path, f)]
