@@ -80,6 +80,11 @@ STRICT_RESOURCES_ANNOTATION = f"{ANNOTATION_PREFIX}strict-resources"
 NCCL_PROFILE_ANNOTATION = f"{ANNOTATION_PREFIX}nccl-profile"
 #: The time of the newest resize the operator has reported as an event (RFC 3339, from the pod log).
 RESIZE_ANNOTATION = f"{ANNOTATION_PREFIX}last-resize"
+#: The claim a Kubernetes job gets for ``/workspace`` when its initializers and trainer share nothing there
+#: (:mod:`trainjob.backends.kubernetes.workspace`): its size, storage class and access mode.
+WORKSPACE_SIZE_ANNOTATION = f"{ANNOTATION_PREFIX}workspace-size"
+WORKSPACE_STORAGE_CLASS_ANNOTATION = f"{ANNOTATION_PREFIX}workspace-storage-class"
+WORKSPACE_ACCESS_MODE_ANNOTATION = f"{ANNOTATION_PREFIX}workspace-access-mode"
 CONVERTED_FROM_ANNOTATION = f"{ANNOTATION_PREFIX}converted-from"
 CONVERSION_WARNINGS_ANNOTATION = f"{ANNOTATION_PREFIX}conversion-warnings"
 #: The stall watch (:mod:`trainjob.backends.stall`): how long without progress is a stall, and what follows it.

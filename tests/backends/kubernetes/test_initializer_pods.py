@@ -9,6 +9,8 @@ import pytest
 
 from trainjob.backends.kubernetes.children import render
 from trainjob.backends.kubernetes.initializer_pods import use_trainjob_initializers
+from trainjob.backends.kubernetes.workspace import add_workspace_claim
+from trainjob.errors import ValidationError
 
 IMAGE = "registry.local/trainjob-train:0.1.0"
 
@@ -100,6 +102,9 @@ def test_kubeflows_multi_step_runtime_renders_a_jobset_that_runs_trainjobs_initi
                     "trainer": {"numNodes": 2, "command": ["python3", "-c", "print(1)"]}}}
     snapshot = {"kind": "TrainingRuntime", "name": "torch-with-dataset-init", "labels": {}, "spec": runtime_spec}
     objects, _, _ = render(job, snapshot, IMAGE)
+    assert [o["kind"] for o in objects] == ["PersistentVolumeClaim", "JobSet"]
+    assert objects[0]["metadata"]["name"] == "multi-step-example-workspace"
+    assert objects[0]["metadata"]["ownerReferences"][0]["kind"] == "TrainJob"
     (jobset,) = [o for o in objects if o["kind"] == "JobSet"]
     dataset, node = jobset["spec"]["replicatedJobs"]
     pod = dataset["template"]["spec"]["template"]["spec"]
@@ -111,3 +116,58 @@ def test_kubeflows_multi_step_runtime_renders_a_jobset_that_runs_trainjobs_initi
     assert pod["restartPolicy"] == "Never"
     assert dataset["template"]["spec"]["podFailurePolicy"]["rules"][0]["action"] == "FailJob"
     assert node["dependsOn"] == [{"name": "dataset-initializer", "status": "Complete"}]
+
+
+def _multi_step_jobset(trainer_mounts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    initializer = _replicated("dataset-initializer", {"name": "dataset-initializer", "image": IMAGE})
+    initializer["template"]["metadata"] = {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step":
+                                                      "dataset-initializer"}}
+    node = _replicated("node", {"name": "node", "image": IMAGE, **({"volumeMounts": trainer_mounts}
+                                                                   if trainer_mounts else {})})
+    node["template"]["metadata"] = {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}}
+    return {"kind": "JobSet", "metadata": {"name": "multi-step", "namespace": "ml"},
+            "spec": {"replicatedJobs": [initializer, node]}}
+
+
+def test_initializers_and_trainer_that_share_nothing_get_one_claim_at_workspace() -> None:
+    jobset = _multi_step_jobset()
+    claim = add_workspace_claim(jobset, {"trainjob/workspace-size": "2Gi",
+                                         "trainjob/workspace-storage-class": "nfs",
+                                         "trainjob/workspace-access-mode": "ReadWriteMany"})
+    assert claim == {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                     "metadata": {"name": "multi-step-workspace", "namespace": "ml"},
+                     "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "2Gi"}},
+                              "storageClassName": "nfs"}}
+    for replicated in jobset["spec"]["replicatedJobs"]:
+        pod = replicated["template"]["spec"]["template"]["spec"]
+        assert pod["volumes"] == [{"name": "initializer", "persistentVolumeClaim": {"claimName": "multi-step-workspace"}}]
+        assert pod["containers"][0]["volumeMounts"] == [{"name": "initializer", "mountPath": "/workspace"}]
+
+
+@pytest.mark.parametrize("mounts", [[{"name": "data", "mountPath": "/workspace"}],
+                                    [{"name": "data", "mountPath": "/workspace/dataset/"}]])
+def test_a_trainer_that_mounts_its_own_workspace_gets_no_claim(mounts: list[dict[str, Any]]) -> None:
+    jobset = _multi_step_jobset(mounts)
+    before = copy.deepcopy(jobset)
+    assert add_workspace_claim(jobset, {}) is None and jobset == before
+
+
+def test_a_jobset_with_volume_claim_policies_or_without_initializers_gets_no_claim() -> None:
+    with_policies = _multi_step_jobset()
+    with_policies["spec"]["volumeClaimPolicies"] = [{"templates": [{"metadata": {"name": "initializer"}}]}]
+    assert add_workspace_claim(with_policies, {}) is None
+    plain = _multi_step_jobset()
+    plain["spec"]["replicatedJobs"] = plain["spec"]["replicatedJobs"][1:]
+    assert add_workspace_claim(plain, {}) is None
+
+
+@pytest.mark.parametrize(("annotation", "value", "message"), [
+    ("trainjob/workspace-size", "lots", "metadata.annotations[trainjob/workspace-size]: must be a storage quantity "
+     "such as 10Gi, got 'lots'"),
+    ("trainjob/workspace-access-mode", "ReadOnlyMany", "metadata.annotations[trainjob/workspace-access-mode]: must "
+     "be one of ReadWriteOnce, ReadWriteMany, ReadWriteOncePod, got 'ReadOnlyMany'"),
+])
+def test_a_bad_workspace_annotation_is_refused_naming_it(annotation: str, value: str, message: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        add_workspace_claim(_multi_step_jobset(), {annotation: value})
+    assert str(refused.value) == message

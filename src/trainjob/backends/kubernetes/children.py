@@ -46,6 +46,7 @@ from trainjob.backends.kubernetes.status_server import (
     inject_status_client,
 )
 from trainjob.backends.kubernetes.status_writer import StatusWriter
+from trainjob.backends.kubernetes.workspace import add_workspace_claim
 from trainjob.backends.stall import dump_setting, stall_policy
 from trainjob.constants import LAUNCH_ANNOTATION, STALL_DUMP_ENV
 from trainjob.errors import AlreadyExistsError, TrainJobError, ValidationError
@@ -288,9 +289,12 @@ def render(job: dict[str, Any], snapshot: dict[str, Any], initializer_image: str
     objects = render_objects(plan)
     changes = limit_extended_resources(objects)
     keep_log_tail_on_error(objects)
-    for obj in objects:
+    for obj in list(objects):
         if obj["kind"] == JOBSETS.kind:
             use_trainjob_initializers(obj, initializer_image)
+            claim = add_workspace_claim(obj, meta.get("annotations"))
+            if claim is not None:
+                objects.insert(0, claim)
     for obj in objects:
         obj_meta = obj.setdefault("metadata", {})
         obj_meta["namespace"] = meta["namespace"]

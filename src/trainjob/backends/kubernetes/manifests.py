@@ -100,6 +100,8 @@ def rbac() -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
         # An MPI job's SSH key Secret and hostfile ConfigMap (owned by the job: deleted with it); never read.
         {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["create"]},
+        # A job's /workspace claim for its initializers and trainer (owned by the job: deleted with it).
+        {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["create"]},
         # The status endpoint's CA in each namespace with jobs, which their pods project (made with `create`);
         # patch: a CA that differs from the operator's
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch"], "resourceNames": [CA_CONFIGMAP]},

@@ -54,6 +54,8 @@ SECRETS = ResourceRef("", "v1", "secrets", "Secret")
 #: The operator Service's EndpointSlice, which its leader writes.
 ENDPOINT_SLICES = ResourceRef("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
 CONFIGMAPS = ResourceRef("", "v1", "configmaps", "ConfigMap")
+#: A job's ``/workspace`` claim when its initializers need one (:mod:`trainjob.backends.kubernetes.workspace`).
+PERSISTENT_VOLUME_CLAIMS = ResourceRef("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 NAMESPACES = ResourceRef("", "v1", "namespaces", "Namespace", namespaced=False)
 #: The operator replicas' leader election Lease.
 LEASES = ResourceRef("coordination.k8s.io", "v1", "leases", "Lease")
@@ -61,7 +63,7 @@ LEASES = ResourceRef("coordination.k8s.io", "v1", "leases", "Lease")
 #: Every resource the operator creates from a plan, by (apiVersion, kind).
 RENDERED_RESOURCES = {
     (ref.api_version, ref.kind): ref
-    for ref in (JOBSETS, COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS, SECRETS, CONFIGMAPS)
+    for ref in (JOBSETS, COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS, SECRETS, CONFIGMAPS, PERSISTENT_VOLUME_CLAIMS)
 }
 RUNTIME_KINDS = {ref.kind: ref for ref in (TRAINING_RUNTIMES, CLUSTER_TRAINING_RUNTIMES)}
 

@@ -129,7 +129,8 @@ def _ours(command: list[str]) -> bool:
 def needs_workspace(plan: Plan) -> bool:
     """Whether steps run before the trainer and its container mounts nothing at or under ``/workspace``."""
     mounts = plan.trainer().container().volume_mounts
-    covered = any(os.path.normpath(m.get("mountPath") or "/").startswith(WORKSPACE_PATH) for m in mounts)
+    paths = [os.path.normpath(m.get("mountPath") or "/") for m in mounts]
+    covered = any(p == WORKSPACE_PATH or p.startswith(WORKSPACE_PATH + "/") for p in paths)
     return not covered and bool(steps_before_trainer(plan))
 
 
