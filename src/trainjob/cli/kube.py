@@ -34,6 +34,9 @@ _context = click.option("--context", help="kubeconfig context (default: the curr
               help="The image that runs the dataset and model initializers where a runtime names Kubeflow's "
                    "(ghcr.io/kubeflow/trainer/*-initializer): one with trainjob[initializers] in it, such as your "
                    "build of deploy/training.Dockerfile (default: --torch-image; neither: Kubeflow's images run).")
+@click.option("--initializer-env", "initializer_env", multiple=True, metavar="NAME=VALUE",
+              help="An env var every dataset and model initializer gets unless it sets it (repeatable): a Hub "
+                   "mirror (HF_ENDPOINT=http://hub-mirror), proxies. Kept in ConfigMap trainjob-initializer-env.")
 @click.option(
     "--write",
     "write_dir",
@@ -75,6 +78,7 @@ def install(
     image: str | None,
     torch_image: str | None,
     initializer_image: str | None,
+    initializer_env: tuple[str, ...],
     write_dir: Path | None,
     operator_replicas: int,
     operator_cpu: str,
@@ -113,7 +117,8 @@ def install(
     else:
         objects = manifests.install_manifests(image, operator_replicas, torch_image,
                                               operator_cpu=_cpu_quantity(operator_cpu),
-                                              initializer_image=initializer_image)
+                                              initializer_image=initializer_image,
+                                              initializer_env=_name_values(initializer_env, "--initializer-env"))
     if dry_run:
         click.echo(manifests.manifests_yaml(objects), nl=False)
         return
@@ -126,6 +131,16 @@ def install(
             click.echo(line)
     except TrainJobError as exc:
         fail(str(exc), EXIT_FAILED)
+
+
+def _name_values(items: tuple[str, ...], flag: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            fail(f"{flag}: expected NAME=VALUE, got {item!r}", EXIT_BAD_INPUT)
+        out[name.strip()] = value
+    return out
 
 
 def _cpu_quantity(value: str) -> str:

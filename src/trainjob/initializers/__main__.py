@@ -28,9 +28,9 @@ def main(argv: list[str] | None = None) -> int:
         outcome = initialize(config)
     except (DownloadError, ValidationError) as exc:
         refused = isinstance(exc, ValidationError) or not exc.retryable
-        return _fail(args[0], str(exc), REFUSED_EXIT_CODE if refused else 1)
+        return _fail(type(exc).__name__, str(exc), REFUSED_EXIT_CODE if refused else 1)
     except OSError as exc:
-        return _fail(args[0], f"{type(exc).__name__}: {exc}", 1)
+        return _fail(type(exc).__name__, str(exc), 1)
     print(outcome.summary(config), file=sys.stderr, flush=True)
     return 0
 
@@ -43,11 +43,13 @@ ERROR_PREFIX = "error: "
 REFUSED_EXIT_CODE = 3
 
 
-def _fail(kind: str, reason: str, code: int) -> int:
+def _fail(error: str, reason: str, code: int) -> int:
+    """Say why, last on stderr (``error: ...``) and, in a pod, as its termination message in the form of an
+    exception line (``DownloadError: ...``), which the operator puts in the failed TrainJob's message."""
     print(f"{ERROR_PREFIX}{reason}", file=sys.stderr, flush=True)
-    if TERMINATION_LOG.parent.is_dir() and TERMINATION_LOG.exists():  # a pod's: the operator reads it
+    if TERMINATION_LOG.parent.is_dir() and TERMINATION_LOG.exists():
         with contextlib.suppress(OSError):
-            TERMINATION_LOG.write_text(f"{kind} initializer failed: {reason}"[:4000])
+            TERMINATION_LOG.write_text(f"{error}: {reason}"[:4000])
     return code
 
 

@@ -171,3 +171,18 @@ def test_a_bad_workspace_annotation_is_refused_naming_it(annotation: str, value:
     with pytest.raises(ValidationError) as refused:
         add_workspace_claim(_multi_step_jobset(), {annotation: value})
     assert str(refused.value) == message
+
+
+def test_the_clusters_initializer_env_is_added_where_the_container_sets_none() -> None:
+    container = {"name": "model-initializer", "image": "ghcr.io/kubeflow/trainer/model-initializer",
+                 "env": [{"name": "STORAGE_URI", "value": "hf://org/tiny"}, {"name": "HF_ENDPOINT", "value": "mine"}]}
+    jobset = _jobset(_replicated("model-initializer", container),
+                     _replicated("node", {"name": "node", "image": "pytorch/pytorch"}))
+    use_trainjob_initializers(jobset, None, {"HF_ENDPOINT": "http://mirror", "HTTPS_PROXY": "http://proxy:3128"})
+    initializer, node = (rj["template"]["spec"]["template"]["spec"]["containers"][0]
+                         for rj in jobset["spec"]["replicatedJobs"])
+    assert initializer["env"] == [{"name": "STORAGE_URI", "value": "hf://org/tiny"},
+                                  {"name": "HF_ENDPOINT", "value": "mine"},
+                                  {"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]
+    assert initializer["image"] == "ghcr.io/kubeflow/trainer/model-initializer"  # no trainjob image: Kubeflow's
+    assert "env" not in node

@@ -108,6 +108,15 @@ def test_root_cause_falls_back_to_the_first_exit_code_and_signal() -> None:
     assert root_cause([pod(0, "", "", code=0)], lambda p, c: "") is None
 
 
+def test_root_cause_names_a_refused_initializer_by_its_step_and_its_reason() -> None:
+    refused = pod(0, "DownloadError: s3://private/data (at http://10.0.0.5:9000): listing: 403 SignatureDoesNotMatch",
+                  "2026-11-23T09:23:47Z", code=3)
+    refused["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] = "dataset-initializer"
+    assert root_cause([refused], lambda p, c: "") == (
+        "dataset-initializer: DownloadError: s3://private/data (at http://10.0.0.5:9000): listing: 403 "
+        "SignatureDoesNotMatch")
+
+
 def test_root_cause_puts_an_oom_killed_container_before_the_exceptions_it_caused() -> None:
     oom = pod(1, "torchrun: Signal 9 (SIGKILL) received", "2026-11-23T09:23:48Z", code=137)
     oom["status"]["containerStatuses"][0]["state"]["terminated"]["reason"] = "OOMKilled"

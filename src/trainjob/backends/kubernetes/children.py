@@ -25,14 +25,20 @@ from typing import Any
 
 from trainjob.api import TrainJob, resource_from_dict
 from trainjob.backends.kubernetes.cache import CachedReads
-from trainjob.backends.kubernetes.initializer_pods import initializer_image, use_trainjob_initializers
+from trainjob.backends.kubernetes.initializer_pods import (
+    DEFAULTS_CONFIGMAP,
+    initializer_image,
+    use_trainjob_initializers,
+)
 from trainjob.backends.kubernetes.job_events import JobEvents
 from trainjob.backends.kubernetes.kubeapi import ApiError, KubeApi
 from trainjob.backends.kubernetes.resources import (
     API_GROUP,
     CLUSTER_TRAINING_RUNTIMES,
+    CONFIGMAPS,
     COSCHEDULING_PODGROUPS,
     JOBSETS,
+    OPERATOR_NAMESPACE,
     RUNTIME_KINDS,
     TRAINJOB_NAME_LABEL,
     TRAINJOBS,
@@ -75,6 +81,15 @@ class Children:
             api, status_endpoint.ca_pem, status_endpoint.ca_owner)
         #: The image Kubeflow's initializer images run as (:mod:`.initializer_pods`); ``None``: left as named.
         self.initializer_image = initializer_image()
+
+    def _initializer_env(self) -> dict[str, str]:
+        """The data of ConfigMap :data:`~.initializer_pods.DEFAULTS_CONFIGMAP` (none: no settings)."""
+        try:
+            found = self.api.get(CONFIGMAPS, OPERATOR_NAMESPACE, DEFAULTS_CONFIGMAP)
+        except ApiError as exc:
+            log.warning("cannot read ConfigMap %s/%s: %s", OPERATOR_NAMESPACE, DEFAULTS_CONFIGMAP, exc)
+            return {}
+        return {str(k): str(v) for k, v in ((found or {}).get("data") or {}).items()}
 
     def ensure(self, job: dict[str, Any], status: dict[str, Any],
                now: float) -> tuple[dict[str, Any] | None, float | None]:
@@ -175,7 +190,7 @@ class Children:
         """Render and create the job's objects; the JobSet, or ``None`` when the job cannot run (it is failed
         then)."""
         try:
-            objects, limits_set, launch = render(job, snapshot, self.initializer_image)
+            objects, limits_set, launch = render(job, snapshot, self.initializer_image, self._initializer_env())
         except ValidationError as exc:
             self.writer.fail(job, status, "InvalidTrainJob", f"{exc} (fix the TrainJob and create it again)", now)
             return None
@@ -266,10 +281,11 @@ class Children:
 
 
 def render(job: dict[str, Any], snapshot: dict[str, Any], initializer_image: str | None = None,
-           ) -> tuple[list[dict[str, Any]], list[str], LaunchValues]:
+           initializer_env: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], list[str], LaunchValues]:
     """The objects the runtime framework renders for ``job`` from ``snapshot`` (PodGroup first, then JobSet), owned
     by the job; the extended-resource limits it had to set; the launch values the job resolved to.
-    ``initializer_image``: Kubeflow's initializer images run as trainjob's, from it (:mod:`.initializer_pods`)."""
+    ``initializer_image``: Kubeflow's initializer images run as trainjob's, from it; ``initializer_env``: the
+    cluster's settings for every initializer (:mod:`.initializer_pods`)."""
     meta = job["metadata"]
     model = TrainJob.from_dict({
         "apiVersion": TRAINJOBS.api_version,
@@ -291,7 +307,7 @@ def render(job: dict[str, Any], snapshot: dict[str, Any], initializer_image: str
     keep_log_tail_on_error(objects)
     for obj in list(objects):
         if obj["kind"] == JOBSETS.kind:
-            use_trainjob_initializers(obj, initializer_image)
+            use_trainjob_initializers(obj, initializer_image, initializer_env)
             claim = add_workspace_claim(obj, meta.get("annotations"))
             if claim is not None:
                 objects.insert(0, claim)

@@ -15,6 +15,11 @@ In every replicated job, a container whose image is Kubeflow's ``.../dataset-ini
   Job's ``backoffLimit``.
 
 Without the setting the images are left as the runtime names them (Kubeflow's own initializers then run).
+
+Cluster-wide settings for every initializer (a Hub mirror in ``HF_ENDPOINT``, an S3 ``ENDPOINT``, proxies) are the
+data of ConfigMap :data:`DEFAULTS_CONFIGMAP` in the operator's namespace (``trainjob install --initializer-env
+HF_ENDPOINT=http://hub-mirror``, or edited in place: read whenever a job's JobSet is made); each key becomes an env
+var of the initializer containers that do not set it themselves.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from trainjob.initializers.__main__ import REFUSED_EXIT_CODE
 from trainjob.initializers.config import kubeflow_initializer_kind, kubeflow_module_to_ours
 
 INITIALIZER_IMAGE_ENV = "TRAINJOB_INITIALIZER_IMAGE"
+#: The ConfigMap (in the operator's namespace) whose data every initializer container gets as env.
+DEFAULTS_CONFIGMAP = "trainjob-initializer-env"
 
 
 def initializer_image(environ: dict[str, str] | None = None) -> str | None:
@@ -33,11 +40,10 @@ def initializer_image(environ: dict[str, str] | None = None) -> str | None:
     return (os.environ if environ is None else environ).get(INITIALIZER_IMAGE_ENV) or None
 
 
-def use_trainjob_initializers(jobset: dict[str, Any], image: str | None) -> list[str]:
-    """Point ``jobset``'s Kubeflow initializer containers at trainjob's (see the module); the names of the
-    replicated jobs changed."""
-    if not image:
-        return []
+def use_trainjob_initializers(jobset: dict[str, Any], image: str | None,
+                              defaults: dict[str, str] | None = None) -> list[str]:
+    """Point ``jobset``'s Kubeflow initializer containers at trainjob's and give them ``defaults`` as env where
+    they set none (see the module); the names of the replicated jobs changed."""
     changed = []
     for replicated in (jobset.get("spec") or {}).get("replicatedJobs") or []:
         job_spec = (replicated.get("template") or {}).get("spec") or {}
@@ -47,15 +53,19 @@ def use_trainjob_initializers(jobset: dict[str, Any], image: str | None) -> list
             kind = kubeflow_initializer_kind(container.get("image") or "")
             if not kind:
                 continue
+            if defaults:
+                have = {e.get("name") for e in container.get("env") or []}
+                container.setdefault("env", []).extend(
+                    {"name": k, "value": v} for k, v in sorted(defaults.items()) if k not in have)
+            if not image:
+                continue
             container["image"] = image
-            command = [*(container.get("command") or []), *(container.get("args") or [])]
-            if not command:
+            if not [*(container.get("command") or []), *(container.get("args") or [])]:
                 container["command"] = ["python", "-m", "trainjob.initializers", kind]
             else:
                 container["command"] = kubeflow_module_to_ours(container.get("command") or [])
-                container["args"] = kubeflow_module_to_ours(container.get("args") or [])
-                if not container["args"]:
-                    del container["args"]
+                if container.get("args"):
+                    container["args"] = kubeflow_module_to_ours(container["args"])
             names.append(container["name"])
         if not names:
             continue

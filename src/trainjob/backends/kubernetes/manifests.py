@@ -16,7 +16,7 @@ import yaml
 
 from trainjob import __version__
 from trainjob.backends.kubernetes.crds import custom_resource_definitions, pytorchjob_crd
-from trainjob.backends.kubernetes.initializer_pods import INITIALIZER_IMAGE_ENV
+from trainjob.backends.kubernetes.initializer_pods import DEFAULTS_CONFIGMAP, INITIALIZER_IMAGE_ENV
 from trainjob.backends.kubernetes.resources import (
     API_GROUP,
     CLUSTER_TRAINING_RUNTIMES,
@@ -24,6 +24,7 @@ from trainjob.backends.kubernetes.resources import (
     CRDS,
     JOBS,
     JOBSETS,
+    OPERATOR_NAMESPACE,
     PYTORCHJOBS,
     TRAINING_RUNTIMES,
     TRAINJOBS,
@@ -34,7 +35,7 @@ from trainjob.backends.kubernetes.status_server import CA_CONFIGMAP
 from trainjob.backends.kubernetes.tls import TLS_SECRET
 from trainjob.constants import KUBEFLOW_TRAINER_VERSION
 
-NAMESPACE = "trainjob-system"
+NAMESPACE = OPERATOR_NAMESPACE
 NAME = "trainjob-operator"
 #: The ``coordination.k8s.io`` Lease the operator's replicas elect their leader on (in :data:`NAMESPACE`).
 LEASE_NAME = NAME
@@ -132,6 +133,8 @@ def rbac() -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": [KEY_SECRET, TLS_SECRET]},
         # the status endpoint's certificate, issued again when it must name another host
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["update"], "resourceNames": [TLS_SECRET]},
+        # the cluster's settings for every initializer (HF_ENDPOINT ...), read when a job's JobSet is made
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"], "resourceNames": [DEFAULTS_CONFIGMAP]},
         # `trainjob operator --leader-elect`: the Lease the replicas elect their leader on, and the operator
         # Service's EndpointSlice, which the leader points at itself (and reads before it empties it on stepping
         # down: only while it still names its own pod)
@@ -292,10 +295,12 @@ def kubeflow_version() -> list[dict[str, Any]]:
 def install_manifests(image: str = DEFAULT_IMAGE, operator_replicas: int = OPERATOR_REPLICAS,
                       torch_image: str | None = None,
                       operator_cpu: str = OPERATOR_CPU_REQUEST,
-                      initializer_image: str | None = None) -> list[dict[str, Any]]:
+                      initializer_image: str | None = None,
+                      initializer_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Everything to install, in apply order (CRDs before the runtimes that need them); ``torch_image``: see
     :func:`builtin_runtimes`; ``operator_cpu``: each operator replica's CPU request; ``initializer_image`` (default
-    ``torch_image``): what Kubeflow's initializer images run as."""
+    ``torch_image``): what Kubeflow's initializer images run as; ``initializer_env``: every initializer's env
+    (:func:`initializer_env_configmap`)."""
     return [
         namespace(),
         *custom_resource_definitions(),
@@ -303,9 +308,17 @@ def install_manifests(image: str = DEFAULT_IMAGE, operator_replicas: int = OPERA
         *rbac(),
         deployment(image, operator_replicas, operator_cpu, initializer_image or torch_image),
         service(),
+        *([initializer_env_configmap(initializer_env)] if initializer_env else []),
         *builtin_runtimes(torch_image),
         *kubeflow_version(),
     ]
+
+
+def initializer_env_configmap(env: dict[str, str]) -> dict[str, Any]:
+    """ConfigMap :data:`~.initializer_pods.DEFAULTS_CONFIGMAP`: ``env`` for every initializer container."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": DEFAULTS_CONFIGMAP, "namespace": NAMESPACE, "labels": dict(_LABELS)},
+            "data": dict(env)}
 
 
 def manifests_yaml(objects: list[dict[str, Any]]) -> str:

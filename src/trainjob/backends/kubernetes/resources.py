@@ -54,6 +54,8 @@ SECRETS = ResourceRef("", "v1", "secrets", "Secret")
 #: The operator Service's EndpointSlice, which its leader writes.
 ENDPOINT_SLICES = ResourceRef("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
 CONFIGMAPS = ResourceRef("", "v1", "configmaps", "ConfigMap")
+#: The namespace ``trainjob install`` puts the operator, its keys and its settings in.
+OPERATOR_NAMESPACE = "trainjob-system"
 #: A job's ``/workspace`` claim when its initializers need one (:mod:`trainjob.backends.kubernetes.workspace`).
 PERSISTENT_VOLUME_CLAIMS = ResourceRef("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 NAMESPACES = ResourceRef("", "v1", "namespaces", "Namespace", namespaced=False)

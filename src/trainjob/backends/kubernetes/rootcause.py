@@ -24,7 +24,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from trainjob.backends.kubernetes.resources import COMPLETION_INDEX_LABEL
+from trainjob.backends.kubernetes.resources import COMPLETION_INDEX_LABEL, REPLICATED_JOB_LABEL
+from trainjob.constants import DATASET_INITIALIZER, MODEL_INITIALIZER
 from trainjob.rootcause import exception_line, root_cause_line
 
 __all__ = ["exception_line", "failed_rank", "root_cause"]
@@ -91,7 +92,10 @@ def root_cause(pods: list[dict[str, Any]], read_log: Callable[[dict[str, Any], s
 
 
 def _node_of(pod: dict[str, Any]) -> str:
-    """``node-N`` by the pod's completion index, else the pod's name."""
+    """``node-N`` by the pod's completion index, else the pod's name; an initializer's pod is its step
+    (``dataset-initializer``)."""
     labels = pod["metadata"].get("labels") or {}
+    if labels.get(REPLICATED_JOB_LABEL) in (DATASET_INITIALIZER, MODEL_INITIALIZER):
+        return labels[REPLICATED_JOB_LABEL]
     node = labels.get(COMPLETION_INDEX_LABEL) or (pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_LABEL)
     return f"node-{node}" if node is not None else pod["metadata"]["name"]
