@@ -45,6 +45,9 @@ BACKOFF_SECONDS = 1.0
 
 
 class Source(Protocol):
+    #: Whether :meth:`fetch` checks each file's checksum itself (else the run does, once all are there).
+    verifies_files: bool
+
     def list(self) -> Listing: ...
     def fetch(self, listing: Listing, staging: Path) -> None: ...
 
@@ -131,7 +134,8 @@ def _download(source: Source, listing: Listing, staging: Path, progress: Progres
     where = config.where()
     try:
         with progress.watching(staging, listing):
-            _attempts(lambda: (source.fetch(listing, staging), verify_tree(staging, listing, where)), say)
+            checksums = not source.verifies_files
+            _attempts(lambda: (source.fetch(listing, staging), verify_tree(staging, listing, where, checksums)), say)
     except OSError as exc:
         if is_disk_full(exc):
             remove_tree(staging)

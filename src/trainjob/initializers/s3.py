@@ -1,8 +1,9 @@
 """``s3://`` sources: the objects under a prefix of a bucket, through boto3 (any S3-compatible server).
 
 The objects are listed once (``ListObjectsV2``: key, size, ETag); the version the cache keys on is a digest of
-that listing, so a changed object is a new version. Each object is streamed into ``NAME.part`` while its MD5 is
-computed (when its ETag is a single-part upload's MD5), checked, and renamed; several objects are fetched at once.
+that listing, so a changed object is a new version. Each object is streamed into ``NAME.part`` (one GET), its size
+and MD5 (when its ETag is a single-part upload's MD5) checked, and renamed; several objects are fetched at once.
+Files an earlier, stopped run left are checked the same way and kept, or fetched again.
 A dropped connection is tried again (a few times, from the file's start); a refusal (403, 404, bad credentials)
 is not.
 """
@@ -34,6 +35,9 @@ DEFAULT_REGION = "us-east-1"
 
 class S3Source:
     """A prefix of an S3 bucket: :meth:`list` it, then :meth:`fetch` a listing of it into a folder."""
+
+    #: :meth:`fetch` checks every file's checksum itself (the run checks sizes only afterwards).
+    verifies_files = True
 
     def __init__(self, config: InitializerConfig) -> None:
         self.config = config
@@ -111,10 +115,19 @@ class S3Source:
         return any(fnmatch.fnmatch(name, p) for p in self.config.ignore_patterns for name in names)
 
     def fetch(self, listing: Listing, staging: Path) -> None:
-        todo = [f for f in listing.files if not is_verified(staging / f.path, f)]
         with ThreadPoolExecutor(max_workers=PARALLEL_FILES, thread_name_prefix="s3-fetch") as pool:
-            for _ in pool.map(lambda f: self._fetch_file(f.key or f.path, f, staging / f.path), todo):
+            for _ in pool.map(lambda f: self._keep_or_fetch(f, staging / f.path), listing.files):
                 pass
+
+    def _keep_or_fetch(self, remote: RemoteFile, path: Path) -> None:
+        """A file an earlier run left is kept if it checks out; anything else is fetched."""
+        if is_verified(path, remote):
+            try:
+                verify_file(path, remote, self.config.where())
+                return
+            except DownloadError:
+                path.unlink(missing_ok=True)
+        self._fetch_file(remote.key or remote.path, remote, path)
 
     def _fetch_file(self, key: str, remote: RemoteFile, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

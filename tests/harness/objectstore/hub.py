@@ -381,7 +381,7 @@ class HubServer:
     request answered, path percent-decoded and without its query; ``served`` has the details.
     """
 
-    def __init__(self, token: str | None = None, *, gated: bool = False) -> None:
+    def __init__(self, token: str | None = None, *, gated: bool = False, host: str = "127.0.0.1") -> None:
         self.token = token
         self.gated = gated
         #: When set, file bodies are sent at about this rate (a slow link: a download long enough to watch).
@@ -392,10 +392,10 @@ class HubServer:
         self._drops: list[_Drop] = []
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
-        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server = _Server((host, 0), _Handler)
         self._server.hub = self
         self.port: int = self._server.server_address[1]
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.endpoint = f"http://{host}:{self.port}"
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"hub-server-{self.port}"
         )

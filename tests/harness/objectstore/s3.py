@@ -115,7 +115,10 @@ class S3Server:
         outsider_secret_key: str = "trainjob-test-outsider-secret",
         binary: Path | None = None,
         startup_timeout: float = 30.0,
+        host: str = "127.0.0.1",
     ) -> None:
+        #: The address it listens on (a node's pods reach this host at its InternalIP, not at 127.0.0.1).
+        self.host = host
         self.access_key = access_key
         self.secret_key = secret_key
         self.outsider_access_key = outsider_access_key
@@ -150,8 +153,8 @@ class S3Server:
 
     @property
     def endpoint(self) -> str:
-        """``http://127.0.0.1:PORT``, what a client's ``endpoint_url`` (or ``AWS_ENDPOINT_URL``) is set to."""
-        return f"http://127.0.0.1:{self.port}"
+        """``http://HOST:PORT``, what a client's ``endpoint_url`` (or ``AWS_ENDPOINT_URL``) is set to."""
+        return f"http://{self.host}:{self.port}"
 
     def log_tail(self, chars: int = 4000) -> str:
         """The end of the server's log, for failure messages."""
@@ -230,7 +233,7 @@ class S3Server:
         command = [
             str(binary),
             "--access", self.access_key, "--secret", self.secret_key, "--region", self.region,
-            "--port", f"127.0.0.1:{self.port}", "--iam-dir", str(self.directory / "iam"),
+            "--port", f"{self.host}:{self.port}", "--iam-dir", str(self.directory / "iam"),
             "posix", str(self.root),
         ]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - held for the life of the process
@@ -250,7 +253,7 @@ class S3Server:
                 if "address already in use" in tail:
                     raise _PortTaken(tail)
                 raise RuntimeError(f"versitygw exited with {code} before it answered on {self.endpoint}:\n{tail}")
-            connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+            connection = http.client.HTTPConnection(self.host, self.port, timeout=2)
             try:
                 connection.request("GET", "/")
                 connection.getresponse().read()
