@@ -33,6 +33,11 @@ trainjob.initializers dataset`` doing it as a process, start-up and imports incl
 nodes. Target: a job whose initializer hits the cache reaches its first ``init_process_group`` at most 1 s later
 than one with no initializer; these are the initializer's part of that second.
 
+**Jobs**: the whole of it, on the local backend: from ``TrainerClient.train()`` to rank 0 reaching
+``init_process_group`` (it writes the time), for a job with no initializer and one whose model initializer hits
+the machine's cache (filled by an untimed job first), ``--runs`` of each interleaved; ``added_s`` is the difference
+of the medians.
+
 A Markdown table is printed; ``--json PATH`` also writes the figures (``benchmarks/compare.py`` reads them). Temporary
 files go under ``--work-dir`` (default: the system's temp folder), about three times ``--size-mb`` at once::
 
@@ -44,12 +49,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import importlib.util
 import json
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
@@ -199,109 +202,6 @@ def trainjob_initialize(kind: str, env: dict[str, str], expect: str) -> None:
         raise RuntimeError(f"trainjob's {kind} initializer {outcome.how} the files, expected {expect}: {lines}")
 
 
-# variants of trainjob's S3 download (a hidden flag: what a change to s3.py would gain, without changing it)
-
-
-VARIANTS = ("chunk=MiB", "parallel=N", "tree-sizes-only", "tree-parallel", "stream-hash", "no-verify",
-            "transfer-manager", "hub-per-file")
-
-
-def apply_variants(names: list[str]) -> None:
-    """Monkeypatch trainjob's initializer modules, for this process, as each of ``names`` says:
-
-    - ``chunk=MiB``: ``s3.CHUNK_BYTES``; ``parallel=N``: ``s3.PARALLEL_FILES`` (and the client's pool);
-    - ``tree-sizes-only``: after ``fetch``, ``run`` checks each file's size only (each source has checked the files
-      itself already: the S3 source per file; the Hub source does not, so this drops its only check);
-    - ``tree-parallel``: after ``fetch``, ``run`` checks the files (checksums included) 8 at once, not one by one;
-    - ``stream-hash``: the S3 source hashes each object while it streams it, instead of reading the file again;
-    - ``no-verify``: the S3 source checks sizes only (an upper bound);
-    - ``transfer-manager``: the S3 source fetches each object with boto3's ``download_file`` (ranged GETs),
-      then checks it as before;
-    - ``hub-per-file``: the Hub source fetches each file with ``hf_hub_download``, 8 at once, and checks each as
-      soon as it is there (with ``tree-sizes-only``, nothing is read twice).
-    """
-    from trainjob.errors import DownloadError
-    from trainjob.initializers import huggingface, run, s3, transfer
-
-    streamed: dict[Path, str] = {}
-
-    def size_only(path: Path, remote: Any, where: str) -> None:
-        if path.stat().st_size != remote.size:
-            raise DownloadError(f"{where}: {remote.path} has the wrong size", retryable=True)
-
-    def stream_hashing(self: Any, key: str, part: Path, remote: Any) -> None:
-        body = self.client().get_object(Bucket=self.bucket, Key=key)["Body"]
-        digest = hashlib.new(remote.checksum[0]) if remote.checksum else None
-        try:
-            with part.open("wb") as handle:
-                while chunk := body.read(s3.CHUNK_BYTES):
-                    handle.write(chunk)
-                    if digest is not None:
-                        digest.update(chunk)
-        finally:
-            body.close()
-        size_only(part, remote, self.config.where())
-        if digest is not None:
-            streamed[part] = digest.hexdigest()
-
-    def verify_streamed(path: Path, remote: Any, where: str) -> None:
-        size_only(path, remote, where)
-        if remote.checksum is not None and streamed.pop(path, None) != remote.checksum[1]:
-            raise DownloadError(f"{where}: {remote.path} has another checksum", retryable=True)
-
-    def tree_sizes(staging: Path, listing: Any, where: str) -> None:
-        shutil.rmtree(staging / transfer.HUB_METADATA_DIR, ignore_errors=True)
-        for remote in listing.files:
-            size_only(staging / remote.path, remote, where)
-
-    def tree_parallel(staging: Path, listing: Any, where: str) -> None:
-        shutil.rmtree(staging / transfer.HUB_METADATA_DIR, ignore_errors=True)
-        for remote in listing.files:
-            if not (staging / remote.path).is_file():
-                raise DownloadError(f"{where}: {remote.path} is missing after the download", retryable=True)
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(lambda remote: transfer.verify_file(staging / remote.path, remote, where), listing.files))
-
-    def with_transfer_manager(self: Any, key: str, part: Path, remote: Any) -> None:
-        self.client().download_file(self.bucket, key, str(part))
-
-    def hub_per_file(self: Any, listing: Any, staging: Path) -> None:
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.utils import disable_progress_bars
-
-        disable_progress_bars()
-
-        def one(remote: Any) -> None:
-            hf_hub_download(self.config.source.repo_id, remote.path, repo_type=self.repo_type,
-                            revision=listing.version, local_dir=staging, **self._api_kwargs())
-            transfer.verify_file(staging / remote.path, remote, self.config.where())
-
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(one, listing.files))
-
-    for name in names:
-        what, _, value = name.partition("=")
-        if what == "chunk":
-            s3.CHUNK_BYTES = int(float(value) * MiB)
-        elif what == "parallel":
-            s3.PARALLEL_FILES = int(value)
-        elif what == "tree-sizes-only":
-            run.verify_tree = tree_sizes
-        elif what == "tree-parallel":
-            run.verify_tree = tree_parallel
-        elif what == "stream-hash":
-            s3.S3Source._stream = stream_hashing
-            s3.verify_file = verify_streamed
-        elif what == "no-verify":
-            s3.verify_file = size_only
-        elif what == "transfer-manager":
-            s3.S3Source._stream = with_transfer_manager
-        elif what == "hub-per-file":
-            huggingface.HuggingFaceSource.fetch = hub_per_file
-        else:
-            raise SystemExit(f"--variant {name}: one of {', '.join(VARIANTS)}")
-
-
 # the runs
 
 
@@ -404,6 +304,7 @@ def measure(size_mb: int, runs: int, work: Path) -> dict[str, Any]:
                                                     stderr=subprocess.PIPE)))
             check_tree(target, files, "cache hit command")
             remove(target.parent)
+        jobs = first_init_delays(hub.endpoint, runs, work)
     results: dict[str, Any] = {
         "size_mb": size_mb, "files": len(files), "bytes": total, "runs": runs, "parallel_files": width,
         "s3": pairs(total, times["s3_baseline"], times["s3_trainjob"],
@@ -419,12 +320,74 @@ def measure(size_mb: int, runs: int, work: Path) -> dict[str, Any]:
             "hub_in_process_runs_s": hits["hub_in_process"],
             "s3_command_runs_s": hits["s3_command"],
         },
+        "jobs": jobs,
     }
     if has_aws_cli:
         results["aws_cli"] = pairs(total, times["aws_cli"], times["s3_trainjob"], "aws s3 cp --recursive")
     else:
         results["aws_cli"] = {"skipped": "awscli is not installed (pip install awscli to time `aws s3 cp`)"}
     return results
+
+
+def mark_first_init(path: str) -> None:
+    """A CustomTrainer's function: rank 0 writes the time it reaches ``init_process_group``."""
+    import os
+    import time
+
+    if os.environ.get("RANK", "0") == "0":
+        with open(path, "w") as handle:
+            handle.write(repr(time.time()))
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.destroy_process_group()
+
+
+def first_init_delays(hub_endpoint: str, runs: int, work: Path) -> dict[str, Any]:
+    """Jobs on the local backend, from ``train()`` to rank 0's ``init_process_group``: one with no initializer
+    against one whose model initializer hits the machine's cache (filled by an untimed job first), interleaved."""
+    from trainjob import (
+        CustomTrainer,
+        HuggingFaceModelInitializer,
+        Initializer,
+        LocalProcessBackendConfig,
+        TrainerClient,
+    )
+
+    saved = {k: os.environ.get(k) for k in ("HF_ENDPOINT", "HF_HOME")}
+    os.environ.update(HF_ENDPOINT=hub_endpoint, HF_HOME=str(work / "hf-home"))  # what a job's initializer gets
+    client = TrainerClient(LocalProcessBackendConfig(home=work / "home"))
+    model = Initializer(model=HuggingFaceModelInitializer(storage_uri=f"hf://{REPO_ID}", ignore_patterns=[]))
+    (work / "marks").mkdir()
+
+    marks = iter(range(1 << 30))
+
+    def job(initializer: Initializer | None) -> float:
+        mark = work / "marks" / f"{next(marks)}"
+        started = time.time()
+        name = client.train(initializer=initializer, trainer=CustomTrainer(
+            func=mark_first_init, func_args={"path": str(mark)}))
+        client.wait_for_job_status(name, timeout=600, polling_interval=0.2)
+        client.delete_job(name)
+        return float(mark.read_text()) - started
+
+    delays: dict[str, list[float]] = {"plain": [], "cached": []}
+    try:
+        job(model)  # fills the cache
+        job(None)  # warms the page cache for torch's import
+        for run in range(runs):
+            order = ("plain", "cached") if run % 2 == 0 else ("cached", "plain")
+            for side in order:
+                delays[side].append(job(model if side == "cached" else None))
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    plain, cached = statistics.median(delays["plain"]), statistics.median(delays["cached"])
+    return {"plain_s": plain, "cached_s": cached, "added_s": cached - plain, "plain_runs_s": delays["plain"],
+            "cached_runs_s": delays["cached"]}
 
 
 def table(results: dict[str, Any]) -> str:
@@ -448,8 +411,11 @@ def table(results: dict[str, Any]) -> str:
               f"| Hub, `initialize()` in process | {hit['hub_in_process_s']:.3f} | part of <= 1 s |",
               f"| S3, `python -m trainjob.initializers dataset` | {hit['s3_command_s']:.3f} | part of <= 1 s |",
               f"| (filling the cache: S3 download / Hub download) | {hit['s3_fill_s']:.2f} / {hit['hub_fill_s']:.2f} | |"]
-    if results.get("variants"):
-        lines += ["", f"trainjob ran with the variants {', '.join(results['variants'])} (not the code as it is)"]
+    jobs = results["jobs"]
+    lines += ["", "| local job, `train()` to rank 0's `init_process_group` | seconds | target |", "|---|---:|---|",
+              f"| no initializer | {jobs['plain_s']:.2f} | |",
+              f"| model initializer, cache hit | {jobs['cached_s']:.2f} | |",
+              f"| added by the initializer | {jobs['added_s']:.2f} | <= 1 s |"]
     return "\n".join(lines)
 
 
@@ -459,7 +425,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="interleaved runs of each side (default 3)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--work-dir", type=Path, help="where the temporary files go (default: the temp folder)")
-    parser.add_argument("--variant", action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs: at least 1")
@@ -467,10 +432,8 @@ def main(argv: list[str] | None = None) -> int:
         layout(args.size_mb)
     except ValueError as exc:
         parser.error(str(exc))
-    apply_variants(args.variant)
     with work_folder(args.work_dir) as work:
         results = measure(args.size_mb, args.runs, work)
-    results["variants"] = args.variant
     print(table(results))
     if args.json:
         args.json.write_text(json.dumps({"initializers": results}, indent=2) + "\n")

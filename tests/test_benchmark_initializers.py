@@ -50,6 +50,8 @@ def test_the_smallest_run_writes_every_ratio_and_time(benchmark: ModuleType, tmp
     for name in ("s3_in_process_s", "hub_in_process_s", "s3_command_s", "s3_fill_s", "hub_fill_s"):
         assert positive(figures["cache_hit"][name]), (name, figures["cache_hit"])
     table = capsys.readouterr().out
+    assert all(positive(figures["jobs"][name]) for name in ("plain_s", "cached_s")), figures["jobs"]
+    assert "| added by the initializer |" in table
     assert "| S3 (VersityGW) | boto3 download_file" in table
     assert "huggingface_hub snapshot_download" in table
     assert list(work.iterdir()) == []  # every temporary file is gone
