@@ -120,7 +120,7 @@ def a_function() -> None:
         (CustomTrainer(func=a_function), [Name("Not_A_Label")], "metadata.name"),
         # an image is not run here: a container trainer needs its command
         (CustomTrainerContainer(image="ghcr.io/me/train:1"), [], "spec.trainer.command: the local backend needs a command"),
-        ("a string", [], "trainer: must be a CustomTrainer or a CustomTrainerContainer"),
+        ("a string", [], "trainer: must be a CustomTrainer, a CustomTrainerContainer or a BuiltinTrainer"),
     ],
 )
 def test_options_and_trainers_that_cannot_run_are_refused_before_anything_starts(client, trainer, options, match):

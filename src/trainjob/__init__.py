@@ -6,6 +6,7 @@ The SDK's names are importable from here, as in the Kubeflow SDK (``kubeflow.tra
     from trainjob import ContainerBackendConfig        # TrainerClient(ContainerBackendConfig()): nodes as containers
     from trainjob import update_trainjob_status        # inside a training function: progress for the job's status
     from trainjob import Initializer, S3DatasetInitializer  # data and model before the nodes start
+    from trainjob import BuiltinTrainer, TorchTuneConfig    # fine-tune an LLM on a torchtune runtime
 """
 
 from __future__ import annotations
@@ -24,7 +25,19 @@ _INITIALIZER_NAMES = (
     "S3ModelInitializer", "DataCacheInitializer",
 )
 
+_BUILTIN_TRAINER_NAMES = (
+    "BuiltinTrainer", "TorchTuneConfig", "LoraConfig", "TorchTuneInstructDataset", "DataType", "Loss",
+)
+
 if TYPE_CHECKING:
+    from trainjob.sdk.builtin_trainers import (
+        BuiltinTrainer,
+        DataType,
+        LoraConfig,
+        Loss,
+        TorchTuneConfig,
+        TorchTuneInstructDataset,
+    )
     from trainjob.sdk.client import (
         ContainerBackendConfig,
         CustomTrainer,
@@ -44,17 +57,23 @@ if TYPE_CHECKING:
     from trainjob.torch.metrics import update_trainjob_status
 
 __all__ = [
+    "BuiltinTrainer",
     "ContainerBackendConfig",
     "CustomTrainer",
     "CustomTrainerContainer",
     "DataCacheInitializer",
+    "DataType",
     "HuggingFaceDatasetInitializer",
     "HuggingFaceModelInitializer",
     "Initializer",
     "KubernetesBackendConfig",
     "LocalProcessBackendConfig",
+    "LoraConfig",
+    "Loss",
     "S3DatasetInitializer",
     "S3ModelInitializer",
+    "TorchTuneConfig",
+    "TorchTuneInstructDataset",
     "TrainerClient",
     "__version__",
     "update_trainjob_status",
@@ -71,6 +90,10 @@ def __getattr__(name: str) -> Any:
         from trainjob.sdk import initializers
 
         return getattr(initializers, name)
+    if name in _BUILTIN_TRAINER_NAMES:
+        from trainjob.sdk import builtin_trainers
+
+        return getattr(builtin_trainers, name)
     if name == "update_trainjob_status":
         from trainjob.torch.metrics import update_trainjob_status
 

@@ -121,6 +121,43 @@ PET_RDZV_CONF = "PET_RDZV_CONF"
 #: by default outlives its round, and the ranks of a smaller round would read what the last round's left in it.
 TORCH_DISABLE_SHARE_RDZV_TCP_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
+# --- torchtune, Kubeflow's BuiltinTrainer (:mod:`trainjob.runtime.plugins.torchtune`) ------------------------------
+#: The ``trainer.kubeflow.org/framework`` label value of the LLM fine-tuning runtimes.
+TORCHTUNE_FRAMEWORK = "torchtune"
+#: A trainer command equal to this is the BuiltinTrainer's: the torch plugin completes it with recipe and config.
+TORCHTUNE_ENTRYPOINT = ("tune", "run")
+TORCHTUNE_ARG_RDZV_ENDPOINT = "--rdzv_endpoint"
+TORCHTUNE_ARG_CONFIG = "--config"
+TORCHTUNE_INSTRUCT_DATASET = "torchtune.datasets.instruct_dataset"
+#: Recipes and the config suffixes that pick the model's config (``llama3_2/1B`` + ``_lora`` -> ``llama3_2/1B_lora``).
+TORCHTUNE_FULL_FINETUNE_SINGLE_DEVICE = "full_finetune_single_device"
+TORCHTUNE_FULL_FINETUNE_DISTRIBUTED = "full_finetune_distributed"
+TORCHTUNE_LORA_FINETUNE_SINGLE_DEVICE = "lora_finetune_single_device"
+TORCHTUNE_LORA_FINETUNE_DISTRIBUTED = "lora_finetune_distributed"
+TORCHTUNE_FULL_SINGLE_DEVICE_SUFFIX = "_full_single_device"
+TORCHTUNE_FULL_MULTI_DEVICES_SUFFIX = "_full"
+TORCHTUNE_FULL_MULTI_NODES_SUFFIX = "_full_multinode"
+TORCHTUNE_LORA_SINGLE_DEVICE_SUFFIX = "_lora_single_device"
+TORCHTUNE_QLORA_SINGLE_DEVICE_SUFFIX = "_qlora_single_device"
+TORCHTUNE_LORA_DISTRIBUTED_SUFFIX = "_lora"
+TORCHTUNE_QLORA_DISTRIBUTED_SUFFIX = "_qlora"
+#: The config items in ``spec.trainer.args`` that switch LoRA, QLoRA and DoRA on.
+TORCHTUNE_LORA_ATTN_MODULES = "model.lora_attn_modules"
+TORCHTUNE_QUANTIZE_BASE = "model.quantize_base"
+TORCHTUNE_USE_DORA = "model.use_dora"
+#: The models of the torchtune runtimes (``torchtune-llama3.2-1b`` -> ``llama3_2/1B``).
+TORCHTUNE_MODEL_LLAMA3_2_1B = "llama3_2/1B"
+TORCHTUNE_MODEL_LLAMA3_2_3B = "llama3_2/3B"
+TORCHTUNE_MODEL_LLAMA3_3_70B = "llama3_3/70B"
+TORCHTUNE_MODEL_QWEN2_5_1_5B = "qwen2_5/1.5B"
+TORCHTUNE_SUPPORTED_MODELS = frozenset(
+    {TORCHTUNE_MODEL_LLAMA3_2_1B, TORCHTUNE_MODEL_LLAMA3_2_3B, TORCHTUNE_MODEL_LLAMA3_3_70B, TORCHTUNE_MODEL_QWEN2_5_1_5B}
+)
+#: Config items the runtime's command sets (where the initializers put model and output) and a job may not.
+TORCHTUNE_IMMUTABLE_CONFIGS = frozenset(
+    {"output_dir", "tokenizer.path", "checkpointer.checkpoint_dir", "tokenizer.merges_file"}
+)
+
 # --- job statuses (the TrainJob's condition types, and the SDK's steps) -----------------------------------------
 QUEUED = "Queued"
 CREATED = "Created"

@@ -93,7 +93,7 @@ BAD_INPUT = [
         {"runtime": "torch-distribute"},
         "error: {path}: TrainJob mnist: ClusterTrainingRuntime 'torch-distribute' not found; known "
         "ClusterTrainingRuntimes: deepspeed-distributed, mpi-distributed, ray-distributed, torch-distributed, "
-        "torch-distributed-volcano",
+        "torch-distributed-volcano, torchtune-llama3.2-1b, torchtune-llama3.2-3b, torchtune-qwen2.5-1.5b",
     ),
     ("zero_nodes", {"num_nodes": 0}, "error: {path}: spec.trainer.numNodes: must be >= 1, got 0"),
     (

@@ -11,11 +11,11 @@ from trainjob.runtime import DEFAULT_RUNTIME, builtin_runtimes, find_runtime
 NODE_ONLY = {"template": {"spec": {"replicatedJobs": [{"name": "node", "template": {}}]}}}
 
 
-def test_the_builtin_runtimes_are_torch_distributed_with_and_without_volcano():
+def test_the_builtin_runtimes_are_torch_mpi_ray_and_torchtune_with_torch_distributed_the_default():
     runtimes = builtin_runtimes()
     assert sorted(runtimes) == [
         "deepspeed-distributed", "mpi-distributed", "ray-distributed", "torch-distributed",
-        "torch-distributed-volcano",
+        "torch-distributed-volcano", "torchtune-llama3.2-1b", "torchtune-llama3.2-3b", "torchtune-qwen2.5-1.5b",
     ]
     assert DEFAULT_RUNTIME == "torch-distributed"
     default = runtimes[DEFAULT_RUNTIME]
@@ -70,5 +70,6 @@ def test_an_unknown_runtime_names_the_known_ones():
         find_runtime("torch-distribute")
     assert str(err.value) == (
         "ClusterTrainingRuntime 'torch-distribute' not found; known ClusterTrainingRuntimes: deepspeed-distributed, "
-        "mpi-distributed, ray-distributed, torch-distributed, torch-distributed-volcano"
+        "mpi-distributed, ray-distributed, torch-distributed, torch-distributed-volcano, torchtune-llama3.2-1b, "
+        "torchtune-llama3.2-3b, torchtune-qwen2.5-1.5b"
     )

@@ -178,6 +178,8 @@ class JobSetSpec(KubeModel):
     managed_by: str | None = None
     suspend: bool | None = None
     ttl_seconds_after_finished: Annotated[Int32, Field(ge=0)] | None = None
+    #: JobSet's per-job PersistentVolumeClaims (Kubeflow's torchtune runtimes share one between their steps).
+    volume_claim_policies: list[dict[str, Any]] | None = None
 
     @field_validator("replicated_jobs")
     @classmethod

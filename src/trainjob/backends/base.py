@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainjob.backends.log_selection import select_nodes
-from trainjob.constants import FRAMEWORK_LABEL, TRAINER_CONTAINER, TRAINER_JOB
+from trainjob.constants import FRAMEWORK_LABEL, TORCHTUNE_FRAMEWORK, TRAINER_CONTAINER, TRAINER_JOB
 from trainjob.errors import BackendError, JobFailedError, ValidationError
 from trainjob.sdk import types
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from trainjob.backends.stacks import RankStacks
     from trainjob.runtime.launch import LaunchValues
     from trainjob.runtime.plan import Plan
+    from trainjob.sdk.builtin_trainers import BuiltinTrainer
     from trainjob.sdk.trainers import TrainerFunction
 
 
@@ -141,7 +142,7 @@ def runtime_view(runtime: Mapping[str, Any]) -> types.Runtime:
             image, command = container.get("image", types.UNKNOWN), tuple(container.get("command") or ())
     nproc = next(((ml.get(key) or {}).get("numProcPerNode") for key in ("torch", "mpi") if key in ml), None)
     trainer = types.RuntimeTrainer(
-        trainer_type="CustomTrainer",
+        trainer_type="BuiltinTrainer" if framework == TORCHTUNE_FRAMEWORK else "CustomTrainer",
         framework=framework,
         image=image,
         num_nodes=int(ml.get("numNodes") or 1),
@@ -196,24 +197,28 @@ class Backend(ABC):
         self,
         runtime: types.Runtime | str | None = None,
         initializer: Any | None = None,
-        trainer: types.CustomTrainer | types.CustomTrainerContainer | None = None,
+        trainer: types.CustomTrainer | types.CustomTrainerContainer | BuiltinTrainer | None = None,
         options: Sequence[Any] | None = None,
     ) -> str:
         """Create a job that runs ``trainer`` (``options`` from :mod:`trainjob.sdk.options`) on ``runtime``; its name.
 
         A ``CustomTrainer``'s function runs under torchrun on every node: it is checked here (a ``def`` whose
         source is available, the names it uses, ``func_args`` that bind to its signature and are JSON, the
-        packages and index URLs) before anything is created. A ``CustomTrainerContainer`` runs its command."""
+        packages and index URLs) before anything is created. A ``CustomTrainerContainer`` runs its command; a
+        ``BuiltinTrainer`` runs torchtune and needs a torchtune runtime."""
         from trainjob.runtime.catalog import DEFAULT_RUNTIME
+        from trainjob.sdk.builtin_trainers import BuiltinTrainer
         from trainjob.sdk.initializers import initializer_spec
-        from trainjob.sdk.trainers import check_trainer, sdk_trainjob, trainer_function
+        from trainjob.sdk.trainers import check_builtin_runtime, check_trainer, sdk_trainjob, trainer_function
 
         if trainer is not None or self.trainer_required:
             trainer = check_trainer(trainer)
         runtime_name = runtime.name if isinstance(runtime, types.Runtime) else (runtime or DEFAULT_RUNTIME)
+        if isinstance(trainer, BuiltinTrainer):
+            check_builtin_runtime(runtime if isinstance(runtime, types.Runtime) else self.get_runtime(runtime_name))
         name = f"{self.job_name_prefix}{uuid.uuid4().hex[:11]}"
         job = sdk_trainjob(trainer, runtime_name, name, options, self, namespace=self.namespace,
-                           initializer=initializer_spec(initializer))
+                           initializer=initializer_spec(initializer), source_initializer=initializer)
         function = trainer_function(trainer) if isinstance(trainer, types.CustomTrainer) else None
         return self._create_trainjob(job, function)
 

@@ -1,7 +1,9 @@
 """The runtimes shipped in the package (``runtime/builtin/*.yaml``) and lookup of a job's ``runtimeRef``.
 
->>> sorted(builtin_runtimes())
+>>> sorted(builtin_runtimes())[:5]
 ['deepspeed-distributed', 'mpi-distributed', 'ray-distributed', 'torch-distributed', 'torch-distributed-volcano']
+>>> sorted(builtin_runtimes())[5:]
+['torchtune-llama3.2-1b', 'torchtune-llama3.2-3b', 'torchtune-qwen2.5-1.5b']
 >>> find_runtime("torch-distributed").spec.ml_policy.torch.num_proc_per_node
 'auto'
 """

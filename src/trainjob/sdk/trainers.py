@@ -9,7 +9,9 @@ Kubernetes backend ships it in the trainer's environment)::
     job["spec"]["trainer"]   # {"numNodes": 2}: the command is the backend's to add
 
 A ``CustomTrainer``'s ``resources_per_node`` become requests and equal limits (the API server requires limits for
-GPUs); ``gpu`` means ``nvidia.com/gpu``.
+GPUs); ``gpu`` means ``nvidia.com/gpu``. A :class:`~trainjob.sdk.builtin_trainers.BuiltinTrainer` gets the
+``spec.trainer`` the Kubeflow SDK gives it (:func:`~trainjob.sdk.builtin_trainers.builtin_trainer_fields`) and
+only a runtime labelled ``trainer.kubeflow.org/framework: torchtune`` (:func:`check_builtin_runtime`).
 """
 
 from __future__ import annotations
@@ -18,22 +20,33 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainjob.constants import API_VERSION, TRAINJOB_KIND
+from trainjob.constants import API_VERSION, TORCHTUNE_FRAMEWORK, TRAINJOB_KIND
 from trainjob.errors import ValidationError
+from trainjob.sdk.builtin_trainers import BuiltinTrainer, builtin_trainer_fields
 from trainjob.sdk.function_script import function_script
 from trainjob.sdk.options import apply_options
 from trainjob.sdk.trainer_checks import check_index_urls, check_requirements
-from trainjob.sdk.types import CustomTrainer, CustomTrainerContainer
+from trainjob.sdk.types import CustomTrainer, CustomTrainerContainer, Runtime
+
+SDKTrainer = CustomTrainer | CustomTrainerContainer | BuiltinTrainer
 
 #: SDK resource names and the Kubernetes resource they mean.
 RESOURCE_ALIASES = {"gpu": "nvidia.com/gpu"}
 
 
-def check_trainer(trainer: Any) -> CustomTrainer | CustomTrainerContainer:
+def check_trainer(trainer: Any) -> SDKTrainer:
     """``trainer`` if the SDK can run it, else ``ValidationError`` naming what can."""
-    if isinstance(trainer, CustomTrainer | CustomTrainerContainer):
+    if isinstance(trainer, CustomTrainer | CustomTrainerContainer | BuiltinTrainer):
         return trainer
-    raise ValidationError("trainer", f"must be a CustomTrainer or a CustomTrainerContainer, got {trainer!r}")
+    raise ValidationError(
+        "trainer", f"must be a CustomTrainer, a CustomTrainerContainer or a BuiltinTrainer, got {trainer!r}"
+    )
+
+
+def check_builtin_runtime(runtime: Runtime) -> None:
+    """A BuiltinTrainer runs only on a torchtune runtime, as in the Kubeflow SDK (its message, our error type)."""
+    if runtime.trainer.framework != TORCHTUNE_FRAMEWORK:
+        raise ValidationError("runtime", f"BuiltinTrainer can't be used with {runtime} runtime")
 
 
 def resources_per_node(resources: dict[str, Any] | None) -> dict[str, str]:
@@ -59,16 +72,18 @@ def trainer_fields(trainer: CustomTrainer | CustomTrainerContainer | None) -> di
 
 
 def sdk_trainjob(
-    trainer: CustomTrainer | CustomTrainerContainer | None,
+    trainer: SDKTrainer | None,
     runtime: str,
     name: str,
     options: Sequence[Any] | None,
     backend: Any,
     namespace: str | None = None,
     initializer: dict[str, Any] | None = None,
+    source_initializer: Any = None,
 ) -> dict[str, Any]:
     """The TrainJob for ``trainer`` on ``runtime``, named ``name`` unless an option (``Name``) says otherwise;
-    ``initializer`` is its ``spec.initializer`` (:func:`trainjob.sdk.initializers.initializer_spec`)."""
+    ``initializer`` is its ``spec.initializer`` (:func:`trainjob.sdk.initializers.initializer_spec`) and
+    ``source_initializer`` the SDK ``Initializer`` it came from (a BuiltinTrainer's args name the dataset's path)."""
     metadata: dict[str, Any] = {"name": name}
     if namespace is not None:
         metadata["namespace"] = namespace
@@ -76,7 +91,10 @@ def sdk_trainjob(
         "apiVersion": API_VERSION,
         "kind": TRAINJOB_KIND,
         "metadata": metadata,
-        "spec": {"runtimeRef": {"name": runtime}, "trainer": trainer_fields(trainer)},
+        "spec": {"runtimeRef": {"name": runtime}, "trainer": (
+            builtin_trainer_fields(trainer, source_initializer) if isinstance(trainer, BuiltinTrainer)
+            else trainer_fields(trainer)
+        )},
     }
     if initializer:
         job["spec"]["initializer"] = initializer

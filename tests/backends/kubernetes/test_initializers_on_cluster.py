@@ -102,11 +102,13 @@ def test_kubeflows_multi_step_example_runs_trainjobs_initializer_and_the_trainer
         k8s.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump_all([runtime, job]))
         name = job["metadata"]["name"]
         k8s.wait_for_condition(name, "Complete", namespace=namespace, timeout=300)
-        logs = k8s.kubectl("logs", "-n", namespace, "-l",
-                           "trainer.kubeflow.org/trainjob-ancestor-step=trainer", "--tail=-1").stdout
+        # (the example's comments select pods by the ancestor-step label, which JobSet leaves on the Jobs: the pods
+        # carry the replicated job's name)
+        logs = k8s.kubectl("logs", "-n", namespace, "-l", "jobset.sigs.k8s.io/replicatedjob-name=node",
+                           "--tail=-1").stdout
         assert logs.count("Dataset ready at /workspace/dataset (2 entries)") == 2, logs
         init_logs = k8s.kubectl("logs", "-n", namespace, "-l",
-                                "trainer.kubeflow.org/trainjob-ancestor-step=dataset-initializer").stdout
+                                "jobset.sigs.k8s.io/replicatedjob-name=dataset-initializer", "--tail=-1").stdout
         assert "dataset hf://tatsu-lab/alpaca at " in init_logs and "downloaded in" in init_logs, init_logs
         jobset = k8s.jobset(name, namespace)
         pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]

@@ -152,7 +152,7 @@ def test_every_install_manifest_passes_kubernetes_schemas() -> None:
     assert [p for o in runtimes for p in schema_problems(VALIDATORS[o["kind"]], o)] == []
     assert [o["metadata"]["name"] for o in runtimes] == [
         "deepspeed-distributed", "mpi-distributed", "ray-distributed", "torch-distributed",
-        "torch-distributed-volcano",
+        "torch-distributed-volcano", "torchtune-llama3.2-1b", "torchtune-llama3.2-3b", "torchtune-qwen2.5-1.5b",
     ]
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]

@@ -8,6 +8,8 @@ container. The ``PET_*`` variables and their values are tabled in :mod:`trainjob
 ``PET_*`` names in ``spec.trainer.env`` are rejected: they would silently fight those values.
 Elastic jobs start ``maxNodes`` pods; gang scheduling requires ``minNodes`` of them. The containers a v2.3
 runtime names in ``mlPolicy.torch.envInjection`` (sidecars, init containers) get the same ``PET_*`` variables.
+A trainer command of exactly ``tune run`` (Kubeflow's BuiltinTrainer) is validated and completed with recipe and
+config by :mod:`trainjob.runtime.plugins.torchtune`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from trainjob.runtime.launch import kubernetes_addressing, resolve_launch_values
 from trainjob.runtime.patches import pod_patches
 from trainjob.runtime.plan import ContainerPort, ElasticPolicy, EnvVar, Plan, Resources
 from trainjob.runtime.plugin import Context, MLPolicyEnforcer, Plugin, Validator
+from trainjob.runtime.plugins.torchtune import is_torchtune_job, torchtune_command, validate_torchtune
 from trainjob.runtime.template import env_to_dict, main_container, pod_spec, upsert_env
 from trainjob.runtime.trainer_spec import requested_num_nodes
 
@@ -111,6 +114,9 @@ class TorchPlugin(Plugin, Validator, MLPolicyEnforcer):
                     "(mlPolicy.torch.elasticPolicy decides the node count between minNodes and maxNodes)",
                 )
             )
+        if is_torchtune_job(ctx.trainjob):
+            resources = main_container(ctx.plan.trainer(), TRAINER_CONTAINER).resources
+            problems += validate_torchtune(ctx.trainjob, resources)
         return problems
 
     def enforce_ml_policy(self, ctx: Context) -> None:
@@ -134,6 +140,8 @@ class TorchPlugin(Plugin, Validator, MLPolicyEnforcer):
         except ValueError as exc:  # QuantityError included
             raise ValidationError(path, f"{where}{exc}") from None
         plan.ml_policy = "torch"
+        if is_torchtune_job(ctx.trainjob):
+            container.command = torchtune_command(ctx.trainjob, ctx.runtime, plan, container.resources)
         upsert_env(container, torch_env(plan))
         if not any(p.container_port == plan.master_port for p in container.ports):
             container.ports.append(ContainerPort(container_port=plan.master_port))
