@@ -11,7 +11,6 @@ escapes ``snapshot_download`` as is, and no partial file is left behind.
 
 from __future__ import annotations
 
-import random
 import socket
 import urllib.error
 import urllib.request
@@ -33,6 +32,7 @@ from huggingface_hub.errors import (  # noqa: E402
     RevisionNotFoundError,
 )
 from objectstore.hub import HubServer  # noqa: E402
+from objectstore.sources import tiny_dataset, tiny_model  # noqa: E402
 
 MODEL = "acme/tiny-model"
 DATASET = "acme/tiny-data"
@@ -61,21 +61,12 @@ def hf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def model_dir(tmp_path: Path) -> Path:
-    folder = tmp_path / "model"
-    folder.mkdir()
-    (folder / "config.json").write_text('{"model_type": "tiny", "hidden_size": 8}\n')
-    (folder / "model.safetensors").write_bytes(random.Random(1).randbytes(300_000))
-    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": {"vocab": {"a": 0, "b": 1}}}\n')
-    return folder
+    return tiny_model(tmp_path / "model")
 
 
 @pytest.fixture
 def dataset_dir(tmp_path: Path) -> Path:
-    folder = tmp_path / "dataset"
-    (folder / "data").mkdir(parents=True)
-    (folder / "data" / "train.jsonl").write_text("".join(f'{{"text": "row {i}"}}\n' for i in range(100)))
-    (folder / "README.md").write_text("---\nlicense: mit\n---\n# tiny data\n")
-    return folder
+    return tiny_dataset(tmp_path / "dataset", rows=100)
 
 
 @pytest.fixture

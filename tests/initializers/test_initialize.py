@@ -26,6 +26,7 @@ from huggingface_hub import constants, file_download
 from jobtest.tiers import starts
 from objectstore.hub import HubServer
 from objectstore.s3 import S3Server, require_s3_server
+from objectstore.sources import tiny_dataset, tiny_model
 
 from trainjob.errors import DownloadError
 from trainjob.initializers import run, transfer
@@ -99,22 +100,12 @@ def hf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def model_dir(tmp_path: Path) -> Path:
-    folder = tmp_path / "src-model"
-    folder.mkdir()
-    (folder / "config.json").write_text('{"model_type": "tiny", "hidden_size": 8}\n')
-    (folder / "model.safetensors").write_bytes(random.Random(1).randbytes(300_000))
-    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": {"vocab": {"a": 0, "b": 1}}}\n')
-    (folder / "pytorch_model.bin").write_bytes(random.Random(2).randbytes(20_000))  # the defaults leave it out
-    return folder
+    return tiny_model(tmp_path / "src-model", with_bin=True)
 
 
 @pytest.fixture
 def dataset_dir(tmp_path: Path) -> Path:
-    folder = tmp_path / "src-dataset"
-    (folder / "data").mkdir(parents=True)
-    (folder / "data" / "train.jsonl").write_text("".join(f'{{"text": "row {i}"}}\n' for i in range(300)))
-    (folder / "README.md").write_text("---\nlicense: mit\n---\n# tiny data\n")
-    return folder
+    return tiny_dataset(tmp_path / "src-dataset", rows=300)
 
 
 @pytest.fixture
