@@ -234,7 +234,8 @@ RUNTIME_ERRORS = [
         "spec.template.spec.replicas",
         2,
         "spec.template.spec.replicas: unknown field 'replicas'; accepted fields: replicatedJobs, network, "
-        "successPolicy, failurePolicy, startupPolicy, coordinator, managedBy, suspend, ttlSecondsAfterFinished",
+        "successPolicy, failurePolicy, startupPolicy, coordinator, managedBy, suspend, ttlSecondsAfterFinished, "
+        "volumeClaimPolicies",
     ),
     ("spec.template", ..., "spec.template: required field is missing"),
 ]
