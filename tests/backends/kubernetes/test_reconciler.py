@@ -680,12 +680,14 @@ CASES = [
         status={"conditions": [cond("Failed", "True", "RuntimeNotFound",
                                     "spec.runtimeRef.name: ClusterTrainingRuntime 'torch-distribute' not found; "
                                     "available: deepspeed-distributed, mpi-distributed, ray-distributed, "
-                                    "torch-distributed, torch-distributed-volcano (create the runtime, then create the "
-                                    "TrainJob again)")]},
+                                    "torch-distributed, torch-distributed-volcano, torchtune-llama3.2-1b, "
+                                    "torchtune-llama3.2-3b, torchtune-qwen2.5-1.5b (create the runtime, then create "
+                                    "the TrainJob again)")]},
         events=[("Warning", "RuntimeNotFound",
                  "spec.runtimeRef.name: ClusterTrainingRuntime 'torch-distribute' not found; available: "
                  "deepspeed-distributed, mpi-distributed, ray-distributed, torch-distributed, "
-                 "torch-distributed-volcano (create the runtime, then create the TrainJob again)")],
+                 "torch-distributed-volcano, torchtune-llama3.2-1b, torchtune-llama3.2-3b, torchtune-qwen2.5-1.5b "
+                 "(create the runtime, then create the TrainJob again)")],
         then=no_jobset,
     ),
     Case(

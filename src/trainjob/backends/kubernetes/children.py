@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from trainjob.api import TrainJob, resource_from_dict
@@ -190,7 +191,7 @@ class Children:
         """Render and create the job's objects; the JobSet, or ``None`` when the job cannot run (it is failed
         then)."""
         try:
-            objects, limits_set, launch = render(job, snapshot, self.initializer_image, self._initializer_env())
+            objects, limits_set, launch = render(job, snapshot, self.initializer_image, self._initializer_env)
         except ValidationError as exc:
             self.writer.fail(job, status, "InvalidTrainJob", f"{exc} (fix the TrainJob and create it again)", now)
             return None
@@ -281,11 +282,12 @@ class Children:
 
 
 def render(job: dict[str, Any], snapshot: dict[str, Any], initializer_image: str | None = None,
-           initializer_env: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], list[str], LaunchValues]:
+           initializer_env: Callable[[], dict[str, str]] | None = None,
+           ) -> tuple[list[dict[str, Any]], list[str], LaunchValues]:
     """The objects the runtime framework renders for ``job`` from ``snapshot`` (PodGroup first, then JobSet), owned
     by the job; the extended-resource limits it had to set; the launch values the job resolved to.
-    ``initializer_image``: Kubeflow's initializer images run as trainjob's, from it; ``initializer_env``: the
-    cluster's settings for every initializer (:mod:`.initializer_pods`)."""
+    ``initializer_image``: Kubeflow's initializer images run as trainjob's, from it; ``initializer_env``: what
+    gives the cluster's settings for every initializer, asked only for a job that has one (:mod:`.initializer_pods`)."""
     meta = job["metadata"]
     model = TrainJob.from_dict({
         "apiVersion": TRAINJOBS.api_version,

@@ -25,6 +25,7 @@ var of the initializer containers that do not set it themselves.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainjob.initializers.__main__ import REFUSED_EXIT_CODE
@@ -41,10 +42,12 @@ def initializer_image(environ: dict[str, str] | None = None) -> str | None:
 
 
 def use_trainjob_initializers(jobset: dict[str, Any], image: str | None,
-                              defaults: dict[str, str] | None = None) -> list[str]:
+                              defaults: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None) -> list[str]:
     """Point ``jobset``'s Kubeflow initializer containers at trainjob's and give them ``defaults`` as env where
-    they set none (see the module); the names of the replicated jobs changed."""
+    they set none (see the module); the names of the replicated jobs changed. ``defaults`` may be a function,
+    called only when the JobSet has an initializer (the operator reads a ConfigMap for it)."""
     changed = []
+    settings: Mapping[str, str] | None = None if callable(defaults) else defaults
     for replicated in (jobset.get("spec") or {}).get("replicatedJobs") or []:
         job_spec = (replicated.get("template") or {}).get("spec") or {}
         pod = (job_spec.get("template") or {}).get("spec") or {}
@@ -53,10 +56,12 @@ def use_trainjob_initializers(jobset: dict[str, Any], image: str | None,
             kind = kubeflow_initializer_kind(container.get("image") or "")
             if not kind:
                 continue
-            if defaults:
+            if settings is None and callable(defaults):
+                settings = defaults()
+            if settings:
                 have = {e.get("name") for e in container.get("env") or []}
                 container.setdefault("env", []).extend(
-                    {"name": k, "value": v} for k, v in sorted(defaults.items()) if k not in have)
+                    {"name": k, "value": v} for k, v in sorted(settings.items()) if k not in have)
             if not image:
                 continue
             container["image"] = image

@@ -63,6 +63,8 @@ class StepProcessSpec:
 
 def steps_before_trainer(plan: Plan) -> list[PodSet]:
     """The pod sets to run before the trainer, dependencies first; ``ValidationError`` for what cannot run here."""
+    from trainjob.api.errors import quote
+
     trainer = plan.trainer()
     by_name = {p.name: p for p in plan.pod_sets}
     ordered: list[PodSet] = []
@@ -70,13 +72,13 @@ def steps_before_trainer(plan: Plan) -> list[PodSet]:
     def visit(pod_set: PodSet, path: str, seen: tuple[str, ...]) -> None:
         for index, dependency in enumerate(pod_set.depends_on):
             where = f"{path}.dependsOn[{index}]"
-            name = dependency.get("name")
-            if name not in by_name or name in seen:
-                raise ValidationError(f"{where}.name", f"no replicated job {name!r} to wait for (or a cycle); "
+            name = dependency.get("name") if isinstance(dependency, dict) else None
+            if not isinstance(name, str) or name not in by_name or name in seen:
+                raise ValidationError(f"{where}.name", f"no replicated job {quote(name)} to wait for (or a cycle); "
                                       f"replicated jobs: {', '.join(by_name)}")
-            status = dependency.get("status", "Complete")
+            status = dependency.get("status", "Complete")  # type: ignore[union-attr]
             if status != "Complete":
-                raise ValidationError(f"{where}.status", f"{status!r} (start once {name}'s pods are ready) is not "
+                raise ValidationError(f"{where}.status", f"{quote(status)} (start once {name}'s pods are ready) is not "
                                       "supported on this machine, where steps run one after another; use "
                                       "'Complete', or run the job on Kubernetes")
             other = by_name[name]
