@@ -276,6 +276,32 @@ def test_a_connection_dropped_every_time_fails_leaving_no_file_under_its_name(
     assert len(gets) == 6 * run.ATTEMPTS  # the client's own six tries, in each of the run's attempts
 
 
+def test_a_file_whose_bytes_differ_from_its_sha256_is_fetched_again(
+    hub: HubServer, model_dir: Path, tmp_path: Path, no_sleeps: list[float]
+) -> None:
+    hub.corrupt("model.safetensors", times=1)
+    outcome = initialize(hf_config("model", hub, tmp_path / "ws" / "model"), quiet)
+
+    assert files_under(outcome.target) == model_files(model_dir)
+    assert len([p for p in file_gets(hub) if p.endswith("model.safetensors")]) == 2
+
+
+def test_a_file_corrupted_every_time_fails_naming_the_checksums_and_keeps_nothing(
+    hub: HubServer, tmp_path: Path, no_sleeps: list[float]
+) -> None:
+    hub.corrupt("model.safetensors", times=100)
+    target = tmp_path / "ws" / "model"
+
+    with pytest.raises(DownloadError) as caught:
+        initialize(hf_config("model", hub, target), quiet)
+
+    assert "model.safetensors has sha256" in str(caught.value)
+    assert "the source lists" in str(caught.value)
+    assert not target.exists()
+    assert not list((tmp_path / "ws").rglob("model.safetensors"))  # the bad bytes are never kept
+    assert len([p for p in file_gets(hub) if p.endswith("model.safetensors")]) == run.ATTEMPTS
+
+
 def test_a_stopped_download_resumes_fetching_only_what_is_missing(
     hub: HubServer, model_dir: Path, tmp_path: Path, no_sleeps: list[float]
 ) -> None:

@@ -45,8 +45,8 @@ BACKOFF_SECONDS = 1.0
 
 
 class Source(Protocol):
-    #: Whether :meth:`fetch` checks each file's checksum itself (else the run does, once all are there).
-    verifies_files: bool
+    """A remote folder: :meth:`list` names its files (sizes, checksums, version); :meth:`fetch` brings them into a
+    staging folder, each one's size and checksum checked as it lands."""
 
     def list(self) -> Listing: ...
     def fetch(self, listing: Listing, staging: Path) -> None: ...
@@ -134,8 +134,7 @@ def _download(source: Source, listing: Listing, staging: Path, progress: Progres
     where = config.where()
     try:
         with progress.watching(staging, listing):
-            checksums = not source.verifies_files
-            _attempts(lambda: (source.fetch(listing, staging), verify_tree(staging, listing, where, checksums)), say)
+            _attempts(lambda: (source.fetch(listing, staging), verify_tree(staging, listing, where)), say)
     except OSError as exc:
         if is_disk_full(exc):
             remove_tree(staging)

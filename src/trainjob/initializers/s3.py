@@ -36,9 +36,6 @@ DEFAULT_REGION = "us-east-1"
 class S3Source:
     """A prefix of an S3 bucket: :meth:`list` it, then :meth:`fetch` a listing of it into a folder."""
 
-    #: :meth:`fetch` checks every file's checksum itself (the run checks sizes only afterwards).
-    verifies_files = True
-
     def __init__(self, config: InitializerConfig) -> None:
         self.config = config
         self.bucket = config.source.bucket

@@ -97,24 +97,15 @@ def is_verified(path: Path, remote: RemoteFile) -> bool:
         return False
 
 
-#: Files checked at once (hashing releases the GIL: the cores share the work).
-VERIFY_THREADS = 8
-
-
-def verify_tree(staging: Path, listing: Listing, where: str, checksums: bool = True) -> None:
-    """Every listed file is in ``staging`` with its size and (``checksums``, for a source that did not check
-    each file itself) its checksum; the Hub client's bookkeeping is removed."""
-    from concurrent.futures import ThreadPoolExecutor
-
+def verify_tree(staging: Path, listing: Listing, where: str) -> None:
+    """Every listed file is in ``staging`` with its size (the sources check each file's checksum as it lands); the
+    Hub client's bookkeeping is removed."""
     shutil.rmtree(staging / HUB_METADATA_DIR, ignore_errors=True)
     for remote in listing.files:
         path = staging / remote.path
         if not path.is_file() or path.stat().st_size != remote.size:
             raise DownloadError(f"{where}: {remote.path} is missing or incomplete after the download",
                                 retryable=True)
-    if checksums:
-        with ThreadPoolExecutor(max_workers=VERIFY_THREADS, thread_name_prefix="verify") as pool:
-            list(pool.map(lambda remote: verify_file(staging / remote.path, remote, where), listing.files))
 
 
 def disk_full_error(exc: OSError, staging: Path, listing: Listing, where: str) -> DownloadError:

@@ -109,6 +109,7 @@ class _Drop:
     suffix: str
     nbytes: int
     times: int
+    corrupt: bool = False  # send every byte, the first one changed, instead of cutting the body short
 
 
 class _Server(ThreadingHTTPServer):
@@ -259,10 +260,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if not body:
             return status
-        cut = hub._take_drop(filename)
-        if cut is None:
-            _write_paced(self.wfile, blob.data[start:end], hub.bytes_per_second)
+        drop = hub._take_drop(filename)
+        if drop is None or drop.corrupt:
+            data = blob.data[start:end]
+            if drop is not None and data:
+                data = bytes([data[0] ^ 0xFF]) + data[1:]
+            _write_paced(self.wfile, data, hub.bytes_per_second)
             return status
+        cut = drop.nbytes
         # Headers promised end - start bytes; send fewer and close, as a broken transfer would.
         self.wfile.write(blob.data[start : min(end, start + cut)])
         self.wfile.flush()
@@ -442,6 +447,12 @@ class HubServer:
         with self._lock:
             self._drops.append(_Drop(path_suffix, nbytes, times))
 
+    def corrupt(self, path_suffix: str, times: int = 1) -> None:
+        """The next ``times`` GETs of a file whose name ends with ``path_suffix`` send a body of the right length
+        whose first byte is changed, as a bad cache or proxy on the way would (the listing's sha256 is unchanged)."""
+        with self._lock:
+            self._drops.append(_Drop(path_suffix, 0, times, corrupt=True))
+
     def stop(self) -> None:
         """Stop serving, close open connections and join the threads."""
         if not self._thread.is_alive():
@@ -472,12 +483,12 @@ class HubServer:
             )
         return repo, commit
 
-    def _take_drop(self, filename: str) -> int | None:
+    def _take_drop(self, filename: str) -> _Drop | None:
         with self._lock:
             for drop in self._drops:
                 if drop.times > 0 and filename.endswith(drop.suffix):
                     drop.times -= 1
-                    return drop.nbytes
+                    return drop
         return None
 
     def _record(self, served: Served) -> None:
