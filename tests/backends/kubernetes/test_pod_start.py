@@ -302,12 +302,15 @@ def test_the_cache_keeps_a_child_jobs_counts_only_and_forgets_it_when_deleted() 
     kept = cache.get(JOBS, NS, f"{NAME}-node-0")
     assert kept == {"metadata": {"name": f"{NAME}-node-0", "namespace": NS, "uid": "j1", "resourceVersion": "1",
                                  "labels": {JOBSET_NAME_LABEL: NAME, REPLICATED_JOB_LABEL: "node"}},
-                    "status": {"active": 8, "ready": 5}}
+                    "status": {"active": 8, "ready": 5, "terminating": 0}}
     assert cache.pod_counts(NS, NAME) == {"node": (8, 5), "launcher": (2, 2)}
-    cache.observe(JOBS, child_job(3, active=4, rv=2, succeeded=4))  # pods made and up include the finished ones
+    assert cache.terminating(NS, NAME) == 0
+    cache.observe(JOBS, {**child_job(5, active=7, rv=2), "status": {"active": 7, "ready": 5, "terminating": 1}})
+    assert cache.terminating(NS, NAME) == 1  # a pod being deleted: the operator looks for a disruption
+    cache.observe(JOBS, child_job(3, active=4, rv=3, succeeded=4))  # pods made and up include the finished ones
     assert cache.pod_counts(NS, NAME)["node"] == (8, 7)
     assert cache.pod_counts(NS, "other") == {} and cache.pod_counts("elsewhere", NAME) == {}
     cache.observe(JOBS, child_job(4, active=8, rv=0))  # an older event than what the cache has: ignored
     assert cache.pod_counts(NS, NAME)["node"] == (8, 7)
-    cache.observe(JOBS, child_job(8, active=8, rv=3), deleted=True)
+    cache.observe(JOBS, child_job(8, active=8, rv=4), deleted=True)
     assert cache.pod_counts(NS, NAME) == {"launcher": (2, 2)} and cache.get(JOBS, NS, f"{NAME}-node-0") is None

@@ -160,6 +160,19 @@ def pod_runs(node: int, phase: str, log: str = "", terminated: dict[str, Any] | 
     return step
 
 
+def evicted(node: int) -> Step:
+    """The Eviction API marks the pod of trainer node ``node`` ``DisruptionTarget`` and starts deleting it."""
+
+    def step(world: World) -> None:
+        pod = world.api.pods[(NS, f"{NAME}-node-0-{node}-x{node}")]
+        pod["metadata"]["deletionTimestamp"] = timestamp(world.clock())
+        pod["status"].setdefault("conditions", []).append({
+            "type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+            "message": "Eviction API: evicting", "lastTransitionTime": timestamp(world.clock())})
+
+    return step
+
+
 def user_patches(patch: dict[str, Any]) -> Step:
     """Someone merge-patches the TrainJob (``kubectl patch --type=merge``)."""
 
@@ -346,6 +359,16 @@ def jobset_suspend_is(value: bool) -> Callable[[World], None]:
         assert jobset is not None and jobset["spec"]["suspend"] is value
 
     return check
+
+
+def the_pods_are_marked(world: World, reasons: dict[int, str | None]) -> None:
+    """Trainer node ``i``'s pod has a ``DisruptionTarget=True`` condition of reason ``reasons[i]`` (``None``: no
+    such condition); a node not named has no pod any more."""
+    for (_, name), pod in world.api.pods.items():
+        node = int(name.rsplit("-x", 1)[1])
+        marks = [c for c in pod["status"].get("conditions") or [] if c["type"] == "DisruptionTarget"]
+        assert node in reasons, f"pod {name} should be gone"
+        assert [c["reason"] for c in marks] == ([reasons[node]] if reasons[node] else []), name
 
 
 def no_jobset(world: World) -> None:
@@ -606,9 +629,38 @@ CASES = [
         trainjob(),
         before=[first_pass, user_patches({"spec": {"suspend": True}})],
         later=30,
-        requests=[patch("jobsets"), PATCH_STATUS],
+        # its pods listed before and after the JobSet is suspended, to be marked (it has none yet)
+        requests=[LIST_PODS, patch("jobsets"), LIST_PODS, PATCH_STATUS],
         status={"conditions": [cond("Suspended", "True", "Suspended", "TrainJob is suspended", at=30)]},
         then=jobset_suspend_is(True),
+    ),
+    Case(
+        "suspending-marks-the-running-pods-disruption-targets-before-the-jobset-stops-them",
+        trainjob(),
+        before=[first_pass, RUNNING_JOBSET, pod_runs(0, "Running"), pod_runs(1, "Running"), pod_runs(2, "Failed"),
+                user_patches({"spec": {"suspend": True}})],
+        later=30,
+        requests=[LIST_PODS, patch("pods/status", f"{NS}/{NAME}-node-0-0-x0"),
+                  patch("pods/status", f"{NS}/{NAME}-node-0-1-x1"), patch("jobsets"), LIST_PODS, PATCH_STATUS],
+        status={"conditions": [cond("Suspended", "True", "Suspended", "TrainJob is suspended", at=30)],
+                "jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"]},
+        then=lambda world: the_pods_are_marked(world, {0: "TrainJobSuspended", 1: "TrainJobSuspended", 2: None}),
+    ),
+    Case(
+        "an-evicted-pod-takes-the-other-running-pods-of-its-group-down-with-it",
+        trainjob(),
+        before=[first_pass, RUNNING_JOBSET, pod_runs(0, "Running", PROGRESS_LOG), pod_runs(1, "Running"),
+                at(60), evicted(1)],
+        later=61,
+        requests=[LIST_PODS, patch("pods/status", f"{NS}/{NAME}-node-0-0-x0"),
+                  delete("pods", f"{NS}/{NAME}-node-0-0-x0"), EVENT, LIST_PODS, PATCH_STATUS],
+        status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"]},
+        events=[("Warning", "Disrupted", Text(
+            f"pod {NAME}-node-0-1-x1 was evicted (the Eviction API: a drain, or a disruption budget's controller); "
+            f"stopping the other 1 pod(s) of its node group ({NAME}-node-0-0-x0) so that it restarts together",
+            "a disruption does not count against maxRestarts"))],
+        again_in=10.0,
+        then=lambda world: the_pods_are_marked(world, {1: "EvictionByEvictionAPI"}),
     ),
     Case(
         "resuming-a-suspended-job-resumes-its-jobset-and-removes-suspended",

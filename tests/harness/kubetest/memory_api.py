@@ -32,6 +32,7 @@ from trainjob.backends.kubernetes.cache import ObjectCache
 from trainjob.backends.kubernetes.kubeapi import ApiError, KubeApi
 from trainjob.backends.kubernetes.resources import (
     CRDS,
+    JOBSET_NAME_LABEL,
     PODS,
     PYTORCHJOBS,
     RENDERED_RESOURCES,
@@ -275,6 +276,16 @@ class MemoryApi(KubeApi):
         pod["metadata"].setdefault("annotations", {}).update(annotations)
         return True
 
+    def add_pod_condition(self, namespace: str, name: str, condition: dict[str, Any]) -> bool:
+        """The condition set by type, the others kept (as the strategic merge patch of ``pods/status`` does)."""
+        self._record("patch", "pods/status", f"{namespace}/{name}")
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            return False
+        conditions = pod.setdefault("status", {}).setdefault("conditions", [])
+        conditions[:] = [c for c in conditions if c.get("type") != condition["type"]] + [copy.deepcopy(condition)]
+        return True
+
     def add_ephemeral_container(self, namespace: str, name: str, container: dict[str, Any]) -> bool:
         """Added to the pod's ``spec.ephemeralContainers`` (by name, as the strategic merge patch does); no kubelet
         here runs it."""
@@ -455,6 +466,12 @@ class SyncedWatchCache(ObjectCache):
 
     def store(self, ref: ResourceRef, obj: dict[str, Any] | None) -> None:
         """Nothing to do: the store is the truth."""
+
+    def terminating(self, namespace: str, jobset: str) -> int:
+        """The pods of the JobSet being deleted (what its child Jobs' ``terminating`` would count)."""
+        return sum(1 for (ns, _), pod in self.api.pods.items() if ns == namespace
+                   and (pod["metadata"].get("labels") or {}).get(JOBSET_NAME_LABEL) == jobset
+                   and pod["metadata"].get("deletionTimestamp"))
 
     def last_deleted(self, ref: ResourceRef, namespace: str | None, name: str) -> dict[str, Any] | None:
         if self.api.stored(ref, namespace, name) is not None:

@@ -51,8 +51,9 @@ if TYPE_CHECKING:
 Key = tuple[str, str, str]  # (plural.group, namespace or "", name)
 #: The kinds the operator watches and reads from its cache.
 WATCHED = (TRAINJOBS, JOBSETS, CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, JOBS)
-#: What is kept of a child Job's status: how many of its pods are active (not finished), ready, done.
-JOB_COUNTS = ("active", "ready", "succeeded", "failed")
+#: What is kept of a child Job's status: how many of its pods are active (not finished), ready, done, and being
+#: deleted (``terminating``: a disruption, :mod:`.disruptions`).
+JOB_COUNTS = ("active", "ready", "succeeded", "failed", "terminating")
 #: How many deleted objects are remembered (for a JobSet's snapshot, and to drop late events about them).
 DELETED_KEPT = 10_000
 
@@ -164,6 +165,12 @@ class ObjectCache:
                 made, up = counts.get(name, (0, 0))
                 counts[name] = (made + (status.get("active") or 0) + done, up + (status.get("ready") or 0) + done)
         return counts
+
+    def terminating(self, namespace: str, jobset: str) -> int:
+        """How many pods of JobSet ``namespace/jobset``'s child Jobs are being deleted (their ``terminating``)."""
+        with self._lock:
+            return sum(int(self._objects[key]["status"].get("terminating") or 0)
+                       for key in self._children.get((namespace, jobset), ()))
 
     def holds(self, ref: ResourceRef, obj: dict[str, Any]) -> bool:
         """Whether the cache has this very version of ``obj`` already (the answer to one of our own writes, whose

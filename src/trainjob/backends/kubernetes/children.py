@@ -26,6 +26,7 @@ from typing import Any
 
 from trainjob.api import TrainJob, resource_from_dict
 from trainjob.backends.kubernetes.cache import CachedReads
+from trainjob.backends.kubernetes.disruptions import Disruptions
 from trainjob.backends.kubernetes.initializer_pods import (
     DEFAULTS_CONFIGMAP,
     initializer_image,
@@ -82,6 +83,8 @@ class Children:
             api, status_endpoint.ca_pem, status_endpoint.ca_owner)
         #: The image Kubeflow's initializer images run as (:mod:`.initializer_pods`); ``None``: left as named.
         self.initializer_image = initializer_image()
+        #: marks the pods a suspension stops, so that no exit of theirs fails the job (:mod:`.disruptions`)
+        self.disruptions = Disruptions(api)
 
     def _initializer_env(self) -> dict[str, str]:
         """The data of ConfigMap :data:`~.initializer_pods.DEFAULTS_CONFIGMAP` (none: no settings)."""
@@ -107,7 +110,7 @@ class Children:
             return None, None
         if jobset is not None:
             self.events.announce_if_missed(job, status, jobset)
-            return self._suspended_as_the_job(job, jobset), None
+            return self._suspended_as_the_job(job, jobset, now), None
         if status.get("jobsStatus"):  # it existed: someone else deleted it
             self.api.post_event(job, "Warning", "JobSetRecreated",
                                 f"JobSet {name!r} was deleted by someone else; creating it again (training restarts, "
@@ -120,18 +123,25 @@ class Children:
             return None, 1.0 if left_by_a_namesake(jobset) else 0.0
         return jobset, None
 
-    def _suspended_as_the_job(self, job: dict[str, Any], jobset: dict[str, Any]) -> dict[str, Any]:
-        """Mirror ``spec.suspend`` to the JobSet; a resumed one also gets the templates its admission chose."""
+    def _suspended_as_the_job(self, job: dict[str, Any], jobset: dict[str, Any], now: float) -> dict[str, Any]:
+        """Mirror ``spec.suspend`` to the JobSet; a resumed one also gets the templates its admission chose. The
+        pods a suspension stops are marked ``DisruptionTarget`` first, and once more after (a pod made meanwhile),
+        so that no exit code of theirs fails the job (:mod:`.disruptions`)."""
         suspend = bool((job.get("spec") or {}).get("suspend"))
         if bool((jobset.get("spec") or {}).get("suspend")) == suspend:
             return jobset
+        if suspend:
+            self.disruptions.before_suspend(job, now)
         change: dict[str, Any] = {"suspend": suspend}
         if not suspend:  # resumed: admitted (Kueue) with the node selectors and tolerations it chose
             templates = self.admitted_templates(job, jobset)
             if templates is not None:
                 change["replicatedJobs"] = templates
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-        return self.reads.stored(JOBSETS, self.api.patch(JOBSETS, namespace, name, {"spec": change})) or jobset
+        stored = self.reads.stored(JOBSETS, self.api.patch(JOBSETS, namespace, name, {"spec": change})) or jobset
+        if suspend:
+            self.disruptions.before_suspend(job, now)
+        return stored
 
     def snapshot(self, job: dict[str, Any], status: dict[str, Any], now: float) -> dict[str, Any] | None:
         """The runtime snapshot to build the job's JobSet from: the signed one the job's deleted JobSet carried (or

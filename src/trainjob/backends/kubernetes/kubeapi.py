@@ -191,6 +191,14 @@ class KubeApi:
         return self._call("POST", path_of(PODS, namespace, name, "eviction"), f"evict pod {name}", body=body,
                           gone=(404,)) is not _GONE
 
+    def add_pod_condition(self, namespace: str, name: str, condition: dict[str, Any]) -> bool:
+        """Set one condition of a pod's status (a strategic merge patch of ``pods/status``: the conditions merge
+        by type, the others stay), as Kubernetes' components mark ``DisruptionTarget``; ``False`` when the pod is
+        gone."""
+        return self._call("PATCH", path_of(PODS, namespace, name, "status"), f"set condition {condition['type']} "
+                          f"of pod {name}", body={"status": {"conditions": [condition]}},
+                          content_type=STRATEGIC_MERGE_PATCH, gone=(404,)) is not _GONE
+
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> bool:
         """Set annotations of a pod (a merge patch of its metadata); ``False`` when it is gone."""
         return self._call("PATCH", path_of(PODS, namespace, name), f"annotate pod {name}",

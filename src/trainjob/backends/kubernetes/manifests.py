@@ -117,6 +117,9 @@ def rbac() -> list[dict[str, Any]]:
         # A stalled job's node group restarted (trainjob/stall-action: restart): its pods evicted, so the Job
         # controller replaces them as it does preempted ones.
         {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+        # The pods a suspension stops, and the peers of a disrupted pod, are marked DisruptionTarget (their status)
+        # so that their exits never fail the job; the peers are then deleted (:mod:`.disruptions`).
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
         # PyTorchJobs (kubeflow.org/v1): whether their CRD is trainjob's, the jobs (delete: their TTL), their
         # status, and the pods and headless services the operator runs them with.
         {"apiGroups": [CRDS.group], "resources": [CRDS.plural], "verbs": ["get"],

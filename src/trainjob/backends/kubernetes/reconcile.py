@@ -21,10 +21,13 @@ only saves requests or times a stall: a restarted operator, or the replica that 
    restarts of the node group become ``Restarting`` events (:mod:`.job_events`); past ``activeDeadlineSeconds``
    the job fails and its JobSet is deleted; so does a job whose pods cannot start (an image that cannot be
    pulled, a container that cannot be created) past a grace (:mod:`.pod_start`);
-4. a running job is watched for stalls (:mod:`.stall_watch`); its progress, pushed to the status endpoint
+4. a pod of a running group that Kubernetes disrupted (evicted, preempted, its node gone) takes the group's other
+   pods down with it, so that it restarts together and uncounted (:mod:`.disruptions`); a suspension marks the pods
+   it stops first (:mod:`.children`);
+5. a running job is watched for stalls (:mod:`.stall_watch`); its progress, pushed to the status endpoint
    (:mod:`.status_server`), is read from node 0's log when there is none, and an elastic job's pod logs are read
    every :data:`~.progress.RESYNC_SECONDS` for ``Resized`` events (:mod:`.progress`);
-5. the status is written as a merge patch, pod-count bursts settled into one write (:mod:`.status_writer`).
+6. the status is written as a merge patch, pod-count bursts settled into one write (:mod:`.status_writer`).
 
 A job that cannot run (unknown runtime, invalid spec) gets ``Failed`` with the reason, a message naming the field
 and what to change, and a ``Warning`` Event.
@@ -86,6 +89,8 @@ class Reconciler:
         self.children = Children(api, signer, self.reads, self.writer, self.events, status_endpoint)
         self.stalls = StallWatch(api, self.reads, self.writer, collective_reports)
         self.pod_starts = PodStartWatch(api, self.writer, cache.pod_counts if cache is not None else None)
+        #: pods being deleted per JobSet, from the watched child Jobs: when to look for a disrupted pod
+        self.terminating = cache.terminating if cache is not None else None
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """One pass over TrainJob ``namespace/name``; returns seconds until the next pass is due, if any."""
@@ -116,6 +121,8 @@ class Reconciler:
         else:
             self.pod_starts.forget(namespace, name)
         running = not suspend and _trainer_started(jobset, trainer)
+        if running and st.finished_condition(new) is None and self._disrupting(namespace, name, jobset, trainer):
+            self.children.disruptions.spread(job, jobset, now)  # the group restarts together, uncounted
         if running and st.finished_condition(new) is None:
             stall_in = self.stalls.watch(job, status, new, jobset, now)
             if stall_in is not None and stall_in <= 0:
@@ -135,6 +142,12 @@ class Reconciler:
             self._forget(namespace, name)
             return self._expire({**job, "status": new}, now)
         return remaining if suspend or not polled else _sooner(remaining, progress.RESYNC_SECONDS)
+
+    def _disrupting(self, namespace: str, name: str, jobset: dict[str, Any], trainer: str) -> bool:
+        """Whether a pod of a static (non-elastic) trainer group is being deleted: then a disruption may have to
+        take its peers down with it (:mod:`.disruptions`). Read from the watched Jobs; never without a cache."""
+        return self.terminating is not None and self.terminating(namespace, name) > 0 \
+            and not progress.is_elastic(jobset, trainer)
 
     def _forget(self, namespace: str, name: str) -> None:
         """Drop what this process remembered of a job that finished or went."""
