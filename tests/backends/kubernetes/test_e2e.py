@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import datetime
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from kubetest.cluster import TrainJobCluster, mount_shared_folders, no_retries, 
 from trainjob.backends.kubernetes.resources import (
     CLUSTER_TRAINING_RUNTIMES,
     JOBSETS,
+    PODS,
     RUNTIME_SNAPSHOT_ANNOTATION,
     TRAINJOBS,
 )
@@ -111,28 +113,138 @@ def test_a_rank_that_raises_fails_the_job_with_its_exception(k8s: TrainJobCluste
     assert message.startswith("node-1 rank 1: NameError: name 'undefined_learning_rate' is not defined"), message
 
 
-def test_suspend_stops_the_pods_and_resume_runs_them_again(k8s: TrainJobCluster, namespace: str) -> None:
-    k8s.create_job("pausing", namespace, trainer=cpu_trainer(2, "--steps", "400", "--step-seconds", "0.5"))
-    wait_for(
-        lambda: len([p for p in k8s.pods("pausing", namespace) if p["status"].get("phase") == "Running"]) == 2,
-        120,
-        "two running pods",
-    )
-    k8s.api.patch(TRAINJOBS, namespace, "pausing", {"spec": {"suspend": True}})
-    k8s.wait_for_condition("pausing", "Suspended", namespace=namespace, timeout=60)
-    wait_for(lambda: not k8s.pods("pausing", namespace), 60, "the pods of the suspended job to be gone")
-    assert k8s.jobset("pausing", namespace)["spec"]["suspend"] is True
+#: A finalizer of the tests': a pod the suspension stopped stays in the API, Failed with its exit code, until the
+#: test lets it go, as the Job controller sees it under load (the kubelet's final delete comes late).
+HOLD = "trainjob.test/hold"
 
-    k8s.api.patch(TRAINJOBS, namespace, "pausing", {"spec": {"suspend": False}})
-    # Resumed, the job carries no condition again: what the Kubeflow SDK needs to report it Running.
-    wait_for(lambda: not (k8s.job("pausing", namespace).get("status") or {}).get("conditions"), 60,
-             "the Suspended condition to be removed")
-    wait_for(
-        lambda: len([p for p in k8s.pods("pausing", namespace) if p["status"].get("phase") == "Running"]) == 2,
-        120,
-        "the pods to run again",
-    )
+
+def _step(checkpoint: Path) -> int:
+    """The step the job's rank 0 last checkpointed (``ddp_script.py --checkpoint``)."""
+    path = checkpoint / "step"
+    return int(path.read_text() or 0) if path.exists() else 0
+
+
+def _running_pods(k8s: TrainJobCluster, job: str, namespace: str) -> list[dict[str, Any]]:
+    return [p for p in k8s.pods(job, namespace) if p["status"].get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")]
+
+
+def _exit_code(pod: dict[str, Any]) -> int | None:
+    for status in pod["status"].get("containerStatuses") or []:
+        terminated = (status.get("state") or {}).get("terminated")
+        if terminated:
+            return int(terminated["exitCode"])
+    return None
+
+
+def _resumed_at(k8s: TrainJobCluster, job: str, namespace: str) -> int | None:
+    """The step rank 0 of the job's running pods said it resumes at, if it did."""
+    for text in pod_logs(k8s, job, namespace).values():
+        for line in text.splitlines():
+            if "rank 0 resumes at step" in line:
+                return int(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _release(k8s: TrainJobCluster, job: str, namespace: str) -> None:
+    for pod in k8s.pods(job, namespace):
+        if HOLD in (pod["metadata"].get("finalizers") or []):
+            k8s.api.patch(PODS, namespace, pod["metadata"]["name"], {"metadata": {"finalizers": None}})
+
+
+def test_suspending_torchrun_never_fails_the_job_and_each_resume_continues_from_the_checkpoint(
+    k8s: TrainJobCluster, namespace: str, workdir: Path
+) -> None:
+    """torchrun on the built-in runtime (whose podFailurePolicy fails the Job on exit code 1), suspended and resumed
+    ``TRAINJOB_SUSPEND_ROUNDS`` times (default 2). torchrun exits 1 on the SIGTERM a suspension sends; each pod is
+    held by a finalizer once stopped, so the Job controller sees it Failed with that code, as it did under load
+    when the job failed. The operator marks the pods ``DisruptionTarget`` before it suspends the JobSet, so the
+    runtime's policy ignores them: Suspended each round, never Failed, and each resume goes on past its step."""
+    rounds = int(os.environ.get("TRAINJOB_SUSPEND_ROUNDS", "2"))
+    checkpoint = workdir / "ckpt"
+    k8s.create_job("pausing", namespace, trainer=cpu_trainer(
+        2, "--steps", "100000", "--step-seconds", "0.2", "--checkpoint", str(checkpoint)))
+    seen: list[dict[str, Any]] = []
+    try:
+        for round_ in range(1, rounds + 1):
+            previous = _step(checkpoint)
+            wait_for(lambda: len(_running_pods(k8s, "pausing", namespace)) == 2, 180, f"round {round_}: two "
+                     "running pods", every=0.5)
+            wait_for(lambda since=previous: _step(checkpoint) >= since + 3, 120,  # type: ignore[misc]
+                     f"round {round_}: 3 steps past {previous}", every=0.5)
+            resumed_at = _resumed_at(k8s, "pausing", namespace) or 0
+            for pod in k8s.pods("pausing", namespace):
+                k8s.api.patch(PODS, namespace, pod["metadata"]["name"], {"metadata": {"finalizers": [HOLD]}})
+            before = _step(checkpoint)
+            k8s.api.patch(TRAINJOBS, namespace, "pausing", {"spec": {"suspend": True}})
+            k8s.wait_for_condition("pausing", "Suspended", namespace=namespace, timeout=90)
+            stopped = wait_for(lambda: (pods := k8s.pods("pausing", namespace)) and all(
+                p["status"].get("phase") in ("Failed", "Succeeded") for p in pods) and pods, 90,
+                f"round {round_}: the stopped pods held, finished")
+            codes = sorted(code for p in stopped if (code := _exit_code(p)) is not None)
+            marks = sorted({c.get("reason") for p in stopped for c in p["status"].get("conditions") or []
+                            if c["type"] == "DisruptionTarget"})
+            time.sleep(3)  # the Job controller syncs a finished pod within its 1 s batch period
+            job, jobset = k8s.job("pausing", namespace), k8s.jobset("pausing", namespace) or {}
+            failed = [c for c in (job.get("status") or {}).get("conditions") or [] if c["type"] == "Failed"]
+            jobset_failed = [c for c in (jobset.get("status") or {}).get("conditions") or []
+                             if c["type"] == "Failed" and c["status"] == "True"]
+            seen.append({"round": round_, "exit_codes": codes, "marks": marks, "step_before": before,
+                         "resumed_from": resumed_at, "trainjob_failed": failed, "jobset_failed": jobset_failed})
+            assert not failed and not jobset_failed, f"suspending failed the job: {seen}"
+            _release(k8s, "pausing", namespace)
+            wait_for(lambda: not k8s.pods("pausing", namespace), 90, f"round {round_}: the pods gone")
+            k8s.api.patch(TRAINJOBS, namespace, "pausing", {"spec": {"suspend": False}})
+            # resumed, the job carries no condition again: what the Kubeflow SDK needs to report it Running
+            wait_for(lambda: not (k8s.job("pausing", namespace).get("status") or {}).get("conditions"), 90,
+                     f"round {round_}: the Suspended condition removed (job status: "
+                     f"{k8s.job('pausing', namespace).get('status')})")
+        wait_for(lambda: len(_running_pods(k8s, "pausing", namespace)) == 2, 180, "the last resume running",
+                 every=0.5)
+        last = wait_for(lambda: _resumed_at(k8s, "pausing", namespace), 120, "the last resume's first line",
+                        every=1.0)
+        seen.append({"round": "after", "resumed_from": last, "step_before": last})
+    finally:
+        _release(k8s, "pausing", namespace)
+        print("suspend rounds:", json.dumps(seen))
+    rounds_seen = [r for r in seen if r["round"] != "after"]
+    assert all(1 in r["exit_codes"] for r in rounds_seen), f"torchrun no longer exits 1 on SIGTERM: {seen}"
+    assert all(r["marks"] == ["TrainJobSuspended"] for r in rounds_seen), seen
+    # each resume went on from the checkpoint the round before left (never from the start)
+    assert all(later["resumed_from"] >= earlier["step_before"] > 0
+               for earlier, later in zip(seen, seen[1:], strict=False)), seen
     k8s.api.delete(TRAINJOBS, namespace, "pausing")
+
+
+def test_an_evicted_pod_restarts_its_group_from_the_checkpoint_without_spending_a_restart(
+    k8s: TrainJobCluster, namespace: str, workdir: Path
+) -> None:
+    """One pod of a 2-node torchrun group evicted through the Eviction API (what ``kubectl drain`` does): its peer's
+    collectives would fail (exit 1, the code's failure) and fail the job; the operator stops the peer with it,
+    marked, so the group restarts together from its checkpoint, the JobSet's restarts untouched, and completes."""
+    checkpoint = workdir / "ckpt"
+    k8s.create_job("evicted", namespace, trainer=cpu_trainer(
+        2, "--steps", "40", "--step-seconds", "0.25", "--checkpoint", str(checkpoint)))
+    wait_for(lambda: len(_running_pods(k8s, "evicted", namespace)) == 2, 180, "two running pods", every=0.5)
+    wait_for(lambda: _step(checkpoint) >= 5, 120, "5 steps trained", every=0.5)
+    first = {p["metadata"]["uid"] for p in k8s.pods("evicted", namespace)}
+    victim = next(p for p in k8s.pods("evicted", namespace)
+                  if p["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index") == "1")
+    evicted_at = _step(checkpoint)
+    assert k8s.api.evict(namespace, victim["metadata"]["name"])
+    k8s.wait_for_condition("evicted", "Complete", namespace=namespace, timeout=300)
+    events = [(e.get("reason"), e.get("message")) for e in k8s.api.list_events(namespace, "evicted")]
+    disrupted = [m for r, m in events if r == "Disrupted"]
+    assert disrupted and f"pod {victim['metadata']['name']} was evicted" in disrupted[0], events
+    jobset = k8s.jobset("evicted", namespace)
+    if jobset is not None:
+        assert int((jobset.get("status") or {}).get("restarts") or 0) == 0, jobset.get("status")
+    logs = "\n".join(pod_logs(k8s, "evicted", namespace).values())
+    assert not first & {p["metadata"]["uid"] for p in k8s.pods("evicted", namespace)}, "both pods were replaced"
+    resumed = [int(line.rsplit(" ", 1)[1]) for line in logs.splitlines() if "rank 0 resumes at step" in line]
+    assert resumed and resumed[0] >= evicted_at, (evicted_at, logs[-2000:])
+    print("eviction:", json.dumps({"evicted_at_step": evicted_at, "resumed_at_step": resumed[0],
+                                   "disrupted_event": disrupted[0]}))
 
 
 def test_active_deadline_fails_the_job_and_stops_its_pods(k8s: TrainJobCluster, namespace: str) -> None:
