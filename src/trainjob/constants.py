@@ -89,6 +89,12 @@ CONVERTED_FROM_ANNOTATION = f"{ANNOTATION_PREFIX}converted-from"
 CONVERSION_WARNINGS_ANNOTATION = f"{ANNOTATION_PREFIX}conversion-warnings"
 #: The stall watch (:mod:`trainjob.backends.stall`): how long without progress is a stall, and what follows it.
 STALL_TIMEOUT_ANNOTATION = f"{ANNOTATION_PREFIX}stall-timeout"
+#: Restarts of a job's node group on the cluster, kept on the TrainJob by the operator: the JobSet's restarts it has
+#: reported as events (they count against ``maxRestarts``), those it made for a stall, and those after a disruption
+#: (a pod evicted, preempted or lost: not counted).
+RESTARTS_REPORTED_ANNOTATION = f"{ANNOTATION_PREFIX}restarts-reported"
+STALL_RESTARTS_ANNOTATION = f"{ANNOTATION_PREFIX}stall-restarts"
+DISRUPTIONS_ANNOTATION = f"{ANNOTATION_PREFIX}disruptions"
 STALL_ACTION_ANNOTATION = f"{ANNOTATION_PREFIX}stall-action"
 #: The stall watch's derived limit: this many times the longest interval between two reports, at least the floor.
 STALL_INTERVAL_FACTOR = 10.0

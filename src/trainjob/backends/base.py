@@ -24,7 +24,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainjob.backends.log_selection import select_nodes
-from trainjob.constants import FRAMEWORK_LABEL, TORCHTUNE_FRAMEWORK, TRAINER_CONTAINER, TRAINER_JOB
+from trainjob.constants import (
+    DISRUPTIONS_ANNOTATION,
+    FRAMEWORK_LABEL,
+    RESTARTS_REPORTED_ANNOTATION,
+    STALL_RESTARTS_ANNOTATION,
+    TORCHTUNE_FRAMEWORK,
+    TRAINER_CONTAINER,
+    TRAINER_JOB,
+)
 from trainjob.errors import BackendError, JobFailedError, ValidationError
 from trainjob.sdk import types
 
@@ -120,6 +128,19 @@ def wait_for_status(
                 f"TrainJob {name} is {job.status}, not {' or '.join(sorted(wanted))}, after {timeout:g} s"
             )
         time.sleep(min(check_every, left))
+
+
+def restarts_by_reason(annotations: Mapping[str, str] | None) -> dict[str, int]:
+    """How many times a job's node group restarted on the cluster, by why, from the operator's annotations on the
+    TrainJob: ``failure`` (the JobSet's restarts, against its ``maxRestarts``), ``stall`` (the stall watch's, against
+    the same budget), ``disruption`` (a pod evicted, preempted or lost: not counted against it)."""
+
+    def count(key: str) -> int:
+        value = str((annotations or {}).get(key) or "0")
+        return int(value) if value.isdigit() else 0
+
+    return {"failure": count(RESTARTS_REPORTED_ANNOTATION), "stall": count(STALL_RESTARTS_ANNOTATION),
+            "disruption": count(DISRUPTIONS_ANNOTATION)}
 
 
 def runtime_view(runtime: Mapping[str, Any]) -> types.Runtime:

@@ -13,6 +13,7 @@ import shlex
 from datetime import UTC, datetime
 from typing import Any
 
+from trainjob.backends.base import restarts_by_reason
 from trainjob.cli.jobs_format import human_duration, job_duration, progress_text, table
 from trainjob.constants import RUNTIME_SNAPSHOT_ANNOTATION
 from trainjob.sdk import types
@@ -45,7 +46,7 @@ def describe_job(client: Any, name: str, now: datetime | None = None) -> str:
         _field("Started", _when(job.start_time)),
         _field("Finished", _when(job.completion_time)),
         _field("Duration", human_duration(job_duration(job, now))),
-        _field("Restarts", str(job.restarts)),
+        _field("Restarts", _restarts(job)),
         _field("Progress", progress_text(job.progress)),
     ]
     if job.progress and job.progress.metrics:
@@ -100,6 +101,15 @@ def _nodes(client: Any, job: types.TrainJob) -> tuple[list[str], list[list[str]]
         code = process.exit_code if process else None
         rows.append([node, ranks, status, where, "-" if code is None else str(code)])
     return header, rows
+
+
+def _restarts(job: types.TrainJob) -> str:
+    """``3 (1 after a failure, 2 after a disruption: not counted against maxRestarts)``; the count alone where the
+    backend keeps no reasons (the local backend)."""
+    counts = restarts_by_reason((job.resource.get("metadata") or {}).get("annotations"))
+    parts = [f"{n} after a {why}" + (": not counted against maxRestarts" if why == "disruption" else "")
+             for why, n in counts.items() if n]
+    return f"{job.restarts} ({', '.join(parts)})" if job.restarts and parts else str(job.restarts)
 
 
 def _field(label: str, value: str, level: int = 0) -> str:

@@ -45,8 +45,11 @@ def test_a_suspension_marks_the_unfinished_unmarked_pods(pods: list[dict[str, An
 @pytest.mark.parametrize(("pods", "cause", "peers"), [
     # an evicted pod: the peers made before the eviction stop with it
     ([pod("a", marked=EVICTED), pod("b"), pod("c", phase="Pending")], "a", ["b", "c"]),
-    # the replacement, made after the eviction, is left to run; so is a finished peer
-    ([pod("a", marked=EVICTED), pod("a2", made="2026-12-07T10:05:03Z"), pod("b", phase="Failed")], None, []),
+    # the replacement, made after the eviction, is left to run; a peer that failed already is marked (its exit is
+    # then ignored), one that succeeded is left alone
+    ([pod("a", marked=EVICTED), pod("a2", made="2026-12-07T10:05:03Z"), pod("b", phase="Failed"),
+      pod("c", phase="Succeeded")], "a", ["b"]),
+    ([pod("a", marked=EVICTED), pod("a2", made="2026-12-07T10:05:03Z")], None, []),
     # the peers are marked already (the spread happened): nothing more to stop
     ([pod("a", marked=EVICTED), pod("b", marked=(PEER_REASON, "2026-12-07T10:05:01Z"))], None, []),
     # marks of this operator (a suspension) are no disruption by Kubernetes
@@ -55,7 +58,7 @@ def test_a_suspension_marks_the_unfinished_unmarked_pods(pods: list[dict[str, An
     ([pod("a", marked=("DeletionByPodGC", "2026-12-07T10:06:00Z")), pod("b", marked=EVICTED), pod("c")], "b", ["c"]),
     # no disruption at all
     ([pod("a"), pod("b")], None, []),
-], ids=["evicted", "replacement-left", "spread-already", "suspension-is-ours", "first-cause", "none"])
+], ids=["evicted", "failed-peer-marked", "replacement-left", "spread-already", "suspension-is-ours", "first-cause", "none"])
 def test_a_disrupted_pod_takes_down_the_peers_made_before_it(pods: list[dict[str, Any]], cause: str | None,
                                                              peers: list[str]) -> None:
     found = group_disruption(pods)
@@ -73,3 +76,28 @@ def test_the_condition_is_what_kubernetes_writes_and_the_reasons_read_as_words()
                     "message": "suspended", "lastTransitionTime": "2026-12-07T10:00:00Z"}
     assert reason_in_words("PreemptionByScheduler").startswith("preempted by the scheduler")
     assert reason_in_words("SomethingNew") == "disrupted (SomethingNew)"
+
+
+@pytest.mark.parametrize(("annotations", "jobset_restarts", "total", "described"), [
+    ({}, 0, 0, "0"),
+    ({"trainjob/disruptions": "2"}, 0, 2, "2 (2 after a disruption: not counted against maxRestarts)"),
+    ({"trainjob/restarts-reported": "1", "trainjob/stall-restarts": "1", "trainjob/disruptions": "1"}, 0, 3,
+     "3 (1 after a failure, 1 after a stall, 1 after a disruption: not counted against maxRestarts)"),
+    ({"trainjob/restarts-reported": "1"}, 2, 2, "2"),  # the JobSet's count ahead of the reported one
+    ({"trainjob/disruptions": "x"}, 0, 0, "0"),
+], ids=["none", "disruptions", "each-reason", "jobset-ahead", "garbage"])
+def test_restarts_are_counted_by_why_and_described(annotations: dict[str, str], jobset_restarts: int, total: int,
+                                                   described: str) -> None:
+    from trainjob.backends.kubernetes.views import trainjob_view
+    from trainjob.cli.describe import _restarts
+
+    job = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+           "metadata": {"name": "mnist", "namespace": "ml", "creationTimestamp": "2026-12-07T10:00:00Z",
+                        "annotations": annotations},
+           "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": {"numNodes": 2}}}
+    view = trainjob_view(job, [], {"status": {"restarts": jobset_restarts}})
+    assert view.restarts == total
+    if jobset_restarts:  # the annotations say one reason less than the JobSet did: the total alone is honest
+        assert _restarts(view).startswith(str(total))
+    else:
+        assert _restarts(view) == described

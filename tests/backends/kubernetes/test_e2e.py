@@ -121,7 +121,12 @@ HOLD = "trainjob.test/hold"
 def _step(checkpoint: Path) -> int:
     """The step the job's rank 0 last checkpointed (``ddp_script.py --checkpoint``)."""
     path = checkpoint / "step"
-    return int(path.read_text() or 0) if path.exists() else 0
+    for _ in range(50):  # rank 0 rewrites the file after each step: a read may fall between truncate and write
+        text = path.read_text().strip() if path.exists() else "0"
+        if text:
+            return int(text)
+        time.sleep(0.02)
+    raise AssertionError(f"{path} stayed empty")
 
 
 def _running_pods(k8s: TrainJobCluster, job: str, namespace: str) -> list[dict[str, Any]]:

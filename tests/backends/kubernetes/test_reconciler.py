@@ -371,6 +371,11 @@ def the_pods_are_marked(world: World, reasons: dict[int, str | None]) -> None:
         assert [c["reason"] for c in marks] == ([reasons[node]] if reasons[node] else []), name
 
 
+def the_annotation_is(world: World, key: str, value: str) -> None:
+    job = world.api.stored(TRAINJOBS, NS, NAME)
+    assert job is not None and job["metadata"]["annotations"].get(key) == value
+
+
 def no_jobset(world: World) -> None:
     assert world.api.stored(JOBSETS, NS, NAME) is None
 
@@ -652,7 +657,8 @@ CASES = [
         before=[first_pass, RUNNING_JOBSET, pod_runs(0, "Running", PROGRESS_LOG), pod_runs(1, "Running"),
                 at(60), evicted(1)],
         later=61,
-        requests=[LIST_PODS, patch("pods/status", f"{NS}/{NAME}-node-0-0-x0"),
+        # the restart counted on the job first (trainjob/disruptions), then the peer marked and stopped
+        requests=[LIST_PODS, PATCH_JOB, patch("pods/status", f"{NS}/{NAME}-node-0-0-x0"),
                   delete("pods", f"{NS}/{NAME}-node-0-0-x0"), EVENT, LIST_PODS, PATCH_STATUS],
         status={"jobsStatus": trainer_jobs(ready=1, active=1)["replicatedJobsStatus"]},
         events=[("Warning", "Disrupted", Text(
@@ -660,7 +666,8 @@ CASES = [
             f"stopping the other 1 pod(s) of its node group ({NAME}-node-0-0-x0) so that it restarts together",
             "a disruption does not count against maxRestarts"))],
         again_in=10.0,
-        then=lambda world: the_pods_are_marked(world, {1: "EvictionByEvictionAPI"}),
+        then=lambda world: (the_pods_are_marked(world, {1: "EvictionByEvictionAPI"}),
+                            the_annotation_is(world, "trainjob/disruptions", "1")),
     ),
     Case(
         "resuming-a-suspended-job-resumes-its-jobset-and-removes-suspended",

@@ -20,11 +20,11 @@ from trainjob.backends.kubernetes.resources import (
     REPLICATED_JOB_LABEL,
     TRAINJOBS,
 )
-from trainjob.backends.kubernetes.stall_watch import STALL_RESTARTS_ANNOTATION, StallWatch
+from trainjob.backends.kubernetes.stall_watch import StallWatch
 from trainjob.backends.kubernetes.status_server import StatusServer
 from trainjob.backends.kubernetes.status_writer import StatusWriter
 from trainjob.backends.stall import RankCollectives
-from trainjob.constants import LAUNCH_ANNOTATION
+from trainjob.constants import LAUNCH_ANNOTATION, STALL_RESTARTS_ANNOTATION
 
 NS, NAME, START = "ml", "mnist", 1_800_000_000.0
 TEN_S_FAIL = {"trainjob/stall-timeout": "10s", "trainjob/stall-action": "fail"}

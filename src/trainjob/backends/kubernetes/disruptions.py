@@ -18,7 +18,7 @@ pod:
   non-elastic trainer is marked ``DisruptionTarget`` by Kubernetes, the other pods that were running with it are
   marked (reason ``PeerDisrupted``) and deleted; each Job replaces its pod, uncounted, and the group starts again
   from its last checkpoint, without spending one of the JobSet's ``maxRestarts``. A ``Disrupted`` event says what
-  happened. An elastic group shrinks and grows by itself (torchrun's rendezvous) and is left to do so.
+  happened; the job's ``trainjob/disruptions`` annotation counts these restarts (``trainjob describe`` shows them). An elastic group shrinks and grows by itself (torchrun's rendezvous) and is left to do so.
 
 The decisions are pure functions of the pods (:func:`unmarked`, :func:`group_disruption`), table-tested.
 """
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainjob.backends.kubernetes.kubeapi import KubeApi
-from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL, PODS
+from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL, PODS, TRAINJOBS
 from trainjob.backends.kubernetes.views import parse_time, trainer_name
-from trainjob.constants import REPLICATED_JOB_LABEL
+from trainjob.constants import DISRUPTIONS_ANNOTATION, REPLICATED_JOB_LABEL
 from trainjob.errors import TrainJobError
 
 log = logging.getLogger("trainjob.operator")
@@ -81,9 +81,10 @@ class GroupDisruption:
 
 
 def group_disruption(pods: list[dict[str, Any]]) -> GroupDisruption | None:
-    """The first pod (by the condition's time) that Kubernetes marked ``DisruptionTarget``, with the unmarked,
-    unfinished pods made before that moment: its group, which must restart with it. The pods made after it are
-    the replacements (``None`` when there is none to stop)."""
+    """The first pod (by the condition's time) that Kubernetes marked ``DisruptionTarget``, with the unmarked pods
+    made before that moment: its group, which must restart with it. A peer that already failed (its collectives
+    broke when the disrupted pod stopped) is among them: marked before the Job controller counts it, its exit is
+    ignored too. The pods made after it are the replacements (``None`` when there is no peer to mark)."""
     disrupted = [(pod, cond) for pod in pods if (cond := disruption(pod)) is not None
                  and cond.get("reason") not in OUR_REASONS]
     if not disrupted:
@@ -91,7 +92,8 @@ def group_disruption(pods: list[dict[str, Any]]) -> GroupDisruption | None:
     epoch = datetime.datetime.min.replace(tzinfo=datetime.UTC)
     cause, condition = min(disrupted, key=lambda pair: parse_time(pair[1].get("lastTransitionTime")) or epoch)
     since = parse_time(condition.get("lastTransitionTime"))
-    peers = [pod for pod in unmarked(pods) if pod is not cause and since is not None
+    peers = [pod for pod in pods if pod is not cause and since is not None and disruption(pod) is None
+             and (pod.get("status") or {}).get("phase") != "Succeeded"
              and (made := parse_time((pod.get("metadata") or {}).get("creationTimestamp"))) is not None
              and made < since]
     return GroupDisruption(cause, condition, peers) if peers else None
@@ -148,13 +150,20 @@ class Disruptions:
         what = reason_in_words(found.condition.get("reason"))
         mark = condition(PEER_REASON, f"pod {cause} of its node group was {what}; the group restarts together", now)
         namespace = job["metadata"]["namespace"]
-        stopped = [pod["metadata"]["name"] for pod in found.peers if self._mark(pod, mark)]
-        for name in stopped:
-            self.api.delete(PODS, namespace, name, propagation="Background")
+        # counted first (restarts after a disruption, not against maxRestarts): were the peers stopped and the
+        # count then lost, the restart would go unsaid
+        count = int((job["metadata"].get("annotations") or {}).get(DISRUPTIONS_ANNOTATION, "0") or 0) + 1
+        self.api.patch(TRAINJOBS, namespace, job["metadata"]["name"],
+                       {"metadata": {"annotations": {DISRUPTIONS_ANNOTATION: str(count)}}})
+        stopped = [pod for pod in found.peers if self._mark(pod, mark)]
+        for pod in stopped:
+            if not is_finished(pod):
+                self.api.delete(PODS, namespace, pod["metadata"]["name"], propagation="Background")
+        stopped_names = [pod["metadata"]["name"] for pod in stopped]
         if stopped:
             self.api.post_event(job, "Warning", "Disrupted",
                                 f"pod {cause} was {what}; stopping the other {len(stopped)} pod(s) of its node group "
-                                f"({', '.join(stopped)}) so that it restarts together, from its last checkpoint "
+                                f"({', '.join(stopped_names)}) so that it restarts together, from its last checkpoint "
                                 "when the script keeps one; a disruption does not count against maxRestarts")
             log.info("TrainJob %s/%s: pod %s disrupted (%s); restarting its node group", namespace,
                      job["metadata"]["name"], cause, found.condition.get("reason"))

@@ -18,12 +18,13 @@ from trainjob.backends.kubernetes.cache import CachedReads
 from trainjob.backends.kubernetes.kubeapi import KubeApi
 from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL, TRAINJOBS
 from trainjob.backends.kubernetes.rootcause import root_cause
+from trainjob.constants import RESTARTS_REPORTED_ANNOTATION
 from trainjob.errors import NotFoundError, TrainJobError
 
 log = logging.getLogger("trainjob.operator")
 
 #: How many restarts of the JobSet (``status.restarts``) the operator has reported as ``Restarting`` events.
-RESTARTS_ANNOTATION = "trainjob/restarts-reported"
+RESTARTS_ANNOTATION = RESTARTS_REPORTED_ANNOTATION
 
 
 class JobEvents:

@@ -218,8 +218,19 @@ def enqueue_jobset_owner(state: OperatorState, event: dict[str, Any]) -> None:
 
 def cache_child_job(state: OperatorState, event: dict[str, Any]) -> None:
     """A JobSet's child Job changed (its pod counts): cached for the pod-start watch, which reads them when the
-    job's next look is due; no pass is queued."""
-    _cache(state, JOBS, event)
+    job's next look is due. A pass is queued only when more of its pods are being deleted than before (its
+    ``terminating``): a pod evicted, preempted or lost may have to take its group down with it at once
+    (:mod:`.disruptions`)."""
+    obj = event.get("object") if isinstance(event.get("object"), dict) else {}
+    namespace, name = _key_of(event)
+    before = state.cache.get(JOBS, namespace, name) or {}
+    if not _cache(state, JOBS, event) or event.get("type") == "DELETED":
+        return
+    terminating = int(((obj or {}).get("status") or {}).get("terminating") or 0)
+    if terminating > int((before.get("status") or {}).get("terminating") or 0):
+        jobset = (((obj or {}).get("metadata") or {}).get("labels") or {}).get(JOBSET_NAME_LABEL)
+        if jobset:
+            state.queue.add((namespace, str(jobset)))
 
 
 def enqueue_pytorchjob(state: OperatorState, event: dict[str, Any]) -> None:

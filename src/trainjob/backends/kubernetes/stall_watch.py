@@ -55,15 +55,12 @@ from trainjob.backends.stall import (
     seconds_text,
     stall_policy,
 )
-from trainjob.constants import LAUNCH_ANNOTATION
+from trainjob.constants import LAUNCH_ANNOTATION, STALL_RESTARTS_ANNOTATION
 from trainjob.errors import TrainJobError, ValidationError
 from trainjob.log_stacks import stacks_in_log
 
 log = logging.getLogger("trainjob.operator")
 
-#: How many times the stall watch restarted the job's node group (``trainjob/stall-action: restart``); with the
-#: JobSet's own restarts they spend the runtime's ``failurePolicy.maxRestarts``.
-STALL_RESTARTS_ANNOTATION = "trainjob/stall-restarts"
 #: The longest a job held to its collectives goes unchecked while none of its ranks waits in one.
 COLLECTIVES_RECHECK_SECONDS = 30.0
 

@@ -11,7 +11,7 @@ import datetime
 import json
 from typing import Any
 
-from trainjob.backends.base import runtime_view
+from trainjob.backends.base import restarts_by_reason, runtime_view
 from trainjob.backends.kubernetes.status import find_condition, trainer_running
 from trainjob.constants import (
     ANCESTOR_STEP_LABEL,
@@ -152,9 +152,18 @@ def trainjob_view(job: dict[str, Any], pods: list[dict[str, Any]],
         num_proc_per_node=nproc if isinstance(nproc, int) else None,
         start_time=started_at(pods),
         completion_time=parse_time(finished.get("lastTransitionTime")) if finished else None,
+        restarts=sum(restarts_of(job, jobset).values()),
         progress=progress_of_trainer_status((job.get("status") or {}).get("trainerStatus")),
         resource=job,
     )
+
+
+def restarts_of(job: dict[str, Any], jobset: dict[str, Any] | None = None) -> dict[str, int]:
+    """:func:`~trainjob.backends.base.restarts_by_reason` of the job, its JobSet's own count when that is ahead of
+    the one the operator reported."""
+    counts = restarts_by_reason((job.get("metadata") or {}).get("annotations"))
+    counts["failure"] = max(counts["failure"], int(((jobset or {}).get("status") or {}).get("restarts") or 0))
+    return counts
 
 
 def launch_values(job: dict[str, Any], pods: list[dict[str, Any]],
