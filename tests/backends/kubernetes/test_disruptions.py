@@ -12,6 +12,7 @@ from trainjob.backends.kubernetes.disruptions import (
     PEER_REASON,
     SUSPENDED_REASON,
     condition,
+    disruption_hazards,
     group_disruption,
     reason_in_words,
     unmarked,
@@ -101,3 +102,27 @@ def test_restarts_are_counted_by_why_and_described(annotations: dict[str, str], 
         assert _restarts(view).startswith(str(total))
     else:
         assert _restarts(view) == described
+
+
+def _jobset(*rules: dict[str, Any]) -> dict[str, Any]:
+    return {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"podFailurePolicy": {"rules":
+                                                                                                  list(rules)}}}}]}}
+
+
+IGNORE = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+FAIL_ON_1 = {"action": "FailJob", "onExitCodes": {"containerName": "node", "operator": "In", "values": [1]}}
+
+
+@pytest.mark.parametrize(("jobset", "hazard"), [
+    (_jobset(IGNORE, FAIL_ON_1), None),
+    (_jobset(FAIL_ON_1), "replicatedJobs[node].podFailurePolicy.rules[0] fails the job on an exit code"),
+    (_jobset(FAIL_ON_1, IGNORE), "rules[0]"),
+    (_jobset({"action": "Count", "onExitCodes": {"operator": "In", "values": [1]}}), None),
+    ({"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {}}}]}}, None),
+], ids=["ignore-first", "fail-only", "fail-before-ignore", "count", "no-policy"])
+def test_a_policy_that_fails_on_a_stopped_pod_is_named(jobset: dict[str, Any], hazard: str | None) -> None:
+    found = disruption_hazards(jobset)
+    if hazard is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and hazard in found[0] and "DisruptionTarget" in found[0]

@@ -26,7 +26,7 @@ from typing import Any
 
 from trainjob.api import TrainJob, resource_from_dict
 from trainjob.backends.kubernetes.cache import CachedReads
-from trainjob.backends.kubernetes.disruptions import Disruptions
+from trainjob.backends.kubernetes.disruptions import Disruptions, disruption_hazards
 from trainjob.backends.kubernetes.initializer_pods import (
     DEFAULTS_CONFIGMAP,
     initializer_image,
@@ -241,6 +241,8 @@ class Children:
             self.writer.jobset_created(job["metadata"]["namespace"], job["metadata"]["name"])
             for change in limits_set:
                 self.api.post_event(job, "Normal", "ExtendedResourceLimitsSet", change)
+            for warning in disruption_hazards(created):
+                self.api.post_event(job, "Warning", "DisruptionFailsJob", warning)
             self.events.announce(job, created)
             log.info("created JobSet %s/%s", job["metadata"]["namespace"], job["metadata"]["name"])
         elif owned_by(created, job):

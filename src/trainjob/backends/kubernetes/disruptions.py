@@ -109,6 +109,28 @@ def reason_in_words(reason: str | None) -> str:
     return _REASON_WORDS.get(reason or "", f"disrupted ({reason or 'no reason given'})")
 
 
+def disruption_hazards(jobset: dict[str, Any]) -> list[str]:
+    """Why a stopped pod of this JobSet could fail the job: a replicated job whose ``podFailurePolicy`` fails the Job
+    on an exit code before (or without) a rule that ignores ``DisruptionTarget`` pods. The job keeps the policy (it
+    is its runtime's, or its ``runtimePatches``'); the operator says so in a Warning event."""
+    hazards = []
+    for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        policy = (((rj.get("template") or {}).get("spec") or {}).get("podFailurePolicy") or {})
+        for index, rule in enumerate(policy.get("rules") or []):
+            conditions = rule.get("onPodConditions") or []
+            if rule.get("action") == "Ignore" and any(c.get("type") == DISRUPTION_TARGET for c in conditions):
+                break
+            if rule.get("action") == "FailJob" and (rule.get("onExitCodes") or conditions):
+                hazards.append(
+                    f"replicatedJobs[{rj.get('name')}].podFailurePolicy.rules[{index}] fails the job on "
+                    f"{'an exit code' if rule.get('onExitCodes') else 'a pod condition'} before any rule ignores "
+                    "DisruptionTarget pods: a suspension, a preemption or an eviction can then fail the job "
+                    "(torchrun exits 1 on SIGTERM); put {action: Ignore, onPodConditions: [{type: DisruptionTarget, "
+                    "status: \"True\"}]} first, as the built-in torch-distributed runtime does")
+                break
+    return hazards
+
+
 class Disruptions:
     """Marks a job's pods before a suspension stops them, and restarts a node group one of whose pods Kubernetes
     disrupted (see the module's docstring)."""
