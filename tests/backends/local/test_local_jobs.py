@@ -131,22 +131,51 @@ def test_delete_stops_every_process_of_a_running_job(backend, script, trainjob_h
         backend.get_job("doomed")
 
 
-def test_suspend_stops_the_nodes_and_resume_starts_them_again(backend, script, trainjob_home):
-    sleeper = script("sleeper.py", SLEEPER)
-    backend.apply(trainjob_resource("pausable", ["python", sleeper]))
-    pid_file = backend.store.job_dir("pausable") / "pid-node"
-    first_pid = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), timeout=30))
+CHECKPOINTING = """
+    import os, time
+    ckpt = os.path.join(os.environ["TRAINJOB_JOB_DIR"], "ckpt")
+    start = int(open(ckpt).read() or 0) if os.path.exists(ckpt) else 0
+    if os.environ["RANK"] == "0":
+        print("resumes at step", start, flush=True)
+        with open(os.path.join(os.environ["TRAINJOB_JOB_DIR"], "resumes"), "a") as f:
+            f.write(f"{start}\\n")
+    for step in range(start, 100000):
+        time.sleep(0.05)
+        if os.environ["RANK"] == "0":
+            with open(ckpt + ".tmp", "w") as f:
+                f.write(str(step + 1))
+            os.replace(ckpt + ".tmp", ckpt)
+"""
 
-    backend.suspend_job("pausable")
-    assert backend.get_job("pausable").status == "Suspended"
-    assert processes_under(trainjob_home) == []
 
-    pid_file.unlink()
-    backend.resume_job("pausable")
-    second_pid = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), timeout=30))
-    assert backend.get_job("pausable").status == "Running" and second_pid != first_pid
+def test_suspend_and_resume_of_torchrun_rounds_stop_every_process_and_go_on_from_the_checkpoint(
+        backend, script, trainjob_home):
+    """torchrun on 2 nodes, suspended and resumed 3 times: Suspended each time with no process left, never Failed
+    (torchrun exits 1 on the SIGTERM the nodes get), and each resume goes on from the step the last one reached."""
+    worker = script("checkpointing.py", CHECKPOINTING)
+    backend.apply(trainjob_resource("pausable", ["torchrun", worker], num_nodes=2))
+    job_dir = backend.store.job_dir("pausable")
+
+    def step() -> int:
+        path = job_dir / "ckpt"
+        return int(path.read_text() or 0) if path.exists() else 0
+
+    before: list[int] = []
+    for _ in range(3):
+        reached = before[-1] if before else 0
+        wait_until(lambda since=reached: step() >= since + 5, timeout=60)
+        backend.suspend_job("pausable")
+        assert backend.get_job("pausable").status == "Suspended"
+        assert processes_under(trainjob_home) == []
+        before.append(step())
+        backend.resume_job("pausable")
+    wait_until(lambda: step() >= before[-1] + 5, timeout=60)
+    resumes = [int(line) for line in (job_dir / "resumes").read_text().split()]
+    assert resumes[0] == 0 and resumes[1:] == before, (resumes, before)
     reasons = [e.reason for e in backend.get_job_events("pausable")]
-    assert reasons.index("Suspended") < reasons.index("Resumed")
+    assert reasons.count("Suspended") == 3 and reasons.count("Resumed") == 3
+    assert "Failed" not in reasons and backend.get_job("pausable").status == "Running"
+    backend.delete_job("pausable")
 
 
 def test_active_deadline_fails_a_job_that_runs_too_long(backend, script):

@@ -216,3 +216,20 @@ def test_bad_queue_annotations_are_refused(backend, script):
     with pytest.raises(ValidationError, match=r"metadata.annotations\[trainjob/priority\]: must be an integer"):
         backend.apply(job("bad", timed, cpu=1, priority="high"))
     assert backend.list_jobs() == []
+
+
+def test_a_job_created_suspended_for_a_queue_says_what_starts_it_and_runs_once_resumed(backend, script):
+    """Kubeflow's ``examples/yaml/03-kueue-integration.yaml``: ``suspend: true`` and the label
+    ``kueue.x-k8s.io/queue-name: training-queue``, for Kueue to resume. No Kueue runs here: the job stays Suspended
+    and says so, and resumed, the machine's own queue admits it."""
+    timed = script("timed.py", TIMED)
+    resource = trainjob_resource("kueued", ["python", timed, "0.1"], spec={"suspend": True},
+                                 resources_per_node={"requests": {"cpu": "1"}})
+    resource.metadata.labels = {"kueue.x-k8s.io/queue-name": "training-queue"}
+    backend.apply(resource)
+
+    held = backend.get_job("kueued")
+    assert held.status == "Suspended"
+    assert "`trainjob resume kueued` starts it" in held.message and "'training-queue'" in held.message
+    backend.resume_job("kueued")
+    assert backend.wait_for_job_status("kueued", timeout=60).status == "Complete"

@@ -285,9 +285,15 @@ class LocalBackend(Backend):
         resource["metadata"].update(uid=uid, creationTimestamp=views.rfc3339(now))
         status = types.SUSPENDED if plan.suspend else types.QUEUED if queued else types.CREATED
         reason = {types.SUSPENDED: "Suspended", types.QUEUED: queue.PENDING_REASON}.get(status, "Created")
+        message = None
+        if status == types.SUSPENDED:  # what would start it: on a cluster, Kueue; here, the user
+            message = f"created suspended (spec.suspend: true); `trainjob resume {name}` starts it"
+            if queue_name:
+                message += (f" (its queue {queue_name!r} is this machine's own, which admits it in queue order "
+                            "once resumed and it fits; no Kueue runs here to resume it)")
         self.store.insert_job({
             "name": name, "namespace": trainjob.namespace, "uid": uid, "status": status,
-            "reason": reason, "message": None, "runtime": plan.runtime_name,
+            "reason": reason, "message": message, "runtime": plan.runtime_name,
             "num_nodes": launch.num_nodes, "num_proc_per_node": launch.num_proc_per_node, "created": now,
             "resource": resource, "launch": spec.to_dict(), "priority": priority.value,
             # a scaled job may ask for more than SQLite counts (2 nodes x 4Ei); what it holds is the machine anyway
