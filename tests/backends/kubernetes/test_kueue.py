@@ -81,7 +81,10 @@ def _job_yaml(name: str, namespace: str, priority: str, steps: int, every: float
                      "labels": {"kueue.x-k8s.io/queue-name": QUEUE, "kueue.x-k8s.io/priority-class": f"test-{priority}"}},
         "spec": {
             "runtimeRef": {"name": "torch-distributed"},
-            "trainer": {"numNodes": NODES, "command": ["python", "-c", STEPS_SCRIPT, str(steps), str(every)],
+            # torchrun, as training runs: it exits 1 on the SIGTERM of a preemption, which the built-in runtime's
+            # podFailurePolicy would take for the script's failure were the pods not marked first
+            "trainer": {"numNodes": NODES, "command": ["torchrun", "--nproc-per-node", "1", "--no-python", "python",
+                                                       "-c", STEPS_SCRIPT, str(steps), str(every)],
                         "resourcesPerNode": {"requests": {"cpu": "1"}}},
             "podTemplateOverrides": [{
                 "targetJobs": [{"name": "node"}],
