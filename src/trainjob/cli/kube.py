@@ -53,6 +53,15 @@ _context = click.option("--context", help="kubeconfig context (default: the curr
 )
 @click.option("--operator-cpu", default="100m", show_default=True, metavar="QUANTITY",
               help="Each operator replica's CPU request (0: none, e.g. on small nodes the training pods fill).")
+@click.option("--operator-node-selector", "operator_node_selector", multiple=True, metavar="KEY=VALUE",
+              help="A label of the nodes the operator runs on (repeatable): a pool of the cluster's own components, "
+                   "away from the training pods' load.")
+@click.option("--operator-toleration", "operator_tolerations", multiple=True, metavar="KEY[=VALUE]:EFFECT",
+              help="A taint of those nodes the operator tolerates (repeatable), e.g. "
+                   "node-role.kubernetes.io/control-plane:NoSchedule.")
+@click.option("--operator-priority-class", default=None, metavar="NAME",
+              help="The operator pods' PriorityClass, e.g. system-cluster-critical, so that training pods never "
+                   "preempt or starve it.")
 @click.option("--kueue", is_flag=True,
               help="Instead: a Kueue ResourceFlavor, ClusterQueue and LocalQueue to start from (Kueue must be "
                    "installed, with its trainer.kubeflow.org/trainjob integration enabled).")
@@ -82,6 +91,9 @@ def install(
     write_dir: Path | None,
     operator_replicas: int,
     operator_cpu: str,
+    operator_node_selector: tuple[str, ...],
+    operator_tolerations: tuple[str, ...],
+    operator_priority_class: str | None,
     kueue: bool,
     namespace: str,
     local_queue: str,
@@ -118,7 +130,9 @@ def install(
         objects = manifests.install_manifests(image, operator_replicas, torch_image,
                                               operator_cpu=_cpu_quantity(operator_cpu),
                                               initializer_image=initializer_image,
-                                              initializer_env=_name_values(initializer_env, "--initializer-env"))
+                                              initializer_env=_name_values(initializer_env, "--initializer-env"),
+                                              placement=_placement(operator_node_selector, operator_tolerations,
+                                                                   operator_priority_class))
     if dry_run:
         click.echo(manifests.manifests_yaml(objects), nl=False)
         return
@@ -131,6 +145,24 @@ def install(
             click.echo(line)
     except TrainJobError as exc:
         fail(str(exc), EXIT_FAILED)
+
+
+def _placement(node_selector: tuple[str, ...], tolerations: tuple[str, ...], priority_class: str | None) -> Any:
+    """``--operator-node-selector``, ``--operator-toleration`` and ``--operator-priority-class`` checked, as the
+    operator's :class:`~trainjob.backends.kubernetes.manifests.OperatorPlacement`."""
+    from trainjob.backends.kubernetes.kueue import parse_toleration
+    from trainjob.backends.kubernetes.manifests import OperatorPlacement
+
+    parsed = []
+    for text in tolerations:
+        try:
+            parsed.append(parse_toleration(text))
+        except ValidationError as exc:
+            fail(f"--operator-toleration: {str(exc).split(': ', 1)[-1]}", EXIT_BAD_INPUT)
+    if priority_class is not None and not priority_class.strip():
+        fail("--operator-priority-class: must name a PriorityClass", EXIT_BAD_INPUT)
+    return OperatorPlacement(node_selector=_name_values(node_selector, "--operator-node-selector"),
+                             tolerations=parsed, priority_class=priority_class)
 
 
 def _name_values(items: tuple[str, ...], flag: str) -> dict[str, str]:

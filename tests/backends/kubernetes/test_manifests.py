@@ -218,3 +218,28 @@ def test_torch_image_replaces_the_torch_runtimes_image_only(capsys: pytest.Captu
 
     assert images("torch-distributed") == images("torch-distributed-volcano") == {"registry.example/trainjob-train:0.1.0"}
     assert "registry.example/trainjob-train:0.1.0" not in images("mpi-distributed") | images("ray-distributed")
+
+
+def test_the_operator_can_be_placed_on_the_clusters_system_nodes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["install", "--dry-run", "--operator-node-selector", "node-role.kubernetes.io/system=true",
+                 "--operator-toleration", "node-role.kubernetes.io/system:NoSchedule",
+                 "--operator-priority-class", "system-cluster-critical", "--operator-cpu", "250m"]) == 0
+    deployment = next(o for o in yaml.safe_load_all(capsys.readouterr().out) if o and o["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"node-role.kubernetes.io/system": "true"}
+    assert pod["tolerations"] == [{"key": "node-role.kubernetes.io/system", "operator": "Exists",
+                                   "effect": "NoSchedule"}]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["containers"][0]["resources"]["requests"]["cpu"] == "250m"
+
+
+@pytest.mark.parametrize(("flag", "value", "said"), [
+    ("--operator-toleration", "no-effect", "--operator-toleration: expected KEY[=VALUE]:EFFECT"),
+    ("--operator-node-selector", "no-value", "--operator-node-selector: expected NAME=VALUE, got 'no-value'"),
+    ("--operator-priority-class", " ", "--operator-priority-class: must name a PriorityClass"),
+])
+def test_a_bad_operator_placement_is_refused_naming_the_flag(capsys: pytest.CaptureFixture[str], flag: str,
+                                                             value: str, said: str) -> None:
+    assert main(["install", "--dry-run", flag, value]) != 0
+    captured = capsys.readouterr()
+    assert said in captured.err and captured.out == ""

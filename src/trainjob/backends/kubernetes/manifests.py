@@ -10,6 +10,7 @@ objects out as a kustomization (what deploy/ holds; a test compares them)::
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -181,15 +182,35 @@ def rbac() -> list[dict[str, Any]]:
     ]
 
 
+@dataclass(frozen=True)
+class OperatorPlacement:
+    """Where the operator's pods run (``install --operator-node-selector``, ``--operator-toleration``,
+    ``--operator-priority-class``): a node pool of the cluster's own components, as a control plane or system pool
+    is, so that the training pods' load never delays the operator's status writes."""
+
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    priority_class: str | None = None
+
+    def apply(self, pod_spec: dict[str, Any]) -> None:
+        if self.node_selector:
+            pod_spec["nodeSelector"] = dict(self.node_selector)
+        if self.tolerations:
+            pod_spec["tolerations"] = [dict(t) for t in self.tolerations]
+        if self.priority_class:
+            pod_spec["priorityClassName"] = self.priority_class
+
+
 def deployment(image: str = DEFAULT_IMAGE, replicas: int = OPERATOR_REPLICAS,
-               cpu_request: str = OPERATOR_CPU_REQUEST, initializer_image: str | None = None) -> dict[str, Any]:
+               cpu_request: str = OPERATOR_CPU_REQUEST, initializer_image: str | None = None,
+               placement: OperatorPlacement | None = None) -> dict[str, Any]:
     """The operator's replicas (0 when the operator runs elsewhere): they elect a leader on a Lease; only the leader
     reconciles and serves the status endpoint, and it points the Service's EndpointSlice
     (:data:`LEADER_ENDPOINT_SLICE`) at its own pod. Every healthy replica is ready (followers answer the probes while they wait), so a rolling update
     replaces them one by one; the leader's pod goes last or first, and a follower takes the Lease it releases.
     Prometheus metrics on ``metrics``. The root file system is read-only; ``/tmp`` is an emptyDir (the status
     endpoint's TLS files pass through it). ``initializer_image``: the image Kubeflow's initializer images run as
-    (:mod:`.initializer_pods`)."""
+    (:mod:`.initializer_pods`); ``placement``: the nodes its pods run on, and their priority."""
     probe = {"httpGet": {"path": "/healthz", "port": LIVENESS_PORT}, "periodSeconds": 10, "timeoutSeconds": 5}
     container = {
         "name": "operator",
@@ -216,6 +237,18 @@ def deployment(image: str = DEFAULT_IMAGE, replicas: int = OPERATOR_REPLICAS,
         },
     }
     scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": "/metrics"}
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": NAME,
+        "securityContext": {
+            "runAsUser": 65532,
+            "runAsGroup": 65532,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+    }
+    if placement is not None:
+        placement.apply(pod_spec)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -225,16 +258,7 @@ def deployment(image: str = DEFAULT_IMAGE, replicas: int = OPERATOR_REPLICAS,
             "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
             "template": {
                 "metadata": {"labels": dict(_LABELS), "annotations": scrape},
-                "spec": {
-                    "serviceAccountName": NAME,
-                    "securityContext": {
-                        "runAsUser": 65532,
-                        "runAsGroup": 65532,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "containers": [container],
-                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
-                },
+                "spec": pod_spec,
             },
         },
     }
@@ -299,17 +323,18 @@ def install_manifests(image: str = DEFAULT_IMAGE, operator_replicas: int = OPERA
                       torch_image: str | None = None,
                       operator_cpu: str = OPERATOR_CPU_REQUEST,
                       initializer_image: str | None = None,
-                      initializer_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+                      initializer_env: dict[str, str] | None = None,
+                      placement: OperatorPlacement | None = None) -> list[dict[str, Any]]:
     """Everything to install, in apply order (CRDs before the runtimes that need them); ``torch_image``: see
     :func:`builtin_runtimes`; ``operator_cpu``: each operator replica's CPU request; ``initializer_image`` (default
     ``torch_image``): what Kubeflow's initializer images run as; ``initializer_env``: every initializer's env
-    (:func:`initializer_env_configmap`)."""
+    (:func:`initializer_env_configmap`); ``placement``: the operator's nodes and priority."""
     return [
         namespace(),
         *custom_resource_definitions(),
         pytorchjob_crd(),
         *rbac(),
-        deployment(image, operator_replicas, operator_cpu, initializer_image or torch_image),
+        deployment(image, operator_replicas, operator_cpu, initializer_image or torch_image, placement),
         service(),
         *([initializer_env_configmap(initializer_env)] if initializer_env else []),
         *builtin_runtimes(torch_image),
