@@ -48,6 +48,18 @@ def pod_is(pod: str, phase: str, exit_code: int | None = None, restarts: int = 0
     return step
 
 
+def crash_looping(pod: str, restarts: int, exit_code: int, last_words: str) -> Step:
+    """The kubelet holds ``pod``'s container in CrashLoopBackOff after ``restarts`` runs; the last one exited
+    ``exit_code`` with ``last_words`` as the end of its log (``FallbackToLogsOnError``)."""
+    def step(api: MemoryApi, _: PyTorchJobReconciler) -> None:
+        stored = api.pods[(NS, f"{NAME}-{pod}")]
+        stored["status"] = {"phase": "Running", "containerStatuses": [{
+            "name": "pytorch", "restartCount": restarts,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s restarting failed container"}},
+            "lastState": {"terminated": {"exitCode": exit_code, "reason": "Error", "message": f"{last_words}\n"}}}]}
+    return step
+
+
 def env_of(pod: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
 
@@ -113,6 +125,17 @@ CASES = [
     Case("exit-code-policy-does-not-retry-a-permanent-code", pytorchjob(restart="ExitCode"),
          before=[a_pass, pod_is("worker-0", "Failed", 1)],
          conditions=[("Created", "True", "PyTorchJobCreated"), ("Failed", "True", "PyTorchJobFailed")]),
+    Case("a-crash-loop-is-restarting-naming-the-pod-and-its-last-words", pytorchjob(),
+         before=[a_pass, pod_is("master-0", "Running"), crash_looping("worker-0", 6, 2,
+                                                                     "python: can't open file '/x.py': [Errno 2]")],
+         conditions=[("Created", "True", "PyTorchJobCreated"), ("Restarting", "True", "PyTorchJobRestarting")],
+         message=(f"pod {NAME}-worker-0: container pytorch restarted 6 time(s), in CrashLoopBackOff; its last run "
+                  "exited with code 2: python: can't open file '/x.py': [Errno 2]"),
+         events=["PyTorchJobRestarting"]),
+    Case("a-crash-loop-seen-again-posts-no-second-event", pytorchjob(),
+         before=[a_pass, pod_is("master-0", "Running"), crash_looping("worker-0", 6, 2, "bad path"), a_pass],
+         conditions=[("Created", "True", "PyTorchJobCreated"), ("Restarting", "True", "PyTorchJobRestarting")],
+         events=[]),
     Case("past-backoff-limit-fails", pytorchjob(runPolicy={"backoffLimit": 2}),
          before=[a_pass, pod_is("worker-0", "Running", restarts=3)],
          conditions=[("Created", "True", "PyTorchJobCreated"), ("Failed", "True", "BackoffLimitExceeded")]),

@@ -172,3 +172,25 @@ def test_a_failing_worker_is_recreated_then_fails_the_job_and_everything_is_clea
              what="cleanPodPolicy All to delete the pods")
     assert not k8s.api.core.list_namespaced_service(namespace).items
     wait_for(lambda: k8s.api.get(PYTORCHJOBS, namespace, "failing") is None, what="the TTL to delete the job")
+
+
+def test_a_script_that_cannot_start_crash_loops_as_restarting_with_its_last_words(k8s: TrainJobCluster,
+                                                                                  namespace: str) -> None:
+    """Seed 004's flow with a wrong script path, as a new user tries it: ``restartPolicy: OnFailure`` makes the
+    kubelet restart the container into CrashLoopBackOff; the job says ``Restarting`` with python's own words, not
+    ``Running``, and ``kubectl get pytorchjob`` shows it."""
+    manifest = SEED_MANIFEST.format(image=k8s.cp.training_image).replace(
+        f"[python, {HERE / 'ddp_script.py'}, --steps=2]", "[python, /workspace/no-such-train.py]")
+    k8s.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
+
+    def restarting() -> dict[str, Any] | None:
+        job = k8s.api.get(PYTORCHJOBS, namespace, "my-training") or {}
+        conditions = (job.get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == "Restarting" and c["status"] == "True"
+                     and "CrashLoopBackOff" in c.get("message", "")), None)
+
+    condition = wait_for(restarting, timeout=120, what="the crash loop named in a Restarting condition")
+    assert "can't open file '/workspace/no-such-train.py'" in condition["message"], condition
+    shown = k8s.kubectl("get", "pytorchjob", "my-training", "-n", namespace).stdout
+    assert "Restarting" in shown, shown
+    k8s.kubectl("delete", "pytorchjob", "my-training", "-n", namespace, "--wait=false")

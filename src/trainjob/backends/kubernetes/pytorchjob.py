@@ -34,7 +34,10 @@ Env of every container (a variable the container sets itself wins), v1's names a
 
 Status (``kubeflow.org/v1`` ``JobStatus``): ``conditions`` of type ``Created``, ``Running``, ``Restarting``,
 ``Succeeded``, ``Failed`` with reasons ``PyTorchJob{Type}`` (``DeadlineExceeded``, ``BackoffLimitExceeded`` for those
-failures), ``lastUpdateTime`` and ``lastTransitionTime``; ``Running`` and ``Restarting`` replace each other and
+failures), ``lastUpdateTime`` and ``lastTransitionTime``; a pod recreated (``ExitCode``) or a container the kubelet
+holds in ``CrashLoopBackOff`` (``OnFailure``) makes the job ``Restarting``, its message naming the pod, the restarts
+and the last run's exit code and last line (the containers get ``terminationMessagePolicy:
+FallbackToLogsOnError`` unless their template sets one); ``Running`` and ``Restarting`` replace each other and
 ``Running`` turns ``False`` when the job finishes. ``replicaStatuses`` ``{Master: {active, succeeded, failed,
 labelSelector}, Worker: ...}`` (zero counts omitted, as Go's ``omitempty`` does), ``startTime``, ``completionTime``.
 The job succeeds when the Master's pod succeeded (without a Master: every Worker's); it fails when a pod failed and
@@ -185,6 +188,8 @@ def build_pod(obj: dict[str, Any], job: PyTorchJob, replica: Replica, count: int
         annotations[RECREATIONS_ANNOTATION] = str(recreations)
     env = training_env(job, replica, count)
     for container in spec.get("containers") or []:
+        # a crash's last words in the pod's status (a crash loop's Restarting message), unless the template says
+        container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
         own = {e["name"] for e in container.get("env") or []}
         container["env"] = [*(container.get("env") or []),
                              *({"name": k, "value": v} for k, v in env.items() if k not in own)]
@@ -214,7 +219,9 @@ def set_condition(conditions: list[dict[str, Any]], type_: str, reason: str, mes
     finished job's Running turns False. The new condition goes last (``kubectl get`` shows the last one)."""
     current = next((c for c in conditions if c["type"] == type_), None)
     if current is not None and current["status"] == "True" and current.get("reason") == reason:
-        return conditions
+        if current.get("message") == message:
+            return conditions
+        return [c if c is not current else {**c, "message": message, "lastUpdateTime": now} for c in conditions]
     transition = current["lastTransitionTime"] if current and current["status"] == "True" else now
     kept = []
     for c in conditions:
@@ -242,6 +249,23 @@ def _terminated(pod: dict[str, Any]) -> dict[str, Any]:
         if state:
             return dict(state)
     return {}
+
+
+def crash_loop(pod: dict[str, Any]) -> str | None:
+    """``pod X: container Y restarted 6 time(s), in CrashLoopBackOff; its last run exited with code 2: python:
+    can't open file ...`` for a pod whose container the kubelet keeps restarting (``restartPolicy: OnFailure``)
+    and now holds back; ``None`` for any other pod."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") != "CrashLoopBackOff":
+            continue
+        last = (status.get("lastState") or {}).get("terminated") or {}
+        words = [line.strip() for line in str(last.get("message") or "").splitlines() if line.strip()]
+        said = f": {words[-1]}" if words else ""
+        return (f"pod {pod['metadata']['name']}: container {status.get('name')} restarted "
+                f"{status.get('restartCount', 0)} time(s), in CrashLoopBackOff; its last run exited with code "
+                f"{last.get('exitCode', '?')}{said}")
+    return None
 
 
 def _restarts(pod: dict[str, Any]) -> int:
@@ -309,10 +333,14 @@ class PyTorchJobReconciler:
         if outcome is not None:
             type_, reason, message = outcome
             return self._finish(obj, status, type_, reason, message, stamp, job=job, pods=pods)
-        if restarting:
-            message = f"PyTorchJob {namespace}/{name} is restarting because {', '.join(restarting)}."
+        crash_loops = [line for pod in pods.values() if (line := crash_loop(pod))]
+        if restarting or crash_loops:
+            message = f"PyTorchJob {namespace}/{name} is restarting because {', '.join(restarting + crash_loops)}."
+            before = next((c.get("message") for c in conditions if c["type"] == RESTARTING
+                           and c["status"] == "True"), None)
             status["conditions"] = set_condition(conditions, RESTARTING, "PyTorchJobRestarting", message, stamp)
-            self.api.post_event(obj, "Warning", "PyTorchJobRestarting", message)
+            if message != before:
+                self.api.post_event(obj, "Warning", "PyTorchJobRestarting", message)
         elif self._leader_running(name, replicas, pods):
             status["conditions"] = set_condition(conditions, RUNNING, "PyTorchJobRunning",
                                                  f"PyTorchJob {namespace}/{name} is running.", stamp)
