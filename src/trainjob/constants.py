@@ -171,6 +171,8 @@ RUNNING = "Running"
 COMPLETE = "Complete"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
+#: The TrainJob condition of a job whose pods the scheduler cannot place (the operator's; Kubeflow's has none).
+UNSCHEDULABLE = "Unschedulable"
 JOB_STATUSES = (QUEUED, CREATED, RUNNING, COMPLETE, FAILED, SUSPENDED)
 FINISHED_STATUSES = (COMPLETE, FAILED)
 

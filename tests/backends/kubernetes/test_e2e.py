@@ -252,6 +252,23 @@ def test_an_evicted_pod_restarts_its_group_from_the_checkpoint_without_spending_
                                    "disrupted_event": disrupted[0]}))
 
 
+def test_pods_no_node_can_hold_are_named_in_the_status_and_the_job_waits(k8s: TrainJobCluster,
+                                                                        namespace: str) -> None:
+    """More CPU per node than any node has (seed 000 asks ``cpu: "2"`` of 2-CPU nodes): the pods stay Pending and
+    the job says why, in a condition ``kubectl get trainjobs`` shows and in an event, without failing."""
+    k8s.create_job("too-big", namespace, annotations={"trainjob/unschedulable-grace-seconds": "0"},
+                   trainer=cpu_trainer(2, "--steps", "1", resourcesPerNode={"requests": {"cpu": "64"}}))
+    job = k8s.wait_for_condition("too-big", "Unschedulable", namespace=namespace, timeout=60)
+    condition = find_condition(job["status"], "Unschedulable")
+    assert condition["reason"] == "PodsUnschedulable" and "Insufficient cpu" in condition["message"], condition
+    assert "the job waits for capacity, it is not failed" in condition["message"]
+    shown = k8s.kubectl("get", "trainjobs", "too-big", "-n", namespace).stdout
+    assert "Unschedulable" in shown, shown
+    events = [e.get("reason") for e in k8s.api.list_events(namespace, "too-big")]
+    assert "PodsUnschedulable" in events, events
+    k8s.api.delete(TRAINJOBS, namespace, "too-big")
+
+
 def test_active_deadline_fails_the_job_and_stops_its_pods(k8s: TrainJobCluster, namespace: str) -> None:
     k8s.create_job(
         "slow", namespace, activeDeadlineSeconds=8, trainer=cpu_trainer(1, "--steps", "400", "--step-seconds", "1")

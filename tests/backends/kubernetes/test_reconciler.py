@@ -173,6 +173,24 @@ def evicted(node: int) -> Step:
     return step
 
 
+UNPLACED_MESSAGE = (f"2 pod(s) not placed since {timestamp(START + 5)}: 0/2 nodes are available: 2 Insufficient "
+                    f"cpu. (pod {NAME}-node-0-0-x0); the job waits for capacity, it is not failed")
+
+
+def unplaced(node: int, since: float) -> Step:
+    """The pod of trainer node ``node`` exists and the scheduler has said since ``START + since`` that no node
+    fits it."""
+
+    def step(world: World) -> None:
+        pod_runs(node, "Pending")(world)
+        pod = world.api.pods[(NS, f"{NAME}-node-0-{node}-x{node}")]
+        pod["status"]["conditions"] = [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/2 nodes are available: 2 Insufficient cpu.\n", "lastTransitionTime": timestamp(START + since)}]
+
+    return step
+
+
 def user_patches(patch: dict[str, Any]) -> Step:
     """Someone merge-patches the TrainJob (``kubectl patch --type=merge``)."""
 
@@ -597,6 +615,29 @@ CASES = [
         later=60,
         requests=[LIST_PODS, PATCH_STATUS],
         status={"jobsStatus": trainer_jobs(active=1)["replicatedJobsStatus"]},
+        again_in=10.0,
+    ),
+    Case(
+        "pods-the-scheduler-cannot-place-are-named-in-a-condition-not-failed",
+        trainjob(),
+        before=[first_pass, jobset_reports(**trainer_jobs(active=1)), unplaced(0, since=5), unplaced(1, since=6),
+                another_pass],
+        later=60,
+        any_order=True,  # the pod-start look, the placement look, node 0's progress
+        requests=[LIST_PODS, LIST_PODS, LIST_PODS, EVENT, PATCH_STATUS],
+        status={"jobsStatus": trainer_jobs(active=1)["replicatedJobsStatus"],
+                "conditions": [cond("Unschedulable", "True", "PodsUnschedulable", UNPLACED_MESSAGE, at=60)]},
+        events=[("Warning", "PodsUnschedulable", UNPLACED_MESSAGE)],
+        again_in=10.0,
+    ),
+    Case(
+        "placed-pods-take-the-unschedulable-condition-away",
+        trainjob(),
+        before=[first_pass, jobset_reports(**trainer_jobs(active=1)), unplaced(0, since=5), another_pass, at(60),
+                another_pass, jobset_reports(**trainer_jobs(active=1, ready=1))],
+        later=65,
+        requests=[LIST_PODS, PATCH_STATUS],  # node 0's progress; the condition goes without a look
+        status={"jobsStatus": trainer_jobs(active=1, ready=1)["replicatedJobsStatus"]},
         again_in=10.0,
     ),
     Case(

@@ -20,7 +20,8 @@ only saves requests or times a stall: a restarted operator, or the replica that 
 3. the status is derived from the JobSet (:mod:`.status`); a new failure gets its root cause (:mod:`.rootcause`);
    restarts of the node group become ``Restarting`` events (:mod:`.job_events`); past ``activeDeadlineSeconds``
    the job fails and its JobSet is deleted; so does a job whose pods cannot start (an image that cannot be
-   pulled, a container that cannot be created) past a grace (:mod:`.pod_start`);
+   pulled, a container that cannot be created) past a grace (:mod:`.pod_start`); pods the scheduler cannot place
+   are named in an ``Unschedulable`` condition, the job not failed (:mod:`.placement`);
 4. a pod of a running group that Kubernetes disrupted (evicted, preempted, its node gone) takes the group's other
    pods down with it, so that it restarts together and uncounted (:mod:`.disruptions`); a suspension marks the pods
    it stops first (:mod:`.children`);
@@ -46,6 +47,7 @@ from trainjob.backends.kubernetes.cache import CachedReads, ObjectCache
 from trainjob.backends.kubernetes.children import Children, delete_children
 from trainjob.backends.kubernetes.job_events import JobEvents
 from trainjob.backends.kubernetes.kubeapi import KubeApi
+from trainjob.backends.kubernetes.placement import PlacementWatch, without_condition
 from trainjob.backends.kubernetes.pod_start import PodStartWatch
 from trainjob.backends.kubernetes.resources import CONTROLLER_NAME, JOBSET_NAME_LABEL, TRAINJOBS
 from trainjob.backends.kubernetes.rootcause import root_cause
@@ -89,6 +91,7 @@ class Reconciler:
         self.children = Children(api, signer, self.reads, self.writer, self.events, status_endpoint)
         self.stalls = StallWatch(api, self.reads, self.writer, collective_reports)
         self.pod_starts = PodStartWatch(api, self.writer, cache.pod_counts if cache is not None else None)
+        self.placement = PlacementWatch(api)
         #: pods being deleted per JobSet, from the watched child Jobs: when to look for a disrupted pod
         self.terminating = cache.terminating if cache is not None else None
 
@@ -117,9 +120,12 @@ class Reconciler:
             start_in = self.pod_starts.watch(job, status, new, jobset, now)
             if start_in is not None and start_in <= 0:
                 return None  # its pods cannot start: failed, and its JobSet deleted
-            remaining = _sooner(remaining, start_in)
+            new, place_in = self.placement.watch(job, new, jobset, now)  # pods not placed: said, not failed
+            remaining = _sooner(remaining, _sooner(start_in, place_in))
         else:
             self.pod_starts.forget(namespace, name)
+            self.placement.forget(namespace, name)
+            new = without_condition(new)
         running = not suspend and _trainer_started(jobset, trainer)
         if running and st.finished_condition(new) is None and self._disrupting(namespace, name, jobset, trainer):
             self.children.disruptions.spread(job, jobset, now)  # the group restarts together, uncounted
@@ -155,6 +161,7 @@ class Reconciler:
         self.writer.forget(namespace, name)
         self.stalls.forget(namespace, name)
         self.pod_starts.forget(namespace, name)
+        self.placement.forget(namespace, name)
 
     def _derive(self, job: dict[str, Any], status: dict[str, Any], jobset: dict[str, Any],
                 now: float) -> dict[str, Any]:

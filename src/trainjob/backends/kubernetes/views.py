@@ -28,6 +28,7 @@ from trainjob.constants import (
     SUSPENDED,
     TRAINER_CONTAINER,
     TRAINER_JOB,
+    UNSCHEDULABLE,
 )
 from trainjob.progress import progress_of_trainer_status
 from trainjob.runtime.launch import LaunchValues
@@ -57,6 +58,8 @@ def job_status(job: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
     for type_, status in ((COMPLETE, types.COMPLETE), (FAILED, types.FAILED), (SUSPENDED, types.SUSPENDED)):
         if (cond := _condition(job, type_)) is not None:
             return status, cond
+    if (cond := _condition(job, UNSCHEDULABLE)) is not None:  # pods the scheduler cannot place: said why
+        return types.CREATED, cond
     if trainer_running(job.get("status") or {}, TRAINER_JOB):
         return types.RUNNING, None
     return types.CREATED, None
