@@ -200,7 +200,7 @@ def test_a_higher_priority_job_preempts_and_the_lower_one_resumes_from_its_check
     k8s = kueue
     rounds = int(os.environ.get("TRAINJOB_PREEMPT_ROUNDS", "1"))
     _queues(k8s, namespace, preemption=True)
-    k8s.kubectl("apply", "-f", "-", input=_job_yaml("long", namespace, "low", 12 + 12 * rounds, 0.5, tmp_path))
+    k8s.kubectl("apply", "-f", "-", input=_job_yaml("long", namespace, "low", 24 * rounds, 0.5, tmp_path))
     checkpoint = tmp_path / "long" / "step"
     samples: list[tuple[float, dict[str, int]]] = []
     started = time.monotonic()
