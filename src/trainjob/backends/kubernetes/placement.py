@@ -22,6 +22,7 @@ from typing import Any
 
 from trainjob.backends.kubernetes import status as st
 from trainjob.backends.kubernetes.kubeapi import KubeApi
+from trainjob.backends.kubernetes.pod_start import annotation_seconds
 from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL
 from trainjob.backends.kubernetes.views import parse_time
 from trainjob.constants import UNSCHEDULABLE
@@ -65,12 +66,7 @@ def placement_message(stuck: list[tuple[dict[str, Any], dict[str, Any]]]) -> str
 
 def grace_seconds(job: dict[str, Any]) -> float:
     """The job's grace: :data:`GRACE_ANNOTATION` when it reads as seconds >= 0, else :data:`GRACE_SECONDS`."""
-    value = ((job.get("metadata") or {}).get("annotations") or {}).get(GRACE_ANNOTATION)
-    try:
-        seconds = float(value) if value is not None else GRACE_SECONDS
-    except ValueError:
-        return GRACE_SECONDS
-    return seconds if seconds >= 0 else GRACE_SECONDS
+    return annotation_seconds(job, GRACE_ANNOTATION, GRACE_SECONDS)
 
 
 def without_condition(status: dict[str, Any]) -> dict[str, Any]:

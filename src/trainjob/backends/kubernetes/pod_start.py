@@ -119,14 +119,19 @@ class Stuck:
         return self.lines[0] + (f" (and {more} more)" if more > 0 else "")
 
 
+def annotation_seconds(job: dict[str, Any], annotation: str, default: float) -> float:
+    """The job's ``annotation`` when it reads as seconds >= 0, else ``default``."""
+    value = ((job.get("metadata") or {}).get("annotations") or {}).get(annotation)
+    try:
+        seconds = float(value) if value is not None else default
+    except ValueError:
+        return default
+    return seconds if seconds >= 0 else default
+
+
 def grace_seconds(job: dict[str, Any]) -> float:
     """The job's grace: :data:`GRACE_ANNOTATION` when it reads as seconds >= 0, else :data:`GRACE_SECONDS`."""
-    value = ((job.get("metadata") or {}).get("annotations") or {}).get(GRACE_ANNOTATION)
-    try:
-        seconds = float(value) if value is not None else GRACE_SECONDS
-    except ValueError:
-        return GRACE_SECONDS
-    return seconds if seconds >= 0 else GRACE_SECONDS
+    return annotation_seconds(job, GRACE_ANNOTATION, GRACE_SECONDS)
 
 
 def _starting(jobset: dict[str, Any]) -> bool:
