@@ -244,7 +244,7 @@ def _plain_fsdp(model: Any) -> Callable[[Any, Any], Any]:
     import torch.nn.functional as F
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    store = dist.FileStore(tempfile.mktemp(prefix="gpu-bench-store-"), 1)
+    store = dist.HashStore()  # one rank: an in-process store, no file left behind
     dist.init_process_group(
         "nccl" if torch.cuda.is_available() else "gloo", store=store, rank=0, world_size=1
     )
@@ -311,7 +311,7 @@ def step_collectives(cfg: Config) -> Result:
                                backend=backend, timeout=cfg.budgets["collectives"] / 2)  # fmt: skip
         ours[size] = rows[0].time_us
     dev = device()
-    store = dist.FileStore(tempfile.mktemp(prefix="gpu-bench-store-"), 1)
+    store = dist.HashStore()  # one rank: an in-process store, no file left behind
     dist.init_process_group(backend, store=store, rank=0, world_size=1)
     plain = {}
     for size in cfg.collective_sizes:
