@@ -221,14 +221,14 @@ def cache_child_job(state: OperatorState, event: dict[str, Any]) -> None:
     job's next look is due. A pass is queued only when more of its pods are being deleted than before (its
     ``terminating``): a pod evicted, preempted or lost may have to take its group down with it at once
     (:mod:`.disruptions`)."""
-    obj = event.get("object") if isinstance(event.get("object"), dict) else {}
+    obj = event.get("object")
     namespace, name = _key_of(event)
     before = state.cache.get(JOBS, namespace, name) or {}
-    if not _cache(state, JOBS, event) or event.get("type") == "DELETED":
+    if not _cache(state, JOBS, event) or event.get("type") == "DELETED" or not isinstance(obj, dict):
         return
-    terminating = int(((obj or {}).get("status") or {}).get("terminating") or 0)
+    terminating = int((obj.get("status") or {}).get("terminating") or 0)
     if terminating > int((before.get("status") or {}).get("terminating") or 0):
-        jobset = (((obj or {}).get("metadata") or {}).get("labels") or {}).get(JOBSET_NAME_LABEL)
+        jobset = ((obj.get("metadata") or {}).get("labels") or {}).get(JOBSET_NAME_LABEL)
         if jobset:
             state.queue.add((namespace, str(jobset)))
 

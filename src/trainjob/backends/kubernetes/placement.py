@@ -22,7 +22,7 @@ from typing import Any
 
 from trainjob.backends.kubernetes import status as st
 from trainjob.backends.kubernetes.kubeapi import KubeApi
-from trainjob.backends.kubernetes.pod_start import annotation_seconds
+from trainjob.backends.kubernetes.pod_start import annotation_seconds, starting
 from trainjob.backends.kubernetes.resources import JOBSET_NAME_LABEL
 from trainjob.backends.kubernetes.views import parse_time
 from trainjob.constants import UNSCHEDULABLE
@@ -74,11 +74,6 @@ def without_condition(status: dict[str, Any]) -> dict[str, Any]:
     return status if st.find_condition(status, UNSCHEDULABLE) is None else st.remove_condition(status, UNSCHEDULABLE)
 
 
-def _starting(jobset: dict[str, Any]) -> bool:
-    return any((entry.get("active") or 0) > (entry.get("ready") or 0)
-               for entry in (jobset.get("status") or {}).get("replicatedJobsStatus") or [])
-
-
 class PlacementWatch:
     """Names a starting job's unschedulable pods in its status (see the module's docstring); remembers, per job,
     when to look next."""
@@ -94,7 +89,7 @@ class PlacementWatch:
               now: float) -> tuple[dict[str, Any], float | None]:
         """``new`` with the ``Unschedulable`` condition set or removed, and the seconds until the next look."""
         key = (job["metadata"]["namespace"], job["metadata"]["name"])
-        if not _starting(jobset):
+        if not starting(jobset):
             self._next.pop(key, None)
             return without_condition(new), None
         due = self._next.setdefault(key, now + LOOK_EVERY_SECONDS)  # none can have waited the grace yet

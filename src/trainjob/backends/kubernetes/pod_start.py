@@ -134,7 +134,7 @@ def grace_seconds(job: dict[str, Any]) -> float:
     return annotation_seconds(job, GRACE_ANNOTATION, GRACE_SECONDS)
 
 
-def _starting(jobset: dict[str, Any]) -> bool:
+def starting(jobset: dict[str, Any]) -> bool:
     """Whether the JobSet has child Jobs with pods not yet ready (active > ready in a replicated job)."""
     return any((entry.get("active") or 0) > (entry.get("ready") or 0)
                for entry in (jobset.get("status") or {}).get("replicatedJobsStatus") or [])
@@ -182,7 +182,7 @@ class PodStartWatch:
         """Seconds until this job's pods are to be looked at again (``None``: all started); <= 0 when the job
         was failed (its status written, its JobSet deleted)."""
         key = (job["metadata"]["namespace"], job["metadata"]["name"])
-        if not _starting(jobset):
+        if not starting(jobset):
             self._seen.pop(key, None)
             return None
         seen = self._seen.get(key)
